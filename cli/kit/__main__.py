@@ -1,0 +1,3 @@
+from kit.app import main
+
+main()

@@ -1,0 +1,308 @@
+"""kit.yaml and flags -> validated, frozen settings.
+
+Values come from two places: kit.yaml (each remembered with its line) and
+command-line flags, which win. Validation happens once, here; every error
+names where the bad value came from (`kit.yaml:7` or `--wheelhouse`) and the
+form that is expected, and is raised before anything touches Docker or a host.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from kit.errors import BadInput
+
+DEFAULT_CONFIG = Path("kit.yaml")
+
+# Known-good combinations. Horovod 0.28.1 needs the C++17 fix (applied by the
+# recipe) for any torch >= 2.1; these torch builds were compiled against.
+FLAVOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "base_image": "debian:bookworm-slim",
+        "builder_image": None,
+        "python": "3.11",
+        "torch": "2.13.0",
+        "torch_index_url": "https://download.pytorch.org/whl/cpu",
+    },
+    "gpu": {
+        "base_image": "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04",
+        "builder_image": "nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04",
+        "python": "3.10",
+        "torch": "2.5.1",
+        "torch_index_url": "https://download.pytorch.org/whl/cu124",
+    },
+}
+
+# An image reference: optional registry host[:port]/, path components, optional :tag, optional @digest.
+_IMAGE_REF = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_REPOSITORY = re.compile(r"^[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*$")
+_APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
+_PYTHON = re.compile(r"^3\.\d{1,2}$")
+_VERSION = re.compile(r"^\d+(?:\.\d+){1,2}(?:[a-z]+\d*)?(?:\+[a-z0-9.]+)?$")
+_URL = re.compile(r"^(?:https?|file)://\S+$")
+
+# The fix shown for a bad value of each setting: the expected form, with an example.
+HINTS: dict[str, str] = {
+    "flavor": "use one of: cpu, gpu",
+    "image": "use a lower-case repository name without a tag, e.g. kit-horovod or registry:5000/team/kit",
+    "base_image": "use an image reference, e.g. debian:bookworm-slim",
+    "builder_image": "use an image reference, e.g. nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04",
+    "python": "use a Python minor version such as 3.11",
+    "torch": "use a torch version such as 2.13.0 (optionally with a local tag: 2.13.0+cpu)",
+    "torch_index_url": "use an http(s) or file URL, e.g. https://download.pytorch.org/whl/cpu",
+    "pip_index_urls": "use http(s) or file URLs, e.g. https://pypi.org/simple",
+    "wheelhouse": "pass a folder that holds .whl files",
+    "ca_bundle": "pass a readable PEM file of CA certificates, e.g. /etc/ssl/certs/ca-certificates.crt",
+    "horovod_version": "use a Horovod release such as 0.28.1",
+    "horovod_source": "use a pip requirement URL, e.g. git+https://github.com/horovod/horovod@<commit>",
+    "pip_packages": "use pip requirement specifiers, e.g. numpy or 'tqdm>=4'",
+    "apt_packages": "use Debian package names, e.g. htop or vim=2:9.0.1378-2",
+    "with_mpi": "use true or false",
+}
+
+
+class BuildConfig(BaseModel):
+    """Every input of the training image. Equal configs render equal images."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    flavor: Literal["cpu", "gpu"] = "cpu"
+    image: str = "kit-horovod"
+    base_image: str
+    builder_image: str | None = None
+    python: str
+    torch: str
+    torch_index_url: str | None = None
+    pip_index_urls: tuple[str, ...] = ()
+    wheelhouse: Path | None = None
+    ca_bundle: Path | None = None
+    horovod_version: str = "0.28.1"
+    horovod_source: str | None = None
+    pip_packages: tuple[str, ...] = ()
+    apt_packages: tuple[str, ...] = ()
+    with_mpi: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_flavor_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaults = FLAVOR_DEFAULTS.get(data.get("flavor", "cpu"), FLAVOR_DEFAULTS["cpu"])
+        return {**defaults, **{k: v for k, v in data.items() if v is not None}}
+
+    @field_validator("image")
+    @classmethod
+    def _repository(cls, v: str) -> str:
+        if not _REPOSITORY.match(v):
+            raise ValueError(f"'{v}' is not a repository name (the tag is derived by kit)")
+        return v
+
+    @field_validator("base_image", "builder_image")
+    @classmethod
+    def _image_ref(cls, v: str | None) -> str | None:
+        if v is not None and not _IMAGE_REF.match(v):
+            raise ValueError(f"'{v}' is not an image reference")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not _PYTHON.match(v):
+            raise ValueError(f"'{v}' is not a Python minor version")
+        return v
+
+    @field_validator("torch", "horovod_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not _VERSION.match(v):
+            raise ValueError(f"'{v}' is not a version")
+        return v
+
+    @field_validator("torch_index_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if not v:  # "" turns the separate torch index off: torch then comes from the wheelhouse or pip's index
+            return None
+        if not _URL.match(v):
+            raise ValueError(f"'{v}' is not a URL")
+        return v
+
+    @field_validator("pip_index_urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            cls._url(url)
+        return v
+
+    @field_validator("horovod_source")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        if v is not None and (not _URL.match(v.removeprefix("git+")) or any(c in v for c in "'\"`$;")):
+            raise ValueError(f"'{v}' is not a requirement URL")
+        return v
+
+    @field_validator("pip_packages")
+    @classmethod
+    def _pip_packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for spec in v:
+            try:
+                Requirement(spec)
+            except InvalidRequirement:
+                raise ValueError(f"'{spec}' is not a pip requirement") from None
+            if any(c in spec for c in "'\"`$;\\"):
+                raise ValueError(f"'{spec}' contains shell characters")
+        return v
+
+    @field_validator("apt_packages")
+    @classmethod
+    def _apt_packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not _APT_PACKAGE.match(name):
+                raise ValueError(f"'{name}' is not a Debian package name")
+        return v
+
+    @field_validator("wheelhouse")
+    @classmethod
+    def _wheelhouse(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return v
+        if not v.is_dir():
+            raise ValueError(f"folder {v} does not exist")
+        try:
+            wheels = [p for p in v.iterdir() if p.suffix == ".whl"]
+        except OSError as e:
+            raise ValueError(f"folder {v} cannot be read ({e.strerror})") from None
+        if not wheels:
+            raise ValueError(f"folder {v} holds no .whl files")
+        return v.resolve()
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return v
+        try:
+            text = v.read_text(errors="replace")
+        except OSError as e:
+            raise ValueError(f"file {v} cannot be read ({e.strerror})") from None
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise ValueError(f"file {v} holds no PEM certificate")
+        return v.resolve()
+
+    @property
+    def tag_prefix(self) -> str:
+        return f"{self.image}:{self.flavor}"
+
+
+# ---------------------------------------------------------------- kit.yaml
+
+SECTIONS = {"build": BuildConfig}
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """kit.yaml as read: each section's values and the line of every key."""
+
+    path: Path | None = None
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lines: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def where(self, section: str, key: str | None = None) -> str:
+        line = self.lines.get((section, key or ""), self.lines.get((section, "")))
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def read_config(path: Path | None) -> ConfigFile:
+    """Read kit.yaml: the given path (which must exist) or ./kit.yaml when present."""
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            return ConfigFile()
+        path = DEFAULT_CONFIG
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read the config file ({e.strerror})",
+                       hint="pass --config with the path of a readable kit.yaml") from None
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise BadInput(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})",
+                       hint="fix the YAML syntax (indent with spaces, `key: value` pairs)") from None
+    return _read_sections(path, root)
+
+
+def _read_sections(path: Path, root: yaml.Node | None) -> ConfigFile:
+    cfg = ConfigFile(path=path)
+    if root is None:
+        return cfg
+    if not isinstance(root, yaml.MappingNode):
+        raise BadInput(f"{path}:{root.start_mark.line + 1}: the file must be a mapping of sections",
+                       hint=f"start with a section name, e.g. `build:`; sections: {', '.join(SECTIONS)}")
+    for key_node, value_node in root.value:
+        name, line = key_node.value, key_node.start_mark.line + 1
+        if name not in SECTIONS:
+            raise BadInput(f"{path}:{line}: unknown section '{name}'",
+                           hint=f"sections are: {', '.join(SECTIONS)}")
+        if not isinstance(value_node, yaml.MappingNode):
+            raise BadInput(f"{path}:{line}: section '{name}' must be a mapping of settings",
+                           hint=f"indent `key: value` lines under `{name}:`")
+        cfg.lines[(name, "")] = line
+        for k, _ in value_node.value:
+            cfg.lines[(name, k.value)] = k.start_mark.line + 1
+        cfg.sections[name] = yaml.safe_load(yaml.serialize(value_node)) or {}
+    return cfg
+
+
+# ---------------------------------------------------------------- merging
+
+PATH_FIELDS = {"wheelhouse", "ca_bundle"}
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def build_config(cfg: ConfigFile, flags: dict[str, Any]) -> BuildConfig:
+    """Merge kit.yaml's build section with flags (flags win) and validate."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for key, value in cfg.sections.get("build", {}).items():
+        if key in PATH_FIELDS and isinstance(value, str):
+            value = (cfg.path.parent / value).expanduser()  # relative to kit.yaml, like compose files
+        values[key], origin[key] = value, f"{cfg.where('build', key)}: build.{key}"
+    for key, value in flags.items():
+        if value is not None and value != ():
+            values[key], origin[key] = value, flag_name(key)
+    try:
+        return BuildConfig(**values)
+    except ValidationError as e:
+        raise _bad_input(e, origin, cfg) from None
+
+
+def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile) -> BadInput:
+    err = e.errors()[0]
+    key = str(err["loc"][0]) if err["loc"] else ""
+    where = origin.get(key) or (f"{cfg.where('build')}: build" if cfg.path else "build settings")
+    msg = err["msg"].removeprefix("Value error, ")
+    hint = HINTS.get(key, "see the README for the settings of build")
+    if err["type"] == "extra_forbidden":
+        msg, hint = "unknown setting", f"settings of build are: {', '.join(BuildConfig.model_fields)}"
+    elif err["type"] == "literal_error":
+        msg = f"'{err['input']}' is not allowed"
+    elif err["type"] == "tuple_type":
+        msg = f"should be a list, e.g. [{err.get('input')}] (got {err.get('input')!r})"
+    elif err["type"] in ("string_type", "bool_parsing", "bool_type", "missing"):
+        msg = f"{msg.lower()} (got {err.get('input')!r})"
+    return BadInput(f"{where}: {msg}", hint=hint)

@@ -1,0 +1,48 @@
+"""Errors kit raises. Only app.py turns them into output and exit codes.
+
+Every error says what failed and where; `hint` is the one line that says how
+to fix it. Remote and build failures also carry the command and the tail of
+its output, so the user never has to go looking for the log.
+"""
+
+from __future__ import annotations
+
+
+class KitError(Exception):
+    """A failure of the job, a host or the engine: exit code 1."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        host: str | None = None,
+        command: str | None = None,
+        output_tail: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.host = host
+        self.command = command
+        self.output_tail = output_tail
+
+    def __str__(self) -> str:
+        where = f"{self.host}: " if self.host else ""
+        return f"{where}{self.message}"
+
+
+class BadInput(KitError):
+    """The user's input is wrong; nothing was changed anywhere: exit code 2."""
+
+    exit_code = 2
+
+
+class BuildFailed(KitError):
+    """`docker build` stopped at a step."""
+
+
+class VerifyFailed(KitError):
+    """A built image does not do what a training image must."""

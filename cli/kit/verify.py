@@ -1,0 +1,137 @@
+"""Does a built image really train with Horovod? Checked in a throwaway container.
+
+Three facts, each parsed from the image's own output: `horovodrun
+--check-build` lists the frameworks, controllers and tensor operations the
+flavor needs; a 2-process allreduce returns the right sum; and the Python,
+torch and Horovod versions for the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import uuid
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from kit.errors import VerifyFailed
+from kit.recipe import EXPECTED_BUILD
+
+CHECK_TIMEOUT_S = 180  # bounds each command in the container (coreutils `timeout`)
+
+_SECTION = re.compile(r"^Available (Frameworks|Controllers|Tensor Operations):\s*$")
+_ENTRY = re.compile(r"^\s*\[(X| )\]\s+(\S.*?)\s*$")
+_VERSION = re.compile(r"^Horovod v(\S+?):?\s*$")
+_ALLREDUCE = re.compile(r"kit-allreduce rank=(\d+) size=(\d+) sum=(\S+) expected=(\S+) (ok|WRONG)")
+
+VERSIONS_PY = ("import json, platform, torch, horovod; print(json.dumps({'python': platform.python_version(), "
+               "'torch': torch.__version__, 'horovod': horovod.__version__}))")
+
+
+@dataclass(frozen=True)
+class CheckBuild:
+    """What `horovodrun --check-build` says was compiled in."""
+
+    version: str
+    frameworks: frozenset[str]
+    controllers: frozenset[str]
+    operations: frozenset[str]
+
+    def missing(self, flavor: str) -> list[str]:
+        frameworks, controllers, operations = EXPECTED_BUILD[flavor]
+        return [f"{kind} {name}" for kind, want, have in (
+            ("framework", frameworks, self.frameworks),
+            ("controller", controllers, self.controllers),
+            ("tensor operation", operations, self.operations),
+        ) for name in sorted(want - have)]
+
+
+def parse_check_build(text: str) -> CheckBuild:
+    version, section = "", None
+    found: dict[str, set[str]] = {"Frameworks": set(), "Controllers": set(), "Tensor Operations": set()}
+    for line in text.splitlines():
+        if m := _VERSION.match(line.strip()):
+            version = m[1]
+        elif m := _SECTION.match(line.strip()):
+            section = m[1]
+        elif (m := _ENTRY.match(line)) and section:
+            if m[1] == "X":
+                found[section].add(m[2])
+    if not version:
+        raise ValueError("no 'Horovod vX.Y.Z:' line in the output of horovodrun --check-build")
+    return CheckBuild(version, frozenset(found["Frameworks"]), frozenset(found["Controllers"]),
+                      frozenset(found["Tensor Operations"]))
+
+
+@dataclass(frozen=True)
+class AllreduceRank:
+    rank: int
+    size: int
+    total: float
+    expected: float
+    ok: bool
+
+
+def parse_allreduce(text: str) -> list[AllreduceRank]:
+    return sorted((AllreduceRank(int(m[1]), int(m[2]), float(m[3]), float(m[4]), m[5] == "ok")
+                   for m in _ALLREDUCE.finditer(text)), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True)
+class ImageReport:
+    tag: str
+    image_id: str
+    size_bytes: int
+    python: str
+    torch: str
+    horovod: str
+    check: CheckBuild
+    allreduce: tuple[AllreduceRank, ...]
+
+
+def allreduce_argv(ranks: int) -> list[str]:
+    return ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}",
+            "python", "/opt/kit/allreduce_check.py"]
+
+
+def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int = 2) -> ImageReport:
+    image = client.images.get(tag)
+    # No network: the check proves the image alone, and sends nothing anywhere.
+    box = client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
+                                shm_size="256m", name=f"kit-verify-{uuid.uuid4().hex[:8]}",
+                                labels={"io.kit.role": "verify"})
+    try:
+        check = parse_check_build(_run(box, ["horovodrun", "--check-build"], tag))
+        if missing := check.missing(flavor):
+            raise VerifyFailed(f"image {tag} was built without {', '.join(missing)}",
+                               command="horovodrun --check-build",
+                               hint="the Horovod build did not find them; see the builder step with --verbose")
+        allreduce = parse_allreduce(_run(box, allreduce_argv(ranks), tag))
+        _check_allreduce(allreduce, ranks, tag)
+        versions = json.loads(_run(box, ["python", "-c", VERSIONS_PY], tag).strip().splitlines()[-1])
+    finally:
+        box.remove(force=True)
+    return ImageReport(tag=tag, image_id=image.id, size_bytes=image.attrs["Size"], check=check,
+                       allreduce=tuple(allreduce), **versions)
+
+
+def _check_allreduce(ranks_seen: list[AllreduceRank], ranks: int, tag: str) -> None:
+    wrong = [r for r in ranks_seen if not r.ok or r.size != ranks]
+    if len(ranks_seen) != ranks or wrong:
+        got = ", ".join(f"rank {r.rank}: {r.total:g} (expected {r.expected:g})" for r in ranks_seen) or "no rank"
+        raise VerifyFailed(f"image {tag}: the {ranks}-process allreduce is wrong ({got})",
+                           command=shlex.join(allreduce_argv(ranks)),
+                           hint="the image's Horovod cannot allreduce; rebuild with --verbose and read the builder step")
+
+
+def _run(box, argv: list[str], tag: str) -> str:
+    code, out = box.exec_run(["timeout", str(CHECK_TIMEOUT_S)] + argv)
+    text = out.decode(errors="replace")
+    if code != 0:
+        raise VerifyFailed(f"image {tag}: `{shlex.join(argv)}` exited {code}", command=shlex.join(argv),
+                           output_tail="\n".join(text.splitlines()[-20:]),
+                           hint="the image is broken; rebuild it with --verbose and read the failing step")
+    return text

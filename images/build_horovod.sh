@@ -1,0 +1,21 @@
+#!/bin/sh
+# Build a Horovod wheel from a pip requirement (a PyPI release or a source URL)
+# against the torch in the active venv. Horovod 0.28.1 hard-codes C++14, which
+# torch >= 2.1 headers reject; upstream switched to C++17 after the release, so
+# the same switch is applied here. Sources that already use C++17 are unchanged.
+#   usage: build_horovod.sh REQUIREMENT OUTPUT_DIR
+set -eu
+spec=$1 out=$2
+work=$(mktemp -d)
+pip download --no-cache-dir --no-deps --no-binary :all: --no-build-isolation -d "$work/sdist" "$spec"
+python -c 'import shutil, sys; shutil.unpack_archive(sys.argv[1], sys.argv[2])' "$work"/sdist/* "$work/src"
+src=$(find "$work/src" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
+done
+if grep -n 'CXX_STANDARD 14\|std=c++14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; then
+    echo "build_horovod.sh: $spec still asks for C++14 (lines above); torch >= 2.1 needs C++17" >&2
+    exit 1
+fi
+pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$out" "$src"
+rm -rf "$work"

@@ -1,0 +1,1 @@
+"""Jinja2 templates kit renders (shipped inside the kit package as kit.templates)."""

@@ -1,0 +1,150 @@
+"""The rendered recipe: essentials of each flavor, and tags that follow the inputs."""
+
+import re
+from importlib.resources import files
+
+from kit.config import ConfigFile, build_config
+from kit.recipe import make_recipe
+
+
+def stages(dockerfile: str) -> dict[str, tuple[str, str]]:
+    """Dockerfile -> {stage name: (FROM image, the stage's instructions)}."""
+    out, name = {}, None
+    for line in dockerfile.splitlines():
+        if m := re.match(r"^FROM (\S+) AS (\S+)$", line):
+            name = m[2]
+            out[name] = (m[1], "")
+        elif name and not line.startswith("#"):
+            out[name] = (out[name][0], out[name][1] + line + "\n")
+    return out
+
+
+def chain(st: dict, name: str) -> list[str]:
+    """The stage and the stages it is built FROM, down to an image."""
+    names = [name]
+    while st[names[-1]][0] in st:
+        names.append(st[names[-1]][0])
+    return names
+
+
+def recipe(**flags):
+    return make_recipe(build_config(ConfigFile(), flags))
+
+
+def test_gpu_final_stage_is_cuda_runtime_and_builder_is_devel():
+    r = recipe(flavor="gpu")
+    st = stages(r.dockerfile)
+    final = chain(st, list(st)[-1])
+    assert list(st)[-1] == "final" and final == ["final", "base"]
+    assert st["base"][0] == "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
+    assert st["builder"][0] == "nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"
+    assert "COPY --from=torch /opt/venv /opt/venv" in st["builder"][1]
+
+
+def test_gpu_horovod_gets_nccl_gpu_operations_and_gloo():
+    builder = stages(recipe(flavor="gpu").dockerfile)["builder"][1]
+    for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_PYTORCH=1",
+                    "HOROVOD_WITHOUT_MPI=1", "HOROVOD_CUDA_HOME=/usr/local/cuda"):
+        assert setting in builder
+    assert 'build_horovod.sh "horovod==0.28.1"' in builder
+    assert "torch==2.5.1" in recipe(flavor="gpu").dockerfile
+    assert "--extra-index-url https://download.pytorch.org/whl/cu124" in recipe(flavor="gpu").dockerfile
+
+
+def test_open_mpi_is_optional():
+    st = stages(recipe(flavor="gpu", with_mpi=True).dockerfile)
+    assert "HOROVOD_WITH_MPI=1" in st["builder"][1] and "libopenmpi-dev" in st["builder"][1]
+    assert "openmpi-bin" in st["base"][1]
+
+
+def test_cxx17_fix_is_applied_to_both_cmakelists():
+    r = recipe(flavor="gpu")
+    script = next(f.text for f in r.files if f.name == "kit/build_horovod.sh")
+    assert "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/" in script
+    assert '"$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"' in script
+    assert "COPY kit/build_horovod.sh" in stages(r.dockerfile)["builder"][1]
+
+
+def test_sshd_is_set_up_key_only_without_baked_host_keys():
+    r = recipe(flavor="gpu")
+    st = stages(r.dockerfile)
+    assert "openssh-server" in st["base"][1] and "openssh-client" in st["base"][1]
+    assert "rm -f /etc/ssh/ssh_host_*" in st["base"][1]
+    assert "COPY kit/sshd_config /etc/ssh/sshd_config" in st["final"][1]
+    assert 'CMD ["sshd"]' in st["final"][1]
+    sshd = {line.split()[0]: line.split(None, 1)[1] for line in
+            files("kit.images").joinpath("sshd_config").read_text().splitlines() if line and line[0] != "#"}
+    assert sshd["PasswordAuthentication"] == "no"
+    assert sshd["KbdInteractiveAuthentication"] == "no"
+    assert sshd["PermitRootLogin"] == "prohibit-password"
+    assert sshd["HostKey"].startswith("/etc/kit/ssh/")
+    entrypoint = next(f.text for f in r.files if f.name == "kit/entrypoint.sh")
+    assert 'sshd -D -e -p "${KIT_SSH_PORT:-12345}"' in entrypoint
+
+
+def test_compilers_and_wheelhouse_stay_out_of_the_final_image(wheelhouse):
+    st = stages(recipe(wheelhouse=wheelhouse).dockerfile)
+    final_chain = chain(st, "final")
+    for name in final_chain:
+        assert not re.search(r"\b(g\+\+|gcc|cmake|-dev)\b", st[name][1]), name
+        assert "wheelhouse" not in st[name][1], name
+    assert "g++" in st["builder"][1]
+    assert "COPY wheelhouse/ /opt/kit/wheelhouse/" in st["torch"][1]
+    assert "COPY --from=builder /opt/kit/dist/" in st["final"][1]
+    assert "pip install --no-cache-dir --no-deps /opt/kit/dist/*.whl" in st["final"][1]
+
+
+def test_single_stage_recipe_is_one_stage_of_the_same_steps():
+    multi, single = recipe(flavor="gpu"), make_recipe(build_config(ConfigFile(), {"flavor": "gpu"}), single_stage=True)
+    st = stages(single.dockerfile)
+    assert list(st) == ["base"] and st["base"][0].endswith("devel-ubuntu22.04")
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in st["base"][1]
+    assert single.tag != multi.tag and "-single-" in single.tag
+
+
+def test_ca_bundle_and_indexes_are_trusted_before_anything_is_fetched(ca_bundle):
+    r = recipe(ca_bundle=ca_bundle, pip_index_urls=("https://mirror.example/simple", "file:///wheels"))
+    base = stages(r.dockerfile)["base"][1]
+    assert base.index("kit-extra-ca.crt") < base.index("apt-get update")
+    assert "PIP_CERT=/etc/ssl/certs/ca-certificates.crt" in base
+    assert 'PIP_INDEX_URL=https://mirror.example/simple PIP_EXTRA_INDEX_URL="file:///wheels"' in base
+    assert any(f.name == "kit/extra-ca.crt" and f.source == ca_bundle.resolve() for f in r.files)
+
+
+def test_extra_packages_are_quoted_and_land_after_horovod():
+    st = stages(recipe(pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
+    assert "pip install --no-cache-dir 'tqdm>=4'" in st["venv"][1]
+    assert "htop" in st["final"][1]
+    assert "tqdm" not in st["builder"][1]
+
+
+def test_horovod_source_replaces_the_release():
+    r = recipe(horovod_source="git+https://github.com/horovod/horovod@3a31d93")
+    assert 'build_horovod.sh "git+https://github.com/horovod/horovod@3a31d93"' in r.dockerfile
+
+
+def test_same_inputs_give_the_same_tag(wheelhouse, ca_bundle):
+    a = recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
+    b = recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
+    assert a.tag == b.tag
+    assert re.fullmatch(r"kit-horovod:cpu-[0-9a-f]{12}", a.tag)
+
+
+def test_any_changed_input_gives_a_new_tag(wheelhouse, ca_bundle):
+    base = recipe(wheelhouse=wheelhouse).tag
+    assert recipe(wheelhouse=wheelhouse, pip_packages=("six",)).tag != base
+    assert recipe(wheelhouse=wheelhouse, torch="2.12.0").tag != base
+    assert recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle).tag != base
+    assert recipe().tag != base
+    (wheelhouse / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"another build")
+    assert recipe(wheelhouse=wheelhouse).tag != base  # same file name, other content
+
+
+def test_context_is_written_as_hashed(tmp_path, wheelhouse):
+    r = recipe(wheelhouse=wheelhouse)
+    out = tmp_path / "ctx"
+    out.mkdir()
+    r.write(out)
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == sorted(f.name for f in r.files)
+    assert (out / "kit/entrypoint.sh").stat().st_mode & 0o111
