@@ -25,6 +25,7 @@ BUILD_TIMEOUT_S = 4 * 3600  # a silent compile step must not trip the HTTP read 
 TAIL_LINES = 25
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the engine colours a step's stderr
 
 
 @dataclass
@@ -66,7 +67,7 @@ class BuildLog:
             self.error = chunk.get("errorDetail", {}).get("message") or chunk["error"]
         if "aux" in chunk and "ID" in chunk["aux"]:
             self.image_id = chunk["aux"]["ID"]
-        text = self._partial + chunk.get("stream", "")
+        text = self._partial + _ANSI.sub("", chunk.get("stream", ""))
         *lines, self._partial = text.split("\n")
         for line in lines:
             done += self._line(line.rstrip("\r"))

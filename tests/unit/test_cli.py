@@ -1,0 +1,55 @@
+"""The `kit` command as a user runs it: a subprocess of the installed console script."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+NO_DOCKER = "unix:///nonexistent/kit-test.sock"
+
+
+def kit(*args: str, cwd: Path, docker_host: str = NO_DOCKER) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DOCKER_HOST": docker_host, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_gpu_dry_run_prints_dockerfile_and_plan_without_docker(in_tmp):
+    r = kit("build", "--flavor", "gpu", "--dry-run", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert "FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04 AS base" in r.stdout
+    assert "FROM nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04 AS builder" in r.stdout
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in r.stdout
+    assert "no Docker engine was contacted" in r.stdout
+    assert "tag      kit-horovod:gpu-" in r.stdout
+
+
+def test_bad_input_is_one_error_line_and_one_fix_line(in_tmp):
+    r = kit("build", "--flavor", "tpu", cwd=in_tmp)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["error: --flavor: 'tpu' is not allowed", "fix: use one of: cpu, gpu"]
+    assert r.stdout == ""
+
+
+def test_bad_kit_yaml_names_file_and_line(in_tmp):
+    (in_tmp / "kit.yaml").write_text("build:\n  flavor: cpu\n  wheelhouse: ./wheels\n")
+    r = kit("build", "--dry-run", cwd=in_tmp)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: kit.yaml:3: build.wheelhouse: folder wheels does not exist")
+
+
+def test_missing_config_file_is_bad_input(in_tmp):
+    r = kit("build", "--config", "nope.yaml", "--dry-run", cwd=in_tmp)
+    assert r.returncode == 2 and "nope.yaml: cannot read the config file" in r.stderr
+
+
+def test_engine_that_does_not_answer_says_how_to_start_one(in_tmp):
+    r = kit("build", cwd=in_tmp)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: the Docker engine does not answer")
+    assert "fix: start it" in r.stderr
+
+
+def test_version(in_tmp):
+    r = kit("--version", cwd=in_tmp)
+    assert r.returncode == 0 and r.stdout.startswith("kit ")
