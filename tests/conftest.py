@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,8 +31,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def env_path(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        pytest.skip(f"{name} is not set: run the suite with tests/run")
-    return value
+def run_kit(*args: str, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run the installed `kit` as a user would, with wide output so lines stay whole."""
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, env={**os.environ, "COLUMNS": "200", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)

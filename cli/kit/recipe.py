@@ -123,7 +123,9 @@ def make_recipe(config: BuildConfig, *, single_stage: bool = False) -> Recipe:
         if config.wheelhouse else ()
     ctx = [ContextFile("Dockerfile", text=render_dockerfile(config, single_stage=single_stage, wheelhouse=bool(wheels)))]
     ctx += [ContextFile(f"kit/{name}", text=files("kit.images").joinpath(name).read_text()) for name in ASSETS]
-    ctx += [ContextFile(f"wheelhouse/{name}", source=config.wheelhouse / name) for name in wheels]  # type: ignore[operator]
+    # Sources are resolved: a symlinked wheel must reach the context as the file, not the link.
+    ctx += [ContextFile(f"wheelhouse/{name}", source=(config.wheelhouse / name).resolve())  # type: ignore[operator]
+            for name in wheels]
     if config.ca_bundle:
-        ctx.append(ContextFile("kit/extra-ca.crt", source=config.ca_bundle))
+        ctx.append(ContextFile("kit/extra-ca.crt", source=config.ca_bundle.resolve()))
     return Recipe(config=config, files=tuple(ctx), single_stage=single_stage)

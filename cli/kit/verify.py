@@ -20,6 +20,7 @@ import docker.errors
 from kit.errors import VerifyFailed
 from kit.recipe import EXPECTED_BUILD
 
+VERIFY_HOST = "kit-verify"
 CHECK_TIMEOUT_S = 180  # bounds each command in the container (coreutils `timeout`)
 
 _SECTION = re.compile(r"^Available (Frameworks|Controllers|Tensor Operations):\s*$")
@@ -99,10 +100,11 @@ def allreduce_argv(ranks: int) -> list[str]:
 
 def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int = 2) -> ImageReport:
     image = client.images.get(tag)
-    # No network: the check proves the image alone, and sends nothing anywhere.
+    # No network: the check proves the image alone and sends nothing anywhere. Gloo binds to
+    # the address of the hostname, so the hostname must resolve (to loopback) or ranks crash.
     box = client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
-                                shm_size="256m", name=f"kit-verify-{uuid.uuid4().hex[:8]}",
-                                labels={"io.kit.role": "verify"})
+                                hostname=VERIFY_HOST, extra_hosts={VERIFY_HOST: "127.0.0.1"}, shm_size="256m",
+                                name=f"kit-verify-{uuid.uuid4().hex[:8]}", labels={"io.kit.role": "verify"})
     try:
         check = parse_check_build(_run(box, ["horovodrun", "--check-build"], tag))
         if missing := check.missing(flavor):

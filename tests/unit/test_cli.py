@@ -1,17 +1,14 @@
 """The `kit` command as a user runs it: a subprocess of the installed console script."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-NO_DOCKER = "unix:///nonexistent/kit-test.sock"
+from conftest import run_kit
 
 
-def kit(*args: str, cwd: Path, docker_host: str = NO_DOCKER) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DOCKER_HOST": docker_host, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+def kit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """kit with DOCKER_HOST pointing at nothing: any contact with an engine would fail."""
+    return run_kit(*args, cwd=cwd, env={"DOCKER_HOST": "unix:///nonexistent/kit-test.sock"})
 
 
 def test_gpu_dry_run_prints_dockerfile_and_plan_without_docker(in_tmp):

@@ -148,3 +148,17 @@ def test_context_is_written_as_hashed(tmp_path, wheelhouse):
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(f.name for f in r.files)
     assert (out / "kit/entrypoint.sh").stat().st_mode & 0o111
+
+
+def test_symlinked_wheels_reach_the_context_as_files(tmp_path, wheelhouse):
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for wheel in wheelhouse.iterdir():
+        (linked / wheel.name).symlink_to(wheel)
+    r = recipe(wheelhouse=linked)
+    assert r.tag == recipe(wheelhouse=wheelhouse).tag
+    out = tmp_path / "ctx"
+    out.mkdir()
+    r.write(out)
+    written = next((out / "wheelhouse").iterdir())
+    assert not written.is_symlink() and written.read_bytes() == b"wheel one"
