@@ -13,10 +13,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from kit import __version__
+from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
-from kit.config import build_config, read_config
-from kit.errors import KitError
+from kit.cluster import HostStatus, Up, down as down_cluster, status as cluster_status
+from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
+from kit.errors import HostsFailed, KitError
+from kit.identity import Identity, state_root
+from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
+from kit.runners.ssh import SshRunner
+from kit.steps.image import archive, local_image
+from kit.steps.node import Node
 from kit.verify import ImageReport, verify_image
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -35,15 +42,25 @@ def reports_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except KitError as e:
             err_console.print(f"[bold red]error:[/] {escape(str(e))}")
-            if e.command:
-                err_console.print(f"  command: {escape(e.command)}")
-            if e.output_tail:
-                err_console.print("  " + escape(e.output_tail).replace("\n", "\n  "), style="dim")
+            for host, failure in getattr(e, "failures", {}).items():
+                err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")
+                _details(failure, indent="    ")
+            _details(e, indent="  ")
             if e.hint:
                 err_console.print(f"[bold]fix:[/] {escape(e.hint)}")
             raise typer.Exit(e.exit_code) from None
 
     return wrapper
+
+
+def _details(e: KitError, indent: str) -> None:
+    if e.command:
+        err_console.print(f"{indent}command: {escape(e.command)}")
+    if e.output_tail:
+        err_console.print(indent + escape(e.output_tail).replace("\n", "\n" + indent), style="dim")
+    if isinstance(e, HostsFailed) or not e.hint or indent == "  ":
+        return
+    err_console.print(f"{indent}fix: {escape(e.hint)}")
 
 
 def _version(value: bool) -> None:
@@ -142,6 +159,157 @@ def _print_report(r: ImageReport) -> None:
     table.add_row("allreduce", f"{len(r.allreduce)} processes, sum {sums} (expected {r.allreduce[0].expected:g}) ✓")
     console.print("[green]✓[/] verified")
     console.print(table)
+
+
+# ---------------------------------------------------------------- cluster
+
+CONFIG = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml).")
+NAME = typer.Option(None, "--name", help="Cluster name (default kit).")
+
+
+class LiveProgress:
+    """A live line per host (what it is doing) and a bar while the image is copied."""
+
+    def __init__(self, progress) -> None:
+        self.bar = progress
+        self.tasks: dict[str, int] = {}
+
+    def _task(self, host: str) -> int:
+        if host not in self.tasks:
+            self.tasks[host] = self.bar.add_task(host, total=None, what="")
+        return self.tasks[host]
+
+    def status(self, host: str, text: str) -> None:
+        self.bar.update(self._task(host), what=text)
+
+    def transfer(self, host: str, done: int, total: int) -> None:
+        self.bar.update(self._task(host), completed=done, total=total)
+
+
+def _live():
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+    return Progress(TextColumn("{task.description:<24}"), TextColumn("{task.fields[what]:<32}"), BarColumn(),
+                    DownloadColumn(), console=console, transient=False)
+
+
+def _ssh(timeout: int):
+    return lambda host: SshRunner(host, connect_timeout=timeout)
+
+
+def _cluster_cfg(config: Optional[Path], flags: dict) -> tuple[ConfigFile, ClusterConfig]:
+    cfg_file = read_config(config)
+    return cfg_file, cluster_config(cfg_file, flags)
+
+
+def _image_tag(cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
+    """The image the cluster runs, and its flavor: set explicitly, or the one `kit build` makes."""
+    build = build_config(cfg_file, {})
+    return (cfg.image_tag or make_recipe(build).tag), build.flavor
+
+
+def _print_changes(nodes: list[Node], dry_run: bool) -> None:
+    for n in nodes:
+        planned = getattr(n.runner, "planned", None)
+        lines = planned if dry_run else n.changes
+        if not lines:
+            console.print(f"  {escape(n.name)}: no change")
+        for line in lines:
+            console.print(f"  {escape(n.name)}: {escape(line)}")
+
+
+@app.command()
+@reports_errors
+def up(
+    hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: one host a line (host, host:slots, user@host...)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    ssh_port: Optional[int] = typer.Option(None, help="Port of the containers' sshd (default 12345)."),
+    workspace: Optional[str] = typer.Option(None, help="Folder mounted at the same path in every container."),
+    shm_size: Optional[str] = typer.Option(None, help="Size of /dev/shm (default: share the host's IPC)."),
+    image_tag: Optional[str] = typer.Option(None, help="Image to run (default: the one kit build makes)."),
+    dry_run: bool = typer.Option(False, help="Check the hosts and print what would change; change nothing."),
+) -> None:
+    """Bring the cluster up: keys, image, containers on every host, then verify it."""
+    cfg_file, cfg = _cluster_cfg(config, dict(name=name, ssh_port=ssh_port, workspace=workspace,
+                                              shm_size=shm_size, image_tag=image_tag))
+    inventory = read_hosts(hosts)
+    tag, flavor = _image_tag(cfg_file, cfg)
+    client = connect()
+    image = local_image(client, tag)
+    identity = Identity(cfg.name)
+    with _live() as bar:
+        workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
+                      connect=_ssh(cfg.connect_timeout), dry_run=dry_run, progress=LiveProgress(bar))
+        nodes = workflow.run(inventory)
+    changed = any(n.changes for n in nodes) or dry_run
+    console.print(("[bold]plan[/] (dry run: nothing was changed)" if dry_run else
+                   f"[green]✓[/] cluster {cfg.name} is up on {len(nodes)} hosts" +
+                   ("" if changed else ": no change")))
+    if changed:
+        _print_changes(nodes, dry_run)
+    for n in nodes:
+        for note in n.notes:
+            console.print(f"  [yellow]note[/] {escape(n.name)}: {escape(note)}")
+
+
+def _recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig, Identity, st.ClusterState | None]:
+    _, cfg = _cluster_cfg(config, dict(name=name))
+    identity = Identity(cfg.name)
+    return cfg, identity, st.load(identity.folder)
+
+
+@app.command()
+@reports_errors
+def status(
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Each host of the cluster: reachable, container, image, port, GPUs."""
+    cfg, identity, state = _recorded(name, config)
+    if state is None:
+        raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
+                       hint="bring it up with `kit up --hosts hosts.txt`")
+    rows = cluster_status(state, _ssh(cfg.connect_timeout))
+    if as_json:
+        console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
+                                 "hosts": [r.as_dict() for r in rows]})
+    else:
+        _print_status(state, rows)
+    if not all(r.reachable and r.container == "running" and r.image_matches for r in rows):
+        raise typer.Exit(1)
+
+
+def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
+    table = Table(title=f"cluster {state.cluster}: {state.image}, port {state.ssh_port}")
+    for column in ("host", "address", "reachable", "container", "image", "port", "GPUs"):
+        table.add_column(column)
+    for r in rows:
+        mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
+        table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
+                      mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
+                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus))
+    console.print(table)
+
+
+@app.command()
+@reports_errors
+def down(
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    dry_run: bool = typer.Option(False, help="Print what would be removed; remove nothing."),
+) -> None:
+    """Remove exactly what `kit up` made: containers, kit's folders and files. Safe to run twice."""
+    cfg, identity, state = _recorded(name, config)
+    if state is None:
+        console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
+        return
+    with _live() as bar:
+        nodes = down_cluster(state, identity, _ssh(cfg.connect_timeout), dry_run=dry_run,
+                             progress=LiveProgress(bar))
+    console.print("[bold]plan[/] (dry run: nothing was removed)" if dry_run else
+                  f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts")
+    _print_changes(nodes, dry_run)
 
 
 def main() -> None:

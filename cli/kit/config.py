@@ -204,9 +204,97 @@ class BuildConfig(BaseModel):
         return f"{self.image}:{self.flavor}"
 
 
+_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
+_SIZE = re.compile(r"^\d+[kmg]?$")
+
+HINTS.update({
+    "name": "use 1-32 lower-case letters, digits and dashes, e.g. lab or cifar-1",
+    "ssh_port": "use a free TCP port from 1024 to 65535 (default 12345), not the hosts' own sshd port",
+    "workspace": "use an absolute path, e.g. /srv/kit/workspace",
+    "shm_size": "use a size such as 8g, or leave it out to share the host's IPC namespace (--ipc=host)",
+    "gpus": "use a number of GPUs per host, or auto (from nvidia-smi)",
+    "connect_timeout": "use seconds from 1 to 300",
+    "image_tag": "use an image that `docker images` lists, e.g. kit-horovod:cpu-0123456789ab",
+})
+
+
+class ClusterConfig(BaseModel):
+    """How the cluster's containers are made; the hosts come from hosts.txt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "kit"
+    ssh_port: int = 12345
+    workspace: str | None = None  # default: /var/lib/kit/<name>/workspace on every host
+    shm_size: str | None = None   # None: --ipc=host (NCCL and DataLoader need more than Docker's 64 MB)
+    gpus: int | Literal["auto"] | None = None
+    connect_timeout: int = 10
+    image_tag: str | None = None  # default: the tag `kit build` derives from the build section
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"'{v}' is not a cluster name")
+        return v
+
+    @field_validator("ssh_port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 1024 <= v <= 65535:
+            raise ValueError(f"{v} is not a port from 1024 to 65535")
+        return v
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or any(c in v for c in ":,'\"$`\\") or "/../" in v + "/"):
+            raise ValueError(f"'{v}' is not an absolute path")
+        return v.rstrip("/") or "/" if v else v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str | None) -> str | None:
+        if v is not None and not _SIZE.match(str(v).lower()):
+            raise ValueError(f"'{v}' is not a size")
+        return str(v).lower() if v is not None else v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v):
+        if isinstance(v, int) and not 0 <= v <= 64:
+            raise ValueError(f"{v} is not a number of GPUs from 0 to 64")
+        return v
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _timeout(cls, v: int) -> int:
+        if not 1 <= v <= 300:
+            raise ValueError(f"{v} is not a number of seconds from 1 to 300")
+        return v
+
+    @field_validator("image_tag")
+    @classmethod
+    def _image_tag(cls, v: str | None) -> str | None:
+        return BuildConfig._image_ref(v)
+
+    @property
+    def kit_dir(self) -> str:
+        """kit's folder on every host: keys, and nothing kit did not write."""
+        return f"/var/lib/kit/{self.name}"
+
+    @property
+    def workspace_path(self) -> str:
+        return self.workspace or f"{self.kit_dir}/workspace"
+
+    @property
+    def container(self) -> str:
+        return f"kit-{self.name}"
+
+
 # ---------------------------------------------------------------- kit.yaml
 
-SECTIONS = {"build": BuildConfig}
+SECTIONS = {"build": BuildConfig, "cluster": ClusterConfig}
 
 
 @dataclass(frozen=True)
@@ -276,33 +364,42 @@ def flag_name(field_name: str) -> str:
 
 def build_config(cfg: ConfigFile, flags: dict[str, Any]) -> BuildConfig:
     """Merge kit.yaml's build section with flags (flags win) and validate."""
+    return section_config(cfg, "build", flags)
+
+
+def cluster_config(cfg: ConfigFile, flags: dict[str, Any]) -> ClusterConfig:
+    return section_config(cfg, "cluster", flags)
+
+
+def section_config(cfg: ConfigFile, section: str, flags: dict[str, Any]):
+    model = SECTIONS[section]
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    for key, value in cfg.sections.get("build", {}).items():
+    for key, value in cfg.sections.get(section, {}).items():
         if key in PATH_FIELDS and isinstance(value, str):
             value = (cfg.path.parent / value).expanduser()  # relative to kit.yaml, like compose files
-        values[key], origin[key] = value, f"{cfg.where('build', key)}: build.{key}"
+        values[key], origin[key] = value, f"{cfg.where(section, key)}: {section}.{key}"
     for key, value in flags.items():
         if value is not None and value != ():
             values[key], origin[key] = value, flag_name(key)
     try:
-        return BuildConfig(**values)
+        return model(**values)
     except ValidationError as e:
-        raise _bad_input(e, origin, cfg) from None
+        raise _bad_input(e, origin, cfg, section) from None
 
 
-def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile) -> BadInput:
+def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, section: str) -> BadInput:
     err = e.errors()[0]
     key = str(err["loc"][0]) if err["loc"] else ""
-    where = origin.get(key) or (f"{cfg.where('build')}: build" if cfg.path else "build settings")
+    where = origin.get(key) or (f"{cfg.where(section)}: {section}" if cfg.path else f"{section} settings")
     msg = err["msg"].removeprefix("Value error, ")
-    hint = HINTS.get(key, "see the README for the settings of build")
+    hint = HINTS.get(key, f"see the README for the settings of {section}")
     if err["type"] == "extra_forbidden":
-        msg, hint = "unknown setting", f"settings of build are: {', '.join(BuildConfig.model_fields)}"
+        msg, hint = "unknown setting", f"settings of {section} are: {', '.join(SECTIONS[section].model_fields)}"
     elif err["type"] == "literal_error":
         msg = f"'{err['input']}' is not allowed"
     elif err["type"] == "tuple_type":
         msg = f"should be a list, e.g. [{err.get('input')}] (got {err.get('input')!r})"
-    elif err["type"] in ("string_type", "bool_parsing", "bool_type", "missing"):
+    elif err["type"] in ("string_type", "bool_parsing", "bool_type", "int_parsing", "int_type", "missing"):
         msg = f"{msg.lower()} (got {err.get('input')!r})"
     return BadInput(f"{where}: {msg}", hint=hint)

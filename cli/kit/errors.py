@@ -46,3 +46,18 @@ class BuildFailed(KitError):
 
 class VerifyFailed(KitError):
     """A built image does not do what a training image must."""
+
+
+class HostsFailed(KitError):
+    """One or more hosts failed; every one is reported, not only the first."""
+
+    def __init__(self, what: str, failures: dict[str, KitError]) -> None:
+        names = ", ".join(failures)
+        super().__init__(f"{what} failed on {len(failures)} host{'s' if len(failures) > 1 else ''}: {names}",
+                         hint=_common_hint(failures))
+        self.failures = failures
+
+
+def _common_hint(failures: dict[str, KitError]) -> str | None:
+    hints = {f.hint for f in failures.values() if f.hint}
+    return hints.pop() if len(hints) == 1 else None

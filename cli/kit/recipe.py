@@ -21,7 +21,7 @@ from kit import __version__
 from kit.config import BuildConfig
 
 # Assets from images/ that every image carries, and where they go in the context.
-ASSETS = ("sshd_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py")
+ASSETS = ("sshd_config", "ssh_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py")
 
 # What `horovodrun --check-build` must show for each flavor: (frameworks, controllers, operations).
 EXPECTED_BUILD = {
@@ -102,6 +102,10 @@ def _template_env() -> jinja2.Environment:
     loader = jinja2.FunctionLoader(lambda name: files("kit.templates").joinpath(name).read_text())
     return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def render_template(name: str, **values) -> str:
+    return _template_env().get_template(name).render(**values)
 
 
 def horovod_spec(config: BuildConfig) -> str:

@@ -37,13 +37,252 @@ def ca_bundle() -> str:
         or "/etc/ssl/certs/ca-certificates.crt"
 
 
-def cpu_build_flags(workdir: Path) -> list[str]:
-    """`kit build` flags for the CPU image from the lab's inputs; workdir gets a one-wheel wheelhouse."""
+def cpu_build_settings(workdir: Path) -> dict[str, str]:
+    """kit.yaml `build:` settings for the CPU image from the lab's inputs; workdir gets a one-wheel wheelhouse."""
     wheel = torch_wheel()
     torch_version, py_major, py_minor = re.match(r"torch-([^-]+)-cp(\d)(\d+)-", wheel.name).groups()
     house = workdir / "wheelhouse"  # only torch: other wheels in the folder would change the tag
     house.mkdir(parents=True, exist_ok=True)
     if not (house / wheel.name).exists():
         (house / wheel.name).symlink_to(wheel)
-    return ["--flavor", "cpu", "--base-image", BASE_IMAGE, "--wheelhouse", str(house), "--ca-bundle", ca_bundle(),
-            "--torch", torch_version, "--python", f"{py_major}.{py_minor}", "--torch-index-url", ""]
+    return {"flavor": "cpu", "base_image": BASE_IMAGE, "wheelhouse": str(house), "ca_bundle": ca_bundle(),
+            "torch": torch_version, "python": f"{py_major}.{py_minor}", "torch_index_url": ""}
+
+
+def cpu_build_flags(workdir: Path) -> list[str]:
+    """The same settings as `kit build` flags."""
+    return [arg for key, value in cpu_build_settings(workdir).items() for arg in ("--" + key.replace("_", "-"), value)]
+
+
+# ---------------------------------------------------------------- lab hosts
+#
+# A "host" is a network namespace (an address on a private bridge), a mount
+# namespace (its own /var/lib/kit: all hosts share one filesystem) and a UTS
+# namespace (its own hostname), running its own sshd (the host's login, port
+# 22) and its own dockerd. The root namespace plays the user's workstation.
+# Everything is named with PREFIX, so leftovers of a killed run are findable,
+# and removed by the next run before it starts.
+
+import shutil
+import signal
+import time
+
+PREFIX = "kitlab"
+SUBNET = "10.231.77"
+BRIDGE = f"{PREFIX}-br"
+RUN = Path(f"/run/{PREFIX}")
+DATA = Path(f"/var/lib/{PREFIX}")
+HOST_LOCAL = ("/var/lib/kit",)  # paths kit expects to be host-local
+FORWARD_RULE = ["-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
+
+
+def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=120, **kw)
+
+
+def wait_for(what: str, ok, timeout: float = 60, every: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(every)
+    raise TimeoutError(f"lab: {what} not ready within {timeout:.0f} s")
+
+
+class LabHost:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"{PREFIX}-h{index}"
+        self.address = f"{SUBNET}.{10 + index}"
+        self.run = RUN / self.name
+        self.data = DATA / self.name
+        self.docker_sock = self.run / "docker.sock"
+
+    @property
+    def nsenter(self) -> list[str]:
+        return ["nsenter", f"--net=/var/run/netns/{self.name}", f"--mount={self.run}.mnt", f"--uts={self.run}.uts"]
+
+    def run_in(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        """A command on this host, as its own processes see the world."""
+        return sh(*self.nsenter, *argv, check=check)
+
+    def docker(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh("docker", "-H", f"unix://{self.docker_sock}", *argv, check=check)
+
+    def pid(self, name: str) -> int | None:
+        try:
+            return int((self.run / f"{name}.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+class Lab:
+    """N lab hosts and a user's home whose SSH knows them. Use as a context manager."""
+
+    def __init__(self, count: int, root: Path) -> None:
+        self.hosts = [LabHost(i) for i in range(1, count + 1)]
+        self.home = root / "home"
+        self.made_mountpoints: list[Path] = []
+
+    # -- lifecycle
+    def __enter__(self) -> "Lab":
+        cleanup_leftovers()
+        try:
+            self._network()
+            self._user()
+            for h in self.hosts:
+                self._host(h)
+            for h in self.hosts:
+                wait_for(f"{h.name} dockerd", lambda h=h: h.docker("version", check=False).returncode == 0)
+                wait_for(f"{h.name} sshd", lambda h=h: self.ssh(h, "true", check=False).returncode == 0)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cleanup_leftovers()
+        for p in self.made_mountpoints:
+            with _quiet():
+                p.rmdir()
+
+    def _network(self) -> None:
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        sh("ip", "link", "set", BRIDGE, "up")
+        # Bridged lab traffic must not meet the workstation's firewall (dockerd's FORWARD DROP).
+        sh("iptables", "-I", "FORWARD", *FORWARD_RULE)
+        RUN.mkdir(parents=True, exist_ok=True)
+        sh("mount", "--bind", str(RUN), str(RUN))  # namespaces persist as files on a private mount
+        sh("mount", "--make-private", str(RUN))
+        for path in map(Path, HOST_LOCAL):
+            if not path.exists():
+                path.mkdir(parents=True)
+                self.made_mountpoints.append(path)
+
+    def _user(self) -> None:
+        ssh_dir = self.home / ".ssh"
+        ssh_dir.mkdir(parents=True, mode=0o700)
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "lab-user", "-f", str(ssh_dir / "id_ed25519"))
+
+    def _host(self, h: LabHost) -> None:
+        veth, peer = f"{PREFIX}-v{h.index}", f"{PREFIX}-p{h.index}"
+        sh("ip", "netns", "add", h.name)
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+        sh("ip", "link", "set", veth, "master", BRIDGE, "up")
+        sh("ip", "link", "set", peer, "netns", h.name)
+        for cmd in (["link", "set", peer, "name", "eth0"], ["addr", "add", f"{h.address}/24", "dev", "eth0"],
+                    ["link", "set", "eth0", "up"], ["link", "set", "lo", "up"]):
+            sh("ip", "-n", h.name, *cmd)
+        h.run.mkdir(parents=True)
+        for path in ("kit", "docker", "exec"):
+            (h.data / path).mkdir(parents=True, exist_ok=True)
+        for kind in ("mnt", "uts"):
+            Path(f"{h.run}.{kind}").touch()
+        sh("unshare", f"--mount={h.run}.mnt", f"--uts={h.run}.uts", "--propagation", "private",
+           "sh", "-c", f"hostname {h.name} && mount --bind {h.data}/kit /var/lib/kit")
+        self._sshd(h)
+        self._dockerd(h)
+
+    def _sshd(self, h: LabHost) -> None:
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
+        shutil.copy(self.home / ".ssh/id_ed25519.pub", h.run / "authorized_keys")
+        (h.run / "sshd_config").write_text(f"""\
+Port 22
+ListenAddress {h.address}
+HostKey {h.run}/host_key
+AuthorizedKeysFile {h.run}/authorized_keys
+PidFile {h.run}/sshd.pid
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+SetEnv DOCKER_HOST=unix://{h.docker_sock}
+Subsystem sftp /usr/lib/openssh/sftp-server
+""")
+        Path("/run/sshd").mkdir(exist_ok=True)
+        with open(self.home / ".ssh/known_hosts", "a") as f:
+            f.write(f"{h.address} {(h.run / 'host_key.pub').read_text()}")
+        self._daemon(h, "sshd", ["/usr/sbin/sshd", "-f", str(h.run / "sshd_config"), "-D", "-e"])
+
+    def _dockerd(self, h: LabHost) -> None:
+        self._daemon(h, "dockerd", ["dockerd", "--data-root", str(h.data / "docker"), "--exec-root",
+                                    str(h.data / "exec"), "--pidfile", str(h.run / "docker.pid"), "-H",
+                                    f"unix://{h.docker_sock}", "--iptables=false", "--ip-masq=false",
+                                    "--bridge=none"])
+
+    def _daemon(self, h: LabHost, name: str, argv: list[str]) -> None:
+        log = open(h.data / f"{name}.log", "ab")
+        proc = subprocess.Popen([*h.nsenter, *argv], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+        (h.run / f"{name}.process").write_text(str(proc.pid))
+
+    # -- what tests use
+    def ssh(self, h: LabHost, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        """The user's own ssh to a lab host (strict host-key checking, the user's known_hosts)."""
+        return sh("ssh", "-F", "none", "-i", str(self.home / ".ssh/id_ed25519"), "-o", "BatchMode=yes",
+                  "-o", f"UserKnownHostsFile={self.home}/.ssh/known_hosts", "-o", "StrictHostKeyChecking=yes",
+                  "-o", "ConnectTimeout=5", f"root@{h.address}", command, check=check)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for kit as this lab's user."""
+        return {"HOME": str(self.home), "KIT_HOME": str(self.home / ".kit")}
+
+    def hosts_file(self, path: Path, hosts: list[LabHost] | None = None) -> Path:
+        path.write_text("".join(f"{h.address}\n" for h in hosts or self.hosts))
+        return path
+
+    def block(self, h: LabHost) -> None:
+        """The host's firewall drops every packet that comes in."""
+        h.run_in("iptables", "-I", "INPUT", "-j", "DROP")
+
+    def unblock(self, h: LabHost) -> None:
+        h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def cleanup_leftovers() -> None:
+    """Remove every lab thing a run (this one, or one that was killed) left behind."""
+    for proc_file in RUN.glob("*/*.process") if RUN.exists() else []:
+        _stop(proc_file)
+    if RUN.exists():
+        for ns_file in list(RUN.glob("*.mnt")) + list(RUN.glob("*.uts")):
+            sh("umount", str(ns_file), check=False)
+        sh("umount", str(RUN), check=False)
+    for ns in sh("ip", "netns", "list", check=False).stdout.split("\n"):
+        if ns.startswith(PREFIX):
+            sh("ip", "netns", "del", ns.split()[0], check=False)
+    sh("ip", "link", "del", BRIDGE, check=False)
+    for _ in range(10):  # the lab's own firewall rule, however many runs left it
+        if sh("iptables", "-D", "FORWARD", *FORWARD_RULE, check=False).returncode != 0:
+            break
+    for root in (RUN, DATA):
+        if root.exists():
+            for d in root.glob("*/exec"):  # overlay mounts of a dockerd that died hard
+                sh("sh", "-c", f"grep -o ' {d}[^ ]*' /proc/mounts | xargs -r -n1 umount -l", check=False)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop(proc_file: Path, timeout: float = 20) -> None:
+    try:
+        pid = int(proc_file.read_text())
+        os.killpg(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.2)
+    with _quiet():
+        os.killpg(pid, signal.SIGKILL)

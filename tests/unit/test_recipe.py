@@ -162,3 +162,9 @@ def test_symlinked_wheels_reach_the_context_as_files(tmp_path, wheelhouse):
     r.write(out)
     written = next((out / "wheelhouse").iterdir())
     assert not written.is_symlink() and written.read_bytes() == b"wheel one"
+
+
+def test_container_ssh_client_reads_the_cluster_config():
+    r = recipe()
+    assert "COPY kit/ssh_config /etc/ssh/ssh_config.d/kit.conf" in stages(r.dockerfile)["final"][1]
+    assert next(f.text for f in r.files if f.name == "kit/ssh_config").strip().endswith("Include /etc/kit/ssh/config")

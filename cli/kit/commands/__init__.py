@@ -1,0 +1,1 @@
+"""Pure builders of the command lines kit runs on hosts."""

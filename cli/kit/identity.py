@@ -1,0 +1,100 @@
+"""The cluster's SSH identity: made by kit, kept in its state folder, never printed.
+
+One client key pair per cluster (the containers log in to each other with it)
+and one host key per host (so each container has its own identity, and
+known_hosts pins exactly those keys: strict host-key checking stays on).
+Secrets are written 0600 in folders of 0700.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kit.errors import KitError
+
+
+def state_root() -> Path:
+    """Where kit keeps what it made: $KIT_HOME, else ~/.kit."""
+    return Path(os.environ.get("KIT_HOME") or Path.home() / ".kit")
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    private: bytes  # OpenSSH PEM; goes only to files of mode 0600
+    public: str     # "ssh-ed25519 AAAA... comment"
+
+    def __repr__(self) -> str:  # never let a private key reach a log or a traceback
+        return f"KeyPair(public={self.public!r})"
+
+
+def new_key(comment: str) -> KeyPair:
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return KeyPair(private, f"{public.decode()} {comment}")
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """Create or replace a file that only its owner can read, without a moment of wider modes."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _load_or_make(folder: Path, comment: str) -> KeyPair:
+    private, public = folder / "id_ed25519", folder / "id_ed25519.pub"
+    if private.exists() and public.exists():
+        if private.stat().st_mode & 0o077:
+            raise KitError(f"{private} can be read by others (mode {private.stat().st_mode & 0o777:o})",
+                           hint=f"chmod 600 {private}")
+        return KeyPair(private.read_bytes(), public.read_text().strip())
+    pair = new_key(comment)
+    write_secret(private, pair.private)
+    public.write_text(pair.public + "\n")
+    return pair
+
+
+class Identity:
+    """The state folder of one cluster: ~/.kit/<cluster>/ (0700)."""
+
+    def __init__(self, cluster: str, root: Path | None = None) -> None:
+        self.folder = (root or state_root()) / cluster
+        self.cluster = cluster
+
+    def ensure_folder(self) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
+
+    def client_key(self) -> KeyPair:
+        self.ensure_folder()
+        return _load_or_make(self.folder / "client", f"kit-{self.cluster}")
+
+    def remove(self) -> None:
+        """Forget the cluster: its keys and state (after `kit down`)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def host_key(self, host: str) -> KeyPair:
+        self.ensure_folder()
+        (self.folder / "hosts").mkdir(mode=0o700, exist_ok=True)
+        return _load_or_make(self.folder / "hosts" / host, f"kit-{self.cluster}@{host}")
+
+
+def known_hosts_lines(entries: list[tuple[list[str], str]], port: int) -> str:
+    """known_hosts for the cluster port: each host's names and addresses -> its pinned host key."""
+    lines = []
+    for names, public in entries:
+        patterns = ",".join(f"[{n}]:{port}" for n in dict.fromkeys(names))
+        key_type, key_data = public.split()[:2]
+        lines.append(f"{patterns} {key_type} {key_data}")
+    return "\n".join(lines) + "\n"

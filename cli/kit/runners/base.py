@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+from kit.errors import KitError
+
+TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Result:
+    host: str
+    command: str
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def tail(self) -> str:
+        text = (self.stderr.strip() or self.stdout.strip())
+        return "\n".join(text.splitlines()[-TAIL_LINES:])
+
+    def check(self, what: str, hint: str | None = None) -> "Result":
+        """Raise, naming host, command and the tail of its output, unless it succeeded."""
+        if not self.ok:
+            raise KitError(f"{what} (exit {self.exit_code})", host=self.host, command=self.command,
+                           output_tail=self.tail(), hint=hint)
+        return self
+
+
+class Runner(Protocol):
+    host: str
+    sudo: bool
+
+    def peer_address(self) -> str: ...
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
+            changes: bool = False) -> Result: ...
+
+    def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
+                  changes: bool = True) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class DryRunner:
+    """Reads go to the real host; changes are recorded and reported as done."""
+
+    inner: Runner
+    planned: list[str] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return self.inner.host
+
+    @property
+    def sudo(self) -> bool:
+        return self.inner.sudo
+
+    @sudo.setter
+    def sudo(self, value: bool) -> None:
+        self.inner.sudo = value
+
+    def peer_address(self) -> str:
+        return self.inner.peer_address()
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None,
+            changes: bool = False) -> Result:
+        if not changes:
+            return self.inner.run(command, stdin=stdin, timeout=timeout)
+        self.planned.append(command + (f"  <<< {len(stdin)} bytes" if stdin else ""))
+        return Result(self.host, command, 0)
+
+    def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
+                  changes: bool = True) -> Result:
+        self.planned.append(f"{command}  <<< the image, streamed")
+        return Result(self.host, command, 0)
+
+    def close(self) -> None:
+        self.inner.close()

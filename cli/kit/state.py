@@ -1,0 +1,53 @@
+"""What `kit up` made on each host, so `kit down` removes exactly that."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kit.identity import write_secret
+
+
+@dataclass
+class HostState:
+    name: str
+    address: str
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    primary: bool = False
+    made_workspace: bool = False   # kit made the folder (down removes it only while empty)
+    made_kit_dir: bool = False
+
+
+@dataclass
+class ClusterState:
+    cluster: str
+    image: str
+    image_id: str
+    ssh_port: int
+    container: str
+    kit_dir: str
+    workspace: str
+    hosts: list[HostState] = field(default_factory=list)
+
+    def host(self, name: str) -> HostState | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+
+def state_file(folder: Path) -> Path:
+    return folder / "state.json"
+
+
+def load(folder: Path) -> ClusterState | None:
+    try:
+        data = json.loads(state_file(folder).read_text())
+    except FileNotFoundError:
+        return None
+    hosts = [HostState(**h) for h in data.pop("hosts")]
+    return ClusterState(**data, hosts=hosts)
+
+
+def save(folder: Path, state: ClusterState) -> None:
+    write_secret(state_file(folder), json.dumps(asdict(state), indent=2).encode())

@@ -1,0 +1,145 @@
+"""What a host looks like, read with one command and parsed by a pure function.
+
+Every step decides from these facts, so a second `kit up` on an unchanged
+cluster finds nothing to do. Gathering changes nothing on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+MARK = "@@kit "
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    status: str     # running, exited, created, restarting...
+    image_id: str
+    spec: str       # the io.kit.spec label: the hash of how it was started
+    cluster: str    # the io.kit.cluster label
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    uid: int
+    docker_version: str | None          # None: docker did not answer
+    docker_error: str = ""
+    docker_root: str = ""
+    free_bytes: int = 0
+    listening: frozenset[int] = frozenset()
+    ipv4: tuple[tuple[str, str, int], ...] = ()   # (interface, address, prefix length)
+    image_id: str | None = None
+    container: ContainerFacts | None = None
+    kit_files: dict[str, str] = field(default_factory=dict)  # file in kit's ssh folder -> sha256
+    kit_dir_exists: bool = False
+    workspace_exists: bool = False
+    gpus: int = 0
+    runtimes: frozenset[str] = frozenset()
+    memlock_kb: int | None = None     # hard RLIMIT_MEMLOCK; None: unlimited
+    can_raise_limits: bool = True     # CAP_SYS_RESOURCE in the bounding set
+
+    @property
+    def memlock(self) -> str:
+        """The container's memlock ulimit: unlimited where the host allows it, else its hard limit."""
+        if self.can_raise_limits or self.memlock_kb is None:
+            return "-1:-1"
+        return f"{self.memlock_kb * 1024}:{self.memlock_kb * 1024}"
+
+
+def facts_command(image: str, container: str, kit_dir: str, workspace: str) -> str:
+    """A POSIX sh script that prints each fact under a `@@kit NAME` line."""
+    q = shlex.quote
+    return "\n".join([
+        f"echo '{MARK}docker'; docker version --format '{{{{.Server.Version}}}}' 2>&1",
+        f"echo '{MARK}dockerroot'; root=$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null); echo \"$root\"",
+        f"echo '{MARK}df'; df -Pk \"${{root:-/}}\" 2>/dev/null | tail -n 1",
+        f"echo '{MARK}tcp'; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null",
+        f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
+        f"echo '{MARK}image'; docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null",
+        f"echo '{MARK}container'; docker inspect --type container --format "
+        f"'{{{{json .State.Status}}}} {{{{json .Image}}}} {{{{json .Config.Labels}}}}' {q(container)} 2>/dev/null",
+        f"echo '{MARK}kitdir'; test -d {q(kit_dir)} && echo yes",
+        f"echo '{MARK}kitfiles'; cd {q(kit_dir + '/ssh')} 2>/dev/null && sha256sum -- * 2>/dev/null",
+        f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
+        f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
+        f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}' 2>/dev/null",
+        f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
+        "true",
+    ])
+
+
+def sections(text: str) -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            current = line[len(MARK):].strip()
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return {k: "\n".join(v).strip() for k, v in out.items()}
+
+
+def listening_ports(proc_net_tcp: str) -> frozenset[int]:
+    """TCP ports in LISTEN state (st 0A) from /proc/net/tcp and tcp6."""
+    ports = set()
+    for line in proc_net_tcp.splitlines():
+        cols = line.split()
+        if len(cols) > 3 and cols[3] == "0A" and ":" in cols[1]:
+            ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return frozenset(ports)
+
+
+def ipv4_addresses(ip_addr: str) -> tuple[tuple[str, str, int], ...]:
+    found = re.findall(r"^\d+:\s+(\S+)\s+inet\s+([\d.]+)/(\d+)", ip_addr, re.M)
+    return tuple((ifname, address, int(prefix)) for ifname, address, prefix in found)
+
+
+def _container(text: str) -> ContainerFacts | None:
+    if not text:
+        return None
+    status, image, labels = text.split(" ", 2)
+    labels = json.loads(labels) or {}
+    return ContainerFacts(json.loads(status), json.loads(image), labels.get("io.kit.spec", ""),
+                          labels.get("io.kit.cluster", ""))
+
+
+CAP_SYS_RESOURCE = 24
+
+
+def _limits(text: str) -> tuple[int | None, bool]:
+    lines = text.split("\n")
+    hard = lines[0].strip() if lines else "unlimited"
+    bounding = next((l.split()[1] for l in lines if l.startswith("CapBnd:")), None)
+    can_raise = bounding is None or bool(int(bounding, 16) >> CAP_SYS_RESOURCE & 1)
+    return (int(hard) if hard.isdigit() else None), can_raise
+
+
+def parse_facts(uid: int, text: str) -> HostFacts:
+    s = sections(text)
+    memlock_kb, can_raise = _limits(s.get("limits", ""))
+    docker = s.get("docker", "")
+    answers = bool(re.fullmatch(r"\d+\.\d+\S*", docker))
+    df = s.get("df", "").split()
+    runtimes = s.get("runtimes", "")
+    return HostFacts(
+        uid=uid,
+        docker_version=docker if answers else None,
+        docker_error="" if answers else docker.splitlines()[-1] if docker else "docker: command not found",
+        docker_root=s.get("dockerroot", ""),
+        free_bytes=int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else 0,
+        listening=listening_ports(s.get("tcp", "")),
+        ipv4=ipv4_addresses(s.get("addr", "")),
+        image_id=s.get("image") or None,
+        container=_container(s.get("container", "")),
+        kit_files={name: digest for digest, name in (l.split(None, 1) for l in s.get("kitfiles", "").splitlines() if l)},
+        kit_dir_exists=s.get("kitdir") == "yes",
+        workspace_exists=s.get("workspace") == "yes",
+        gpus=len([l for l in s.get("gpus", "").splitlines() if l.startswith("GPU ")]),
+        runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
+        memlock_kb=memlock_kb,
+        can_raise_limits=can_raise,
+    )

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit.inventory import Host
+from kit.runners import Runner
+from kit.steps.facts import HostFacts
+
+
+@dataclass
+class Node:
+    """One host during a workflow: how to reach it, what it looks like, what was done."""
+
+    host: Host
+    runner: Runner
+    address: str = ""           # the address kit reached it at; the containers use it too
+    facts: HostFacts | None = None
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # worth telling the user, but not a change
+
+    @property
+    def name(self) -> str:
+        return self.host.name

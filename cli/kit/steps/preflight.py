@@ -1,0 +1,59 @@
+"""Connect to every host and check it can take the cluster, before anything changes."""
+
+from __future__ import annotations
+
+from kit.config import ClusterConfig
+from kit.errors import KitError
+from kit.steps.facts import facts_command, parse_facts
+from kit.steps.node import Node
+
+GIB = 1 << 30
+
+
+def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
+    """Connect, learn who we are, then read every fact with one command (as root)."""
+    runner = node.runner
+    uid = int(runner.run("id -u").check("cannot run commands").stdout.strip() or 0)
+    if uid != 0:
+        runner.run("sudo -n true").check(
+            "the login user is not root and cannot sudo without a password",
+            hint="log in as root (root@host in hosts.txt) or allow passwordless sudo for this user")
+        runner.sudo = True
+    node.address = runner.peer_address()
+    text = runner.run(facts_command(image, cfg.container, cfg.kit_dir, cfg.workspace_path)).stdout
+    node.facts = parse_facts(uid, text)
+
+
+def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool) -> list[str]:
+    """Everything that would stop this host, in plain words (empty: ready)."""
+    f = node.facts
+    found = []
+    if f.docker_version is None:
+        found.append(f"docker does not answer ({f.docker_error})")
+    ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"
+    if cfg.ssh_port in f.listening and not ours:
+        found.append(f"port {cfg.ssh_port} is taken by another program")
+    if f.docker_version and f.image_id != image_id and f.free_bytes < image_bytes * 1.2 + GIB:
+        found.append(f"only {f.free_bytes / GIB:.1f} GiB free in {f.docker_root}; the image needs "
+                     f"{image_bytes * 1.2 / GIB + 1:.1f} GiB")
+    if gpu and f.gpus == 0:
+        found.append("no GPU: nvidia-smi lists none")
+    if gpu and "nvidia" not in f.runtimes:
+        found.append("the NVIDIA container runtime is not configured in Docker")
+    return found
+
+
+def hint_for(found: list[str]) -> str:
+    if any("port" in p for p in found):
+        return "stop that program or choose another cluster.ssh_port in kit.yaml"
+    if any("docker" in p for p in found):
+        return "install and start Docker on that host (`kit prepare` does it)"
+    if any("NVIDIA" in p or "GPU" in p for p in found):
+        return "install the NVIDIA driver and container toolkit (`kit prepare`), or use the cpu flavor"
+    return "free disk space in Docker's data root (docker system prune) and run kit up again"
+
+
+def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool) -> None:
+    found = problems(node, cfg, image_id, image_bytes, gpu)
+    if found:
+        raise KitError("; ".join(found), host=node.name, hint=hint_for(found))
