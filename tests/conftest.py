@@ -1,11 +1,9 @@
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py, for every test folder
 
 
 @pytest.fixture
@@ -29,9 +27,3 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run in an empty folder, so no ./kit.yaml is picked up by accident."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def run_kit(*args: str, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    """Run the installed `kit` as a user would, with wide output so lines stay whole."""
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, env={**os.environ, "COLUMNS": "200", **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)

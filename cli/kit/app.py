@@ -17,7 +17,7 @@ from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
 from kit.cluster import HostStatus, Up, down as down_cluster, status as cluster_status
 from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
-from kit.errors import HostsFailed, KitError
+from kit.errors import KitError
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
@@ -44,8 +44,8 @@ def reports_errors(command: Callable) -> Callable:
             err_console.print(f"[bold red]error:[/] {escape(str(e))}")
             for host, failure in getattr(e, "failures", {}).items():
                 err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")
-                _details(failure, indent="    ")
-            _details(e, indent="  ")
+                _details(failure, indent="    ", shown_hint=e.hint)
+            _details(e, indent="  ", shown_hint=e.hint)
             if e.hint:
                 err_console.print(f"[bold]fix:[/] {escape(e.hint)}")
             raise typer.Exit(e.exit_code) from None
@@ -53,14 +53,14 @@ def reports_errors(command: Callable) -> Callable:
     return wrapper
 
 
-def _details(e: KitError, indent: str) -> None:
+def _details(e: KitError, indent: str, shown_hint: str | None) -> None:
+    """Command and output tail of a failure; its own fix only when it is not the one shown for all."""
     if e.command:
         err_console.print(f"{indent}command: {escape(e.command)}")
     if e.output_tail:
         err_console.print(indent + escape(e.output_tail).replace("\n", "\n" + indent), style="dim")
-    if isinstance(e, HostsFailed) or not e.hint or indent == "  ":
-        return
-    err_console.print(f"{indent}fix: {escape(e.hint)}")
+    if e.hint and e.hint != shown_hint:
+        err_console.print(f"{indent}fix: {escape(e.hint)}")
 
 
 def _version(value: bool) -> None:
@@ -236,7 +236,7 @@ def up(
     tag, flavor = _image_tag(cfg_file, cfg)
     client = connect()
     image = local_image(client, tag)
-    identity = Identity(cfg.name)
+    identity = Identity(cfg.name, persist=not dry_run)
     with _live() as bar:
         workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
                       connect=_ssh(cfg.connect_timeout), dry_run=dry_run, progress=LiveProgress(bar))

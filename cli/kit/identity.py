@@ -52,7 +52,7 @@ def write_secret(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _load_or_make(folder: Path, comment: str) -> KeyPair:
+def _load_or_make(folder: Path, comment: str, persist: bool) -> KeyPair:
     private, public = folder / "id_ed25519", folder / "id_ed25519.pub"
     if private.exists() and public.exists():
         if private.stat().st_mode & 0o077:
@@ -60,25 +60,28 @@ def _load_or_make(folder: Path, comment: str) -> KeyPair:
                            hint=f"chmod 600 {private}")
         return KeyPair(private.read_bytes(), public.read_text().strip())
     pair = new_key(comment)
-    write_secret(private, pair.private)
-    public.write_text(pair.public + "\n")
+    if persist:
+        write_secret(private, pair.private)
+        public.write_text(pair.public + "\n")
     return pair
 
 
 class Identity:
     """The state folder of one cluster: ~/.kit/<cluster>/ (0700)."""
 
-    def __init__(self, cluster: str, root: Path | None = None) -> None:
+    def __init__(self, cluster: str, root: Path | None = None, persist: bool = True) -> None:
         self.folder = (root or state_root()) / cluster
         self.cluster = cluster
+        self.persist = persist  # False for --dry-run: keys that do not exist yet are made in memory only
 
     def ensure_folder(self) -> None:
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.folder, 0o700)
+        if self.persist:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.folder, 0o700)
 
     def client_key(self) -> KeyPair:
         self.ensure_folder()
-        return _load_or_make(self.folder / "client", f"kit-{self.cluster}")
+        return _load_or_make(self.folder / "client", f"kit-{self.cluster}", self.persist)
 
     def remove(self) -> None:
         """Forget the cluster: its keys and state (after `kit down`)."""
@@ -86,8 +89,9 @@ class Identity:
 
     def host_key(self, host: str) -> KeyPair:
         self.ensure_folder()
-        (self.folder / "hosts").mkdir(mode=0o700, exist_ok=True)
-        return _load_or_make(self.folder / "hosts" / host, f"kit-{self.cluster}@{host}")
+        if self.persist:
+            (self.folder / "hosts").mkdir(mode=0o700, exist_ok=True)
+        return _load_or_make(self.folder / "hosts" / host, f"kit-{self.cluster}@{host}", self.persist)
 
 
 def known_hosts_lines(entries: list[tuple[list[str], str]], port: int) -> str:

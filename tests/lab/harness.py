@@ -109,11 +109,28 @@ class LabHost:
     def docker(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         return sh("docker", "-H", f"unix://{self.docker_sock}", *argv, check=check)
 
-    def pid(self, name: str) -> int | None:
-        try:
-            return int((self.run / f"{name}.pid").read_text())
-        except (OSError, ValueError):
-            return None
+    def processes(self, pattern: str) -> list[int]:
+        """PIDs of this host's processes (by network namespace) whose command line matches a regex."""
+        mine = os.stat(f"/var/run/netns/{self.name}").st_ino
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if os.stat(proc / "ns/net").st_ino == mine and re.search(
+                        pattern, (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        return found
+
+    def kit_files(self) -> list[str]:
+        """Everything under /var/lib/kit as this host sees it."""
+        out = self.run_in("find", "/var/lib/kit", "-mindepth", "1").stdout
+        return sorted(out.split())
+
+    def listening(self, port: int) -> bool:
+        tcp = self.run_in("cat", "/proc/net/tcp", "/proc/net/tcp6").stdout
+        return any(len(c) > 3 and c[3] == "0A" and c[1].endswith(f":{port:04X}")
+                   for c in (line.split() for line in tcp.splitlines()))
 
 
 class Lab:
@@ -232,6 +249,12 @@ Subsystem sftp /usr/lib/openssh/sftp-server
     def hosts_file(self, path: Path, hosts: list[LabHost] | None = None) -> Path:
         path.write_text("".join(f"{h.address}\n" for h in hosts or self.hosts))
         return path
+
+    def rekey(self, h: LabHost) -> None:
+        """Give the host's own sshd a new host key (a reinstalled host, or an impostor)."""
+        (h.run / "host_key").unlink()
+        (h.run / "host_key.pub").unlink()
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
 
     def block(self, h: LabHost) -> None:
         """The host's firewall drops every packet that comes in."""

@@ -4,10 +4,9 @@ is reused when nothing changed, and bad bases or broken steps are reported."""
 import re
 import subprocess
 
-import docker
 import pytest
 
-from conftest import run_kit
+from helpers import run_kit
 from harness import BASE_IMAGE, cpu_build_flags
 from kit.verify import parse_allreduce, parse_check_build
 
@@ -16,17 +15,8 @@ BUILD_TIMEOUT_S = 40 * 60
 
 
 @pytest.fixture(scope="session")
-def client() -> docker.DockerClient:
-    return docker.from_env(timeout=300)
-
-
-@pytest.fixture(scope="session")
 def cpu_flags(tmp_path_factory, client) -> list[str]:
-    try:
-        client.images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.fail(f"the lab base image {BASE_IMAGE} is missing: tests/run makes it")
-    return cpu_build_flags(tmp_path_factory.mktemp("lab"))
+    return cpu_build_flags(tmp_path_factory.mktemp("inputs"))
 
 
 def tag_of(output: str) -> str:

@@ -3,7 +3,7 @@
 import subprocess
 from pathlib import Path
 
-from conftest import run_kit
+from helpers import run_kit
 
 
 def kit(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -27,8 +27,9 @@ class Result:
     def check(self, what: str, hint: str | None = None) -> "Result":
         """Raise, naming host, command and the tail of its output, unless it succeeded."""
         if not self.ok:
-            raise KitError(f"{what} (exit {self.exit_code})", host=self.host, command=self.command,
-                           output_tail=self.tail(), hint=hint)
+            how = f"exit {self.exit_code}" if self.exit_code >= 0 else "it ended without an exit status"
+            raise KitError(f"{what} ({how})", host=self.host, command=self.command, output_tail=self.tail(),
+                           hint=hint)
         return self
 
 

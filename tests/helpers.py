@@ -1,0 +1,14 @@
+"""Helpers shared by the unit tests, the lab tests and bench/."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_kit(*args: str, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run the installed `kit` as a user would, with wide output so lines stay whole."""
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=cwd, env={**os.environ, "COLUMNS": "200", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
