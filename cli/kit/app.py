@@ -10,7 +10,9 @@ from typing import Callable, List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from kit import __version__
 from kit import state as st
@@ -186,10 +188,20 @@ class LiveProgress:
         self.bar.update(self._task(host), completed=done, total=total)
 
 
-def _live():
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-    return Progress(TextColumn("{task.description:<24}"), TextColumn("{task.fields[what]:<32}"), BarColumn(),
-                    DownloadColumn(), console=console, transient=False)
+class _WhileCopying(ProgressColumn):
+    """A column shown only for hosts that are being sent the image."""
+
+    def __init__(self, column: ProgressColumn) -> None:
+        super().__init__()
+        self.column = column
+
+    def render(self, task):
+        return self.column.render(task) if task.total else Text("")
+
+
+def _live() -> Progress:
+    return Progress(TextColumn("{task.description:<24}"), TextColumn("{task.fields[what]:<32}"),
+                    _WhileCopying(BarColumn()), _WhileCopying(DownloadColumn()), console=console)
 
 
 def _ssh(timeout: int):
@@ -247,9 +259,19 @@ def up(
                    ("" if changed else ": no change")))
     if changed:
         _print_changes(nodes, dry_run)
+    if workflow.copied and not dry_run:
+        console.print(f"  {workflow.copied}")
+    _print_notes(nodes)
+
+
+def _print_notes(nodes: list[Node]) -> None:
+    """Each note once, with the hosts it applies to."""
+    by_note: dict[str, list[str]] = {}
     for n in nodes:
         for note in n.notes:
-            console.print(f"  [yellow]note[/] {escape(n.name)}: {escape(note)}")
+            by_note.setdefault(note, []).append(n.name)
+    for note, hosts in by_note.items():
+        console.print(f"  [yellow]note[/] ({escape(', '.join(hosts))}): {escape(note)}")
 
 
 def _recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig, Identity, st.ClusterState | None]:

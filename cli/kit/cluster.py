@@ -4,6 +4,7 @@ Progress and raises KitError; app.py prints."""
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -52,6 +53,18 @@ def _name(node: Node) -> str:
 
 # ---------------------------------------------------------------- up
 
+@dataclass(frozen=True)
+class Copied:
+    hosts: int
+    compressed_bytes: int
+    image_bytes: int
+    seconds: float
+
+    def __str__(self) -> str:
+        return (f"copied the image ({self.image_bytes / 1e9:.2f} GB, {self.compressed_bytes / 1e6:,.0f} MB "
+                f"compressed) to {self.hosts} host{'s' if self.hosts > 1 else ''} in {self.seconds:.1f} s")
+
+
 @dataclass
 class Up:
     cfg: ClusterConfig
@@ -62,6 +75,7 @@ class Up:
     connect: Connect
     dry_run: bool = False
     progress: Progress = NoProgress()
+    copied: "Copied | None" = None  # what the image step sent, for the summary
 
     def run(self, hosts: list[Host]) -> list[Node]:
         nodes = _nodes(hosts, self.connect, self.dry_run)
@@ -104,7 +118,8 @@ class Up:
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
-            container=self.cfg.container, kit_dir=self.cfg.kit_dir, workspace=self.cfg.workspace_path, hosts=hosts))
+            container=self.cfg.container, kit_dir=self.cfg.kit_dir, workspace=self.cfg.workspace_path, hosts=hosts,
+            checked_image_id=old.checked_image_id if old else ""))
 
     def _keys(self, nodes: list[Node]) -> None:
         files = keys.cluster_files(nodes, self.cfg, self.identity)
@@ -118,6 +133,7 @@ class Up:
                 self.progress.status(n.name, "waiting for the image archive")
             path = Path("/dev/null") if self.dry_run else self.archive()
             total = path.stat().st_size
+            started = time.monotonic()
 
             def send(n: Node) -> None:
                 sent = 0
@@ -128,6 +144,7 @@ class Up:
                     self.progress.transfer(n.name, sent, total)
                 img.send(n, self.image, path, on_bytes)
             self._step("copying the image", senders, send, "copying the image")
+            self.copied = Copied(len(senders), total, self.image.size, time.monotonic() - started)
         img.check_same(nodes, self.image, self.dry_run)
 
     def _containers(self, nodes: list[Node]) -> None:
@@ -144,8 +161,12 @@ class Up:
         for n in nodes:
             self.progress.status(n.name, "verifying SSH from the primary")
         check.ssh_mesh(nodes[0], nodes, self.cfg)
-        self.progress.status(nodes[0].name, "horovodrun --check-build")
-        check.check_build(nodes[0], self.cfg, self.flavor)
+        state = st.load(self.identity.folder)
+        if state.checked_image_id != self.image.id:  # the answer depends on the image alone
+            self.progress.status(nodes[0].name, "horovodrun --check-build")
+            check.check_build(nodes[0], self.cfg, self.flavor)
+            state.checked_image_id = self.image.id
+            st.save(self.identity.folder, state)
         for n in nodes:
             self.progress.status(n.name, "ready")
 

@@ -31,6 +31,7 @@ class ClusterState:
     kit_dir: str
     workspace: str
     hosts: list[HostState] = field(default_factory=list)
+    checked_image_id: str = ""  # `horovodrun --check-build` passed in this image: no need to run it again
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)

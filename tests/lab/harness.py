@@ -256,6 +256,12 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         (h.run / "host_key.pub").unlink()
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
 
+    def shape(self, rate: str) -> None:
+        """Every host's link limited to `rate` (e.g. 1gbit) in both directions, like a real LAN."""
+        for h in self.hosts:
+            sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", "netem", "rate", rate)
+            sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", "netem", "rate", rate)
+
     def block(self, h: LabHost) -> None:
         """The host's firewall drops every packet that comes in."""
         h.run_in("iptables", "-I", "INPUT", "-j", "DROP")
@@ -302,6 +308,10 @@ def _stop(proc_file: Path, timeout: float = 20) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap it when it is our own child, or it lingers as a zombie
+        except ChildProcessError:
+            pass
         try:
             os.killpg(pid, 0)
         except OSError:

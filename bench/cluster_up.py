@@ -1,0 +1,93 @@
+"""`kit up` on the lab: 1 host vs 3 hosts (parallel fan-out), a second up (no-op),
+and image distribution time beside image size.
+
+    .venv/bin/python bench/cluster_up.py [--rate 1gbit]
+
+Makes its own lab of three hosts (network namespaces with their own sshd and
+dockerd; see tests/lab/harness.py) and removes it afterwards. `--rate` shapes
+every host's link with netem, like a 1 GbE cluster. Prints figures and ratios;
+never passes or fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
+from harness import Lab, cpu_build_settings  # noqa: E402
+from helpers import run_kit  # noqa: E402
+
+
+def kit(lab: Lab, project: Path, *args: str) -> tuple[float, str]:
+    started = time.monotonic()
+    r = run_kit(*args, cwd=project, env=lab.env, timeout=3600)
+    seconds = time.monotonic() - started
+    if r.returncode != 0:
+        sys.exit(f"kit {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return seconds, r.stdout
+
+
+def copied(output: str) -> tuple[float, float, float]:
+    """(seconds, image GB, compressed MB) from kit up's summary line."""
+    m = re.search(r"copied the image \(([\d.]+) GB, ([\d,]+) MB compressed\) to \d+ hosts? in ([\d.]+) s", output)
+    return float(m[3]), float(m[1]), float(m[2].replace(",", ""))
+
+
+def fresh(lab: Lab, project: Path) -> None:
+    """Down, and the image gone from every host, so the next up is a cold one."""
+    kit(lab, project, "down")
+    for h in lab.hosts:
+        for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+            h.docker("image", "rm", "-f", tag, check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", help="netem rate of every host's link, e.g. 1gbit")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
+        project = Path(work) / "project"
+        project.mkdir()
+        (project / "kit.yaml").write_text(yaml.safe_dump({"build": cpu_build_settings(Path(work)),
+                                                          "cluster": {"name": "bench"}}))
+        lab.hosts_file(project / "one.txt", lab.hosts[:1])
+        lab.hosts_file(project / "three.txt")
+        if args.rate:
+            lab.shape(args.rate)
+        kit(lab, project, "build", "--no-verify")
+        kit(lab, project, "up", "--hosts", "one.txt")  # warm-up: makes the compressed archive once
+        fresh(lab, project)
+
+        t1, out1 = kit(lab, project, "up", "--hosts", "one.txt")
+        fresh(lab, project)
+        t3, out3 = kit(lab, project, "up", "--hosts", "three.txt")
+        t_again, out_again = kit(lab, project, "up", "--hosts", "three.txt")
+        kit(lab, project, "down")
+    assert "no change" in out_again
+    d1, gb, mb = copied(out1)
+    d3, _, _ = copied(out3)
+    link = args.rate or "unshaped veth"
+    print(f"kit up on the lab ({link}); image {gb:.2f} GB, {mb:,.0f} MB compressed")
+    print(f"{'':<34}{'seconds':>9}  ratio")
+    print(f"{'up, 1 host (cold)':<34}{t1:>9.1f}  1.00")
+    print(f"{'up, 3 hosts (cold)':<34}{t3:>9.1f}  {t3 / t1:.2f}  (3 hosts / 1 host; 1.00 = perfectly parallel)")
+    print(f"{'up, 3 hosts again (no-op)':<34}{t_again:>9.1f}  {t_again / t3:.2f}  (of the cold up)")
+    print(f"{'up without the image, 1 host':<34}{t1 - d1:>9.1f}  1.00")
+    print(f"{'up without the image, 3 hosts':<34}{t3 - d3:>9.1f}  {(t3 - d3) / (t1 - d1):.2f}  "
+          "(connect, preflight, keys, containers, SSH check: in parallel)")
+    print(f"{'image to 1 host':<34}{d1:>9.1f}  {mb / d1:,.0f} MB/s compressed")
+    print(f"{'image to 3 hosts (parallel)':<34}{d3:>9.1f}  {3 * mb / d3:,.0f} MB/s compressed in all")
+    print("note: the lab's hosts share this machine's cores, so three `docker load`s compete for them; on real "
+          "hosts each loads on its own CPU and the copy is bound by the sender's link.")
+
+
+if __name__ == "__main__":
+    main()
