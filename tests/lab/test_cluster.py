@@ -124,7 +124,8 @@ def test_changed_container_host_key_is_refused_and_up_restores_it(project, lab, 
     assert r.returncode == 255 and "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
     healed = kit(project, lab, "up", "--hosts", "hosts.txt")
     assert healed.returncode == 0, healed.stderr
-    assert f"{h3.address}: wrote /var/lib/kit/lab/ssh/ssh_host_ed25519_key" in healed.stdout
+    assert f"{h3.address}: wrote ssh_host_ed25519_key, ssh_host_ed25519_key.pub in /var/lib/kit/lab/ssh" \
+        in healed.stdout
     assert primary_exec(lab, "ssh", h3.address, "true").returncode == 0
 
 

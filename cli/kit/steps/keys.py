@@ -46,9 +46,12 @@ def write_command(folder: str, name: str, mode: int) -> str:
 def apply(node: Node, cfg: ClusterConfig, files: dict[str, tuple[bytes, int]]) -> None:
     folder = f"{cfg.kit_dir}/ssh"
     have = node.facts.kit_files
+    written = []
     for name, (content, mode) in sorted(files.items()):
         if have.get(name) == hashlib.sha256(content).hexdigest():
             continue
         node.runner.run(write_command(folder, name, mode), stdin=content, changes=True).check(
             f"cannot write {folder}/{name}", hint="check that the disk is writable and not full")
-        node.changes.append(f"wrote {folder}/{name}")
+        written.append(name)
+    if written:
+        node.changes.append(f"wrote {', '.join(written)} in {folder}")
