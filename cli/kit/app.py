@@ -304,13 +304,14 @@ def status(
 
 def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
     table = Table(title=f"cluster {state.cluster}: {state.image}, port {state.ssh_port}")
-    for column in ("host", "address", "reachable", "container", "image", "port", "GPUs"):
+    for column in ("host", "address", "reachable", "container", "image", "port", "GPUs", "slots"):
         table.add_column(column)
     for r in rows:
         mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
         table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
                       mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
-                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus))
+                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
+                      str(r.slots))
     console.print(table)
 
 

@@ -111,7 +111,8 @@ class Up:
         for n in nodes:
             before = old.host(n.name) if old else None
             hosts.append(st.HostState(
-                name=n.name, address=n.address, user=n.host.user, port=n.host.port, slots=n.host.slots,
+                name=n.name, address=n.address, user=n.host.user, port=n.host.port,
+                slots=preflight.slots(n, self.cfg, self.flavor == "gpu"),
                 primary=n.host.primary,
                 made_workspace=(before.made_workspace if before else False) or not n.facts.workspace_exists,
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists))
@@ -184,6 +185,7 @@ class HostStatus:
     image_matches: bool = False
     port_listening: bool = False
     gpus: int = 0
+    slots: int | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -197,13 +199,13 @@ def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
             preflight.gather(probe, _state_cfg(state), state.image)
             f: HostFacts = probe.facts
         except KitError as e:
-            return HostStatus(h.name, h.address, h.primary, reachable=False, error=e.message)
+            return HostStatus(h.name, h.address, h.primary, reachable=False, error=e.message, slots=h.slots)
         finally:
             runner.close()
         ours = f.container if f.container and f.container.cluster == state.cluster else None
         return HostStatus(h.name, h.address, h.primary, True, container=ours.status if ours else "missing",
                           image_matches=f.image_id == state.image_id and (ours is None or ours.image_id == state.image_id),
-                          port_listening=state.ssh_port in f.listening, gpus=f.gpus)
+                          port_listening=state.ssh_port in f.listening, gpus=f.gpus, slots=h.slots)
     return fan_out("status", state.hosts, one, lambda h: h.name)
 
 

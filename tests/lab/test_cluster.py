@@ -199,3 +199,19 @@ def test_dry_run_changes_nothing(project, lab):
     for h in lab.hosts:
         assert containers(h) == [] and h.kit_files() == []
     assert not (lab.home / ".kit" / "lab" / "state.json").exists()
+
+
+def test_changed_setting_replaces_only_the_containers(project, lab, down_after):
+    assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
+    before = {h.name: started_at(h) for h in lab.hosts}
+    r = kit(project, lab, "up", "--hosts", "hosts.txt", "--shm-size", "1g")
+    assert r.returncode == 0, r.stderr
+    assert "loaded image" not in r.stdout and " wrote " not in r.stdout
+    assert r.stdout.count("removed container kit-lab (its image or settings changed)") == len(lab.hosts)
+    for h in lab.hosts:
+        assert started_at(h) != before[h.name]
+        assert h.docker("inspect", "--format", "{{.HostConfig.ShmSize}}", CONTAINER).stdout.strip() == str(1 << 30)
+    plan = kit(project, lab, "down", "--dry-run")
+    assert plan.returncode == 0 and "dry run: nothing was removed" in plan.stdout
+    assert f"{lab.hosts[0].address}: docker rm -f kit-lab" in plan.stdout
+    assert all(len(containers(h)) == 1 for h in lab.hosts)

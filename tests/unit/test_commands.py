@@ -74,3 +74,18 @@ def test_down_leaves_what_it_did_not_make():
     kept = HostState("a", "10.0.0.1", made_workspace=False, made_kit_dir=False)
     assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh", "removed /var/lib/kit/lab/ssh")]
     assert removal_commands(HostFacts(uid=0, docker_version="24.0"), kept, STATE) == []
+
+
+def test_slots_come_from_hosts_txt_then_gpus_then_one():
+    from kit.inventory import Host
+    from kit.steps.node import Node
+    from kit.steps.preflight import slots
+
+    def node(host_slots, gpus):
+        n = Node(Host("a", slots=host_slots), runner=None)
+        n.facts = HostFacts(uid=0, docker_version="24.0", gpus=gpus)
+        return n
+    assert slots(node(3, 8), ClusterConfig(), gpu=True) == 3
+    assert slots(node(None, 8), ClusterConfig(), gpu=True) == 8
+    assert slots(node(None, 8), ClusterConfig(gpus=2), gpu=True) == 2
+    assert slots(node(None, 8), ClusterConfig(), gpu=False) == 1

@@ -38,9 +38,20 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
                      f"{image_bytes * 1.2 / GIB + 1:.1f} GiB")
     if gpu and f.gpus == 0:
         found.append("no GPU: nvidia-smi lists none")
+    elif gpu and isinstance(cfg.gpus, int) and cfg.gpus > f.gpus:
+        found.append(f"cluster.gpus asks for {cfg.gpus} GPUs but nvidia-smi lists {f.gpus}")
     if gpu and "nvidia" not in f.runtimes:
         found.append("the NVIDIA container runtime is not configured in Docker")
     return found
+
+
+def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
+    """Ranks this host runs: as hosts.txt says, else one per GPU (cluster.gpus or nvidia-smi), else one."""
+    if node.host.slots:
+        return node.host.slots
+    if gpu:
+        return cfg.gpus if isinstance(cfg.gpus, int) and cfg.gpus > 0 else max(node.facts.gpus, 1)
+    return 1
 
 
 def hint_for(found: list[str]) -> str:
