@@ -1,8 +1,12 @@
 #!/bin/sh
 # Build a Horovod wheel from a pip requirement (a PyPI release or a source URL)
-# against the torch in the active venv. Horovod 0.28.1 hard-codes C++14, which
-# torch >= 2.1 headers reject; upstream switched to C++17 after the release, so
-# the same switch is applied here. Sources that already use C++17 are unchanged.
+# against the torch in the active venv, with two fixes:
+# - Horovod 0.28.1 hard-codes C++14, which torch >= 2.1 headers reject; upstream
+#   switched to C++17 after the release, so the same switch is applied here.
+# - horovodrun starts remote ranks with `ssh -o StrictHostKeyChecking=no`, which
+#   overrides kit's pinned known_hosts: anyone could impersonate a worker. It is
+#   turned back on; kit's known_hosts holds every container's key.
+# Sources that already have either fix are unchanged.
 #   usage: build_horovod.sh REQUIREMENT OUTPUT_DIR
 set -eu
 spec=$1 out=$2
@@ -15,6 +19,11 @@ for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
 done
 if grep -n 'CXX_STANDARD 14\|std=c++14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; then
     echo "build_horovod.sh: $spec still asks for C++14 (lines above); torch >= 2.1 needs C++17" >&2
+    exit 1
+fi
+sed -i 's/StrictHostKeyChecking=no/StrictHostKeyChecking=yes/' "$src/horovod/runner/util/remote.py"
+if grep -rn 'StrictHostKeyChecking=no' "$src/horovod" --include='*.py' | grep -v '/test'; then
+    echo "build_horovod.sh: $spec turns host-key checking off (lines above); kit will not ship that" >&2
     exit 1
 fi
 pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$out" "$src"

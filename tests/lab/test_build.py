@@ -120,3 +120,9 @@ def test_base_image_that_does_not_exist_is_bad_input(cpu_flags, client, tmp_path
     assert r.stderr.startswith("error: base image '127.0.0.1:9/kit-test/missing:1' is not on this machine")
     assert "fix: check the name" in r.stderr
     assert {i.id for i in client.images.list()} == images_before
+
+
+def test_horovodrun_in_the_image_checks_host_keys(built):
+    r = docker_run(tag_of(built.stdout), "-c", "grep -rh 'StrictHostKeyChecking' /opt/venv/lib/python3*/site-packages/"
+                                               "horovod/runner/", entrypoint="sh")
+    assert "StrictHostKeyChecking=yes" in r.stdout and "StrictHostKeyChecking=no" not in r.stdout

@@ -65,6 +65,13 @@ def test_cxx17_fix_is_applied_to_both_cmakelists():
     assert "COPY kit/build_horovod.sh" in stages(r.dockerfile)["builder"][1]
 
 
+def test_horovodrun_keeps_host_key_checking_on():
+    script = next(f.text for f in recipe().files if f.name == "kit/build_horovod.sh")
+    assert "sed -i 's/StrictHostKeyChecking=no/StrictHostKeyChecking=yes/' \"$src/horovod/runner/util/remote.py\"" \
+        in script
+    assert "grep -rn 'StrictHostKeyChecking=no' \"$src/horovod\"" in script
+
+
 def test_sshd_is_set_up_key_only_without_baked_host_keys():
     r = recipe(flavor="gpu")
     st = stages(r.dockerfile)
