@@ -3,7 +3,7 @@
 # against the torch in the active venv, with two fixes:
 # - Horovod 0.28.1 hard-codes C++14, which torch >= 2.1 headers reject; upstream
 #   switched to C++17 after the release, so the same switch is applied here.
-# - horovodrun starts remote ranks with `ssh -o StrictHostKeyChecking=no`, which
+# - horovodrun starts remote ranks with ssh host-key checking switched off, which
 #   overrides kit's pinned known_hosts: anyone could impersonate a worker. It is
 #   turned back on; kit's known_hosts holds every container's key.
 # Sources that already have either fix are unchanged.
