@@ -4,6 +4,7 @@ prints for the user and exits. KitError -> exit 1, BadInput -> exit 2."""
 from __future__ import annotations
 
 import functools
+import shlex
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -19,7 +20,14 @@ from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
 from kit.cluster import HostStatus, Up, down as down_cluster, status as cluster_status
 from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
-from kit.errors import KitError
+from kit import jobs
+from kit.commands.docker import command
+from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
+                                  split_rank)
+from kit.errors import BadInput, KitError
+from kit.fanout import fan_out
+from kit.inventory import Host
+from kit.steps import preflight
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
@@ -333,6 +341,150 @@ def down(
     console.print("[bold]plan[/] (dry run: nothing was removed)" if dry_run else
                   f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts")
     _print_changes(nodes, dry_run)
+
+
+# ---------------------------------------------------------------- jobs
+
+def _cluster_nodes(state: st.ClusterState, cfg: ClusterConfig) -> list[Node]:
+    """Every recorded host, connected; the primary first."""
+    nodes = [Node(Host(h.name, user=h.user, port=h.port, primary=h.primary), SshRunner(
+        Host(h.name, user=h.user, port=h.port), connect_timeout=cfg.connect_timeout), address=h.address)
+        for h in state.hosts]
+    fan_out("connecting", nodes, lambda n: preflight.become_root(n), lambda n: n.name)
+    return nodes
+
+
+def _need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
+    if state is None:
+        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
+                       hint="bring it up first: kit up --hosts hosts.txt")
+    return state
+
+
+def _job_line(rank: int | None, host: str | None, text: str) -> None:
+    prefix = f"[{host} rank {rank}]" if rank is not None else "[horovodrun]"
+    console.print(f"{prefix} {text}", markup=False, highlight=False)
+
+
+@app.command()
+@reports_errors
+def run(
+    script: Path = typer.Argument(..., help="The training script (python), inside the job's folder."),
+    args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script (after --)."),
+    np: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the cluster)."),
+    workdir: Optional[Path] = typer.Option(None, help="Folder copied to every host (default: the script's)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    fusion_threshold_mb: Optional[int] = typer.Option(None, help="Horovod tensor fusion buffer (MB)."),
+    cycle_time_ms: Optional[float] = typer.Option(None, help="Horovod cycle time (ms)."),
+    fp16_allreduce: bool = typer.Option(False, help="Hint the script to compress gradients to fp16 "
+                                                     "(sets KIT_FP16_ALLREDUCE=1)."),
+    timeline: Optional[str] = typer.Option(None, help="Write a Horovod timeline to this file (in the workspace)."),
+    verbose_horovod: bool = typer.Option(False, help="horovodrun --verbose."),
+    start_timeout: int = typer.Option(60, help="Seconds for every rank to start."),
+) -> None:
+    """Run a training script with horovodrun across the cluster; its output streams here."""
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    folder = (workdir or script.parent).resolve()
+    if not script.is_file():
+        raise BadInput(f"{script}: no such file", hint="give the path of your training script")
+    if not script.resolve().is_relative_to(folder):
+        raise BadInput(f"{script} is not inside --workdir {folder}", hint="put the script in the folder kit copies")
+    slots = [Slot(h.name, h.address, h.slots or 1) for h in state.hosts]
+    count = check_np(np, slots)
+    nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in state.hosts},
+                             {h.name: h.address for h in state.hosts})
+    options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
+    job = jobs.Job(jobs.new_job_id(), state, count, tuple(slots), tuple(nics),
+                   tuple(rank_command(script.resolve().relative_to(folder).as_posix(), args or [])), options,
+                   (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else ())
+    if len(nics) > 1:
+        console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
+                      "kit chose each by subnet and passes them all")
+    nodes = _cluster_nodes(state, cfg)
+    try:
+        sent = jobs.sync_workspace(nodes, folder, state)
+        console.print(f"job {job.id}: {count} processes on {len({r.host for r in job.ranks})} hosts; "
+                      f"copied {sum(sent.values())} changed files of {folder}")
+        outcome = jobs.run(job, nodes, _job_line)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    if outcome.leftovers:
+        console.print("stopped what was left of the job: " +
+                      ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
+    if outcome.exit_code == 0:
+        console.print(f"[green]✓[/] job {job.id} finished")
+        return
+    if outcome.failure:
+        rank, code = outcome.failure
+        how = f"exit {code}" if code != 255 else "its process, container or host went away"
+        failed = KitError(f"rank {rank} on {job.ranks[rank].host} failed first ({how}); the job was stopped "
+                          "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
+        failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
+        raise failed
+    raise KitError(f"job {job.id} failed (horovodrun exit {outcome.exit_code})",
+                   hint=f"its output is above; `kit logs {job.id}` shows it again")
+
+
+@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+@reports_errors
+def exec_(
+    host: str = typer.Argument(..., help="A host of the cluster, as in hosts.txt or by address."),
+    argv: List[str] = typer.Argument(..., help="The command (after --)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Run a command in a host's container; exit with its exit code."""
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    found = next((h for h in state.hosts if host in (h.name, h.address)), None)
+    if found is None:
+        raise BadInput(f"{host} is not a host of cluster {state.cluster}",
+                       hint=f"use one of: {', '.join(h.name for h in state.hosts)}")
+    argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
+    (node,) = _cluster_nodes(st.ClusterState(**{**state.__dict__, "hosts": [found]}), cfg)
+    try:
+        code = node.runner.stream_out(command(["docker", "exec", state.container, *argv]),
+                                      lambda line: console.print(f"[{found.name}] {line}", markup=False))
+    finally:
+        node.runner.close()
+    raise typer.Exit(code)
+
+
+@app.command()
+@reports_errors
+def logs(
+    job: Optional[str] = typer.Argument(None, help="Job id (default: the last job)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's lines."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the job runs."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Output of a job, kept on the primary; per rank with --rank."""
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    primary = next(h for h in state.hosts if h.primary)
+    (node,) = _cluster_nodes(st.ClusterState(**{**state.__dict__, "hosts": [primary]}), cfg)
+    try:
+        jobs_dir = shlex.quote(f"{state.kit_dir}/jobs")
+        job = job or node.runner.run(f"ls -1t {jobs_dir} 2>/dev/null | head -n 1").stdout.strip()
+        folder = f"{state.kit_dir}/jobs/{job}"
+        if not job or not node.runner.run(f"test -f {shlex.quote(folder)}/output.log").ok:
+            raise BadInput(f"no job {job or ''} on {primary.name}".replace("  ", " "),
+                           hint="run one with kit run, or name one that `ls` shows in " + f"{state.kit_dir}/jobs")
+        hosts = node.runner.run(f"cat {shlex.quote(folder)}/ranks 2>/dev/null").stdout.split()
+        tail = f"tail -n +1 {'-f --pid=$(cat ' + shlex.quote(folder) + '/pid) ' if follow else ''}" \
+               f"{shlex.quote(folder)}/output.log"
+
+        def show(line: str) -> None:
+            r, text = split_rank(line)
+            if (rank is None or r == rank) and exit_report(text) is None:
+                _job_line(r, hosts[r] if r is not None and r < len(hosts) else None, text)
+        node.runner.stream_out(command(["docker", "exec", state.container, "sh", "-c", tail]), show)
+    finally:
+        node.runner.close()
 
 
 def main() -> None:

@@ -115,7 +115,8 @@ class Up:
                 slots=preflight.slots(n, self.cfg, self.flavor == "gpu"),
                 primary=n.host.primary,
                 made_workspace=(before.made_workspace if before else False) or not n.facts.workspace_exists,
-                made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists))
+                made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
+                interfaces=[list(i) for i in n.facts.ipv4]))
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
@@ -151,7 +152,8 @@ class Up:
     def _containers(self, nodes: list[Node]) -> None:
         def start(n: Node) -> None:
             spec = ContainerSpec(self.cfg, self.image.tag, self.image.id, gpus=self.flavor == "gpu",
-                                 memlock=n.facts.memlock)
+                                 memlock=n.facts.memlock,
+                                 add_hosts=((n.facts.hostname, n.address),) if n.facts.hostname else ())
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
                                "raise it (no CAP_SYS_RESOURCE); RDMA transports need it unlimited")
@@ -222,7 +224,8 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
     if f.container is not None and f.container.cluster == state.cluster:
         plan.append((command(remove_argv(state.container)), f"removed container {state.container}"))
     if f.kit_files or f.kit_dir_exists:
-        plan.append((f"rm -rf {q(state.kit_dir + '/ssh')}", f"removed {state.kit_dir}/ssh"))
+        plan.append((f"rm -rf {q(state.kit_dir + '/ssh')} {q(state.kit_dir + '/jobs')}",
+                     f"removed {state.kit_dir}/ssh and jobs"))
     if h.made_workspace and f.workspace_exists:
         plan.append((f"rmdir {q(state.workspace)} 2>/dev/null || echo kept",
                      f"removed {state.workspace}"))

@@ -284,6 +284,11 @@ class ClusterConfig(BaseModel):
         return f"/var/lib/kit/{self.name}"
 
     @property
+    def jobs_dir(self) -> str:
+        """Each job's output, kept on the primary (mounted at the same path in the containers)."""
+        return f"{self.kit_dir}/jobs"
+
+    @property
     def workspace_path(self) -> str:
         return self.workspace or f"{self.kit_dir}/workspace"
 

@@ -19,6 +19,7 @@ class HostState:
     primary: bool = False
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
     made_kit_dir: bool = False
+    interfaces: list[list] = field(default_factory=list)  # [interface, address, prefix] from the host's facts
 
 
 @dataclass

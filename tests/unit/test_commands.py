@@ -18,18 +18,18 @@ def test_cpu_container():
     assert run_argv(s) == [
         "docker", "run", "-d", "--name", "kit-lab", "--label", "io.kit.cluster=lab", "--label", f"io.kit.spec={s.digest}",
         "--net=host", "--ipc=host", "--ulimit", "memlock=-1:-1", "--restart", "unless-stopped",
-        "-v", "/var/lib/kit/lab/ssh:/etc/kit/ssh:ro",
+        "-v", "/var/lib/kit/lab/ssh:/etc/kit/ssh:ro", "-v", "/var/lib/kit/lab/jobs:/var/lib/kit/lab/jobs",
         "-v", "/var/lib/kit/lab/workspace:/var/lib/kit/lab/workspace", "-w", "/var/lib/kit/lab/workspace",
         "-e", "KIT_SSH_PORT=12345", "-e", "KIT_CLUSTER=lab", "kit-horovod:cpu-0123456789ab"]
 
 
 def test_gpu_container_with_sized_shm_and_own_port():
     s = ContainerSpec(ClusterConfig(name="lab", shm_size="8g", ssh_port=2222, workspace="/srv/ws"), "img:1", "sha256:abc",
-                      gpus=True, memlock="8388608:8388608")
+                      gpus=True, memlock="8388608:8388608", add_hosts=(("gpu-1", "10.0.0.1"),))
     argv = run_argv(s)
     assert argv[argv.index("--net=host") + 1:argv.index("--restart")] == ["--shm-size=8g", "--ulimit",
                                                                           "memlock=8388608:8388608"]
-    assert argv[-3:] == ["--gpus", "all", "img:1"]
+    assert argv[-5:] == ["--add-host", "gpu-1:10.0.0.1", "--gpus", "all", "img:1"]
     assert "KIT_SSH_PORT=2222" in argv and "/srv/ws:/srv/ws" in argv
 
 
@@ -63,7 +63,7 @@ def test_down_removes_what_up_made():
     made = HostState("a", "10.0.0.1", made_workspace=True, made_kit_dir=True)
     assert [c for c, _ in removal_commands(facts, made, STATE)] == [
         "docker rm -f kit-lab",
-        "rm -rf /var/lib/kit/lab/ssh",
+        "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
         "rmdir /var/lib/kit/lab/workspace 2>/dev/null || echo kept",
         "rmdir /var/lib/kit/lab 2>/dev/null; rmdir /var/lib/kit 2>/dev/null; true"]
 
@@ -72,7 +72,8 @@ def test_down_leaves_what_it_did_not_make():
     foreign = ContainerFacts("running", "sha256:abc", "x", "another-cluster")
     facts = HostFacts(uid=0, docker_version="24.0", container=foreign, kit_dir_exists=True, workspace_exists=True)
     kept = HostState("a", "10.0.0.1", made_workspace=False, made_kit_dir=False)
-    assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh", "removed /var/lib/kit/lab/ssh")]
+    assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
+                                                     "removed /var/lib/kit/lab/ssh and jobs")]
     assert removal_commands(HostFacts(uid=0, docker_version="24.0"), kept, STATE) == []
 
 

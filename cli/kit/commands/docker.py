@@ -18,15 +18,18 @@ class ContainerSpec:
     image_id: str
     gpus: bool
     memlock: str = "-1:-1"  # NCCL / RDMA pin memory: unlimited unless the host cannot allow it
+    # The host's name -> its cluster address. Gloo resolves its own hostname and crashes when that fails.
+    add_hosts: tuple[tuple[str, str], ...] = ()
 
     def options(self) -> list[str]:
         c = self.cluster
         shm = ["--ipc=host"] if c.shm_size is None else [f"--shm-size={c.shm_size}"]
         gpus = ["--gpus", "all"] if self.gpus else []
+        hosts = [arg for name, address in self.add_hosts for arg in ("--add-host", f"{name}:{address}")]
         return ["--net=host", *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
-                "-v", f"{c.kit_dir}/ssh:{CONTAINER_SSH_DIR}:ro",
+                "-v", f"{c.kit_dir}/ssh:{CONTAINER_SSH_DIR}:ro", "-v", f"{c.jobs_dir}:{c.jobs_dir}",
                 "-v", f"{c.workspace_path}:{c.workspace_path}", "-w", c.workspace_path,
-                "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *gpus]
+                "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus]
 
     @property
     def digest(self) -> str:

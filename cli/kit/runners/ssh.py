@@ -101,6 +101,14 @@ class SshRunner:
         chan.shutdown_write()
         return self._finish(chan, command)
 
+    def stream_out(self, command: str, on_line: Callable[[str], None]) -> int:
+        """Run command, handing each line of its output (stderr merged) to on_line; its exit code."""
+        chan = self._session(f"{command} 2>&1", None)
+        chan.shutdown_write()
+        for raw in chan.makefile("rb"):
+            on_line(raw.decode(errors="replace").rstrip("\r\n"))
+        return chan.recv_exit_status()
+
     def _finish(self, chan: paramiko.Channel, command: str) -> Result:
         err: list[bytes] = []
         reader = threading.Thread(target=lambda: err.append(chan.makefile_stderr("rb").read()), daemon=True)

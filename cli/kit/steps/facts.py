@@ -38,6 +38,7 @@ class HostFacts:
     workspace_exists: bool = False
     gpus: int = 0
     runtimes: frozenset[str] = frozenset()
+    hostname: str = ""
     memlock_kb: int | None = None     # hard RLIMIT_MEMLOCK; None: unlimited
     can_raise_limits: bool = True     # CAP_SYS_RESOURCE in the bounding set
 
@@ -67,6 +68,7 @@ def facts_command(image: str, container: str, kit_dir: str, workspace: str) -> s
         f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
         f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}' 2>/dev/null",
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
+        f"echo '{MARK}hostname'; hostname",
         "true",
     ])
 
@@ -140,6 +142,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         workspace_exists=s.get("workspace") == "yes",
         gpus=len([l for l in s.get("gpus", "").splitlines() if l.startswith("GPU ")]),
         runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
+        hostname=s.get("hostname", ""),
         memlock_kb=memlock_kb,
         can_raise_limits=can_raise,
     )

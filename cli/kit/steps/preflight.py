@@ -10,8 +10,8 @@ from kit.steps.node import Node
 GIB = 1 << 30
 
 
-def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
-    """Connect, learn who we are, then read every fact with one command (as root)."""
+def become_root(node: Node) -> int:
+    """Connect and learn who we are; run everything as root from here on (sudo when needed)."""
     runner = node.runner
     uid = int(runner.run("id -u").check("cannot run commands").stdout.strip() or 0)
     if uid != 0:
@@ -19,8 +19,14 @@ def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
             "the login user is not root and cannot sudo without a password",
             hint="log in as root (root@host in hosts.txt) or allow passwordless sudo for this user")
         runner.sudo = True
-    node.address = runner.peer_address()
-    text = runner.run(facts_command(image, cfg.container, cfg.kit_dir, cfg.workspace_path)).stdout
+    return uid
+
+
+def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
+    """Connect, then read every fact with one command (as root)."""
+    uid = become_root(node)
+    node.address = node.runner.peer_address()
+    text = node.runner.run(facts_command(image, cfg.container, cfg.kit_dir, cfg.workspace_path)).stdout
     node.facts = parse_facts(uid, text)
 
 

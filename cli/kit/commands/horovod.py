@@ -1,0 +1,158 @@
+"""horovodrun from the inventory, and reading its output back. Pure."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from kit.errors import BadInput
+
+_RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+_FAILED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+EXIT_MARK = "@@kit-exit"
+_EXIT = re.compile(rf"^{EXIT_MARK} (-?\d+) ([\d.]+)$")
+# What the other ranks die of once one has failed: Horovod's shutdown, or Gloo losing a peer.
+VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connection closed by peer",
+                "Connection reset by peer")
+
+
+# Runs the script as `python script.py` would, and says when and how it ended: at the moment it
+# raises or exits, before atexit handlers such as Horovod's shutdown (which lets the other ranks
+# fail first). horovodrun learns of exits over SSH, late and out of order, so its own account
+# cannot say which rank failed first.
+RANK_LAUNCHER = f"""\
+import os, runpy, sys, time
+def report(code):
+    print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    report(e.code if isinstance(e.code, int) else int(e.code is not None))
+    raise
+except BaseException:
+    report(1)
+    raise
+report(0)
+"""
+
+
+def rank_command(script: str, args: list[str]) -> list[str]:
+    return ["python", "-u", "-c", RANK_LAUNCHER, script, *args]
+
+
+@dataclass(frozen=True)
+class Slot:
+    host: str      # the name in hosts.txt
+    address: str   # where the containers reach it
+    slots: int
+
+
+@dataclass(frozen=True)
+class HorovodOptions:
+    """The knobs people tune, passed the way horovodrun expects them."""
+
+    fusion_threshold_mb: int | None = None
+    cycle_time_ms: float | None = None
+    timeline: str | None = None
+    verbose: bool = False
+    start_timeout: int = 60
+
+    def argv(self) -> list[str]:
+        out = ["--start-timeout", str(self.start_timeout)]
+        if self.fusion_threshold_mb is not None:
+            out += ["--fusion-threshold-mb", str(self.fusion_threshold_mb)]
+        if self.cycle_time_ms is not None:
+            out += ["--cycle-time-ms", f"{self.cycle_time_ms:g}"]
+        if self.timeline:
+            out += ["--timeline-filename", self.timeline]
+        return out + (["--verbose"] if self.verbose else [])
+
+
+def check_np(np: int | None, slots: list[Slot]) -> int:
+    total = sum(s.slots for s in slots)
+    if np is None:
+        return total
+    if not 1 <= np <= total:
+        raise BadInput(f"--np: {np} processes, but the cluster has {total} slots",
+                       hint=f"use --np from 1 to {total}, or give hosts more slots in hosts.txt (host:slots)")
+    return np
+
+
+def placement(slots: list[Slot], np: int) -> list[Slot]:
+    """The host of each rank: horovodrun fills the hosts in -H order, each up to its slots."""
+    ranks = [s for s in slots for _ in range(s.slots)]
+    return ranks[:np]
+
+
+def hosts_arg(slots: list[Slot], np: int) -> str:
+    used: dict[str, int] = {}
+    for s in placement(slots, np):
+        used[s.address] = used.get(s.address, 0) + 1
+    return ",".join(f"{address}:{count}" for address, count in used.items())
+
+
+def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], addresses: dict[str, str]) -> list[str]:
+    """On every host, the interface whose subnet holds all the cluster's addresses (chosen by subnet, not name).
+
+    interfaces: host -> [(ifname, address, prefix)]; addresses: host -> cluster address.
+    Returns the distinct names (one when the hosts agree)."""
+    wanted = [ipaddress.ip_address(a) for a in addresses.values()]
+    names = []
+    for host, found in interfaces.items():
+        match = [name for name, addr, prefix in found
+                 if all(w in ipaddress.ip_network(f"{addr}/{prefix}", strict=False) for w in wanted)]
+        if not match:
+            raise BadInput(f"{host} has no interface on a subnet that holds every cluster address "
+                           f"({', '.join(map(str, wanted))})",
+                           hint="put the hosts on one subnet, or list them by their addresses on it in hosts.txt")
+        names.append(match[0])
+    return list(dict.fromkeys(names))
+
+
+def horovodrun_argv(np: int, slots: list[Slot], port: int, nics: list[str], command: list[str],
+                    options: HorovodOptions) -> list[str]:
+    return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port),
+            "--network-interface", ",".join(nics), *options.argv(), *command]
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """`[2]<stdout>:text` -> (2, "text"); horovodrun's own lines -> (None, line)."""
+    m = _RANK_LINE.match(line)
+    return (int(m[1]), m[3]) if m else (None, line)
+
+
+def exit_report(text: str) -> tuple[int, float] | None:
+    """A rank's `@@kit-exit CODE TIME` line -> (code, time)."""
+    m = _EXIT.match(text)
+    return (int(m[1]), float(m[2])) if m else None
+
+
+class Failures:
+    """Reads a job's lines as they come and says which rank failed first, and how."""
+
+    def __init__(self) -> None:
+        self.exits: dict[int, tuple[int, float]] = {}
+        self.victims: set[int] = set()
+        self.reported: list[tuple[int, int]] = []  # horovodrun's own account, in its order
+
+    def feed(self, rank: int | None, text: str) -> None:
+        if rank is None:
+            if m := _FAILED.search(text):
+                self.reported.append((int(m[1]), int(m[2])))
+        elif report := exit_report(text):
+            self.exits[rank] = report
+        elif any(mark in text for mark in VICTIM_MARKS):
+            self.victims.add(rank)
+
+    def first(self) -> tuple[int, int] | None:
+        """(rank, exit code): the earliest rank that failed on its own; else one that vanished without
+        reporting (its container or host went away); else whatever horovodrun saw first."""
+        own = [(t, rank, code) for rank, (code, t) in self.exits.items() if code != 0 and rank not in self.victims]
+        if own:
+            _, rank, code = min(own)
+            return rank, code
+        vanished = [(rank, code) for rank, code in self.reported if rank not in self.exits]
+        return (vanished or self.reported or [None])[0]

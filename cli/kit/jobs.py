@@ -1,0 +1,126 @@
+"""`kit run`: a job across the cluster, launched by horovodrun in the primary's container.
+
+Every process of a job carries KIT_JOB=<id> in its environment (horovodrun
+passes its environment to the ranks it starts), so when the job ends, fails or
+is interrupted, kit finds and stops whatever is left of it on every host.
+Output is kept on the primary, in the job's folder, as horovodrun prints it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kit import state as st
+from kit.commands.docker import command
+from kit.commands.horovod import Failures, HorovodOptions, Slot, exit_report, horovodrun_argv, placement, split_rank
+from kit.errors import KitError
+from kit.fanout import fan_out
+from kit.steps import workspace
+from kit.steps.node import Node
+
+STOP_WAIT_S = 20
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: st.ClusterState
+    np: int
+    slots: tuple[Slot, ...]
+    nics: tuple[str, ...]
+    command: tuple[str, ...]          # what each rank runs, e.g. python -u train.py --epochs 2
+    options: HorovodOptions = HorovodOptions()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def folder(self) -> str:
+        return f"{self.state.kit_dir}/jobs/{self.id}"
+
+    @property
+    def ranks(self) -> list[Slot]:
+        return placement(list(self.slots), self.np)
+
+    def argv(self) -> list[str]:
+        return horovodrun_argv(self.np, list(self.slots), self.state.ssh_port, list(self.nics), list(self.command),
+                               self.options)
+
+    def launch(self) -> str:
+        """In the primary's container: keep the launcher's pid and the output; exit as horovodrun exits."""
+        d = shlex.quote(self.folder)
+        ranks = shlex.quote(" ".join(s.host for s in self.ranks))
+        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; cd {shlex.quote(self.state.workspace)} && "
+                 f"(echo $BASHPID > {d}/pid; exec {shlex.join(self.argv())}) 2>&1 | tee {d}/output.log")
+        env = [arg for k, v in (("KIT_JOB", self.id), *self.env) for arg in ("-e", f"{k}={v}")]
+        return command(["docker", "exec", *env, self.state.container, "bash", "-c", inner])
+
+    def interrupt(self) -> str:
+        return command(["docker", "exec", self.state.container, "sh", "-c",
+                        f"kill -INT $(cat {shlex.quote(self.folder)}/pid) 2>/dev/null; true"])
+
+
+def reap_command(container: str, job_id: str) -> str:
+    """Kill every process in the container that belongs to the job; print how many."""
+    script = (f"n=0; for p in /proc/[0-9]*; do if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx KIT_JOB={job_id}; "
+              "then kill -9 ${p#/proc/} 2>/dev/null && n=$((n+1)); fi; done; echo $n")
+    return command(["docker", "exec", container, "sh", "-c", script])
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    failure: tuple[int, int] | None          # (rank, exit code) that failed first
+    leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
+
+
+def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> dict[str, int]:
+    local = workspace.manifest(folder)
+    sent = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
+                   lambda n: n.name)
+    return {n.name: count for n, count in zip(nodes, sent)}
+
+
+def reap(nodes: list[Node], job: Job) -> dict[str, int]:
+    def one(n: Node) -> int:
+        r = n.runner.run(reap_command(job.state.container, job.id), timeout=60)
+        return int(r.stdout.strip() or 0) if r.ok else 0
+    counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
+    return {n.name: c for n, c in zip(nodes, counts) if c}
+
+
+def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
+    """Run the job, handing each line to on_line(rank, host of the rank, text). nodes[0] is the primary."""
+    ranks = job.ranks
+    failures = Failures()
+
+    def handle(line: str) -> None:
+        rank, text = split_rank(line)
+        failures.feed(rank, text)
+        if rank is None or exit_report(text) is None:
+            on_line(rank, ranks[rank].host if rank is not None and rank < len(ranks) else None, text)
+
+    primary = nodes[0]
+    try:
+        code = primary.runner.stream_out(job.launch(), handle)
+    except KeyboardInterrupt:
+        primary.runner.run(job.interrupt(), timeout=STOP_WAIT_S)
+        leftovers = reap(nodes, job)
+        raise Interrupted(job, leftovers) from None
+    return Outcome(code, failures.first(), reap(nodes, job))
+
+
+class Interrupted(KitError):
+    exit_code = 130
+
+    def __init__(self, job: Job, leftovers: dict[str, int]) -> None:
+        stopped = ", ".join(f"{n} on {h}" for h, n in leftovers.items()) or "none left"
+        super().__init__(f"interrupted: job {job.id} was stopped on every host (processes kit stopped: {stopped})",
+                         hint=f"`kit logs {job.id}` shows its output")

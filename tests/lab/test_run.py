@@ -1,0 +1,106 @@
+"""`kit run`, `kit logs`, `kit exec` on three lab hosts."""
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, run_kit
+
+pytestmark = pytest.mark.lab
+JOBS = Path(__file__).parent / "jobs"
+LOOP = str(JOBS / "allreduce_loop.py")
+
+
+def kit(project, lab, *args, timeout=900):
+    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(project, lab):
+    r = kit(project, lab, "up", "--hosts", "hosts.txt")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    yield
+    assert kit(project, lab, "down").returncode == 0
+
+
+def job_processes(lab, pattern: str) -> dict[str, list[int]]:
+    return {h.name: pids for h in lab.hosts if (pids := h.processes(pattern))}
+
+
+def test_cifar_example_trains_on_three_hosts(project, lab, cluster):
+    r = kit(project, lab, "run", str(REPO / "examples" / "cifar10_cnn_horovod.py"), "--np", "3", "--",
+            "--epochs", "3", "--samples", "1536")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    starts = re.findall(r"^\[(\S+) rank (\d)\] rank \2/3 \(local 0\) on (\S+) \((\S+)\)", r.stdout, re.M)
+    assert sorted((rank, host, hostname) for _, rank, host, hostname in starts) == \
+           [(str(i), h.address, h.name) for i, h in enumerate(lab.hosts)]
+    losses = [float(x) for x in re.findall(r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)", r.stdout, re.M)]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    assert lab.hosts[0].run_in("test", "-s", "/var/lib/kit/lab/workspace/checkpoints/cifar10_cnn.pt",
+                               check=False).returncode == 0
+    assert re.search(r"✓ job \S+ finished", r.stdout)
+
+    log = kit(project, lab, "logs", "--rank", "1")
+    assert log.returncode == 0, log.stderr
+    lines = log.stdout.splitlines()
+    assert lines and all(line.startswith(f"[{lab.hosts[1].address} rank 1] ") for line in lines), lines[:5]
+    assert any("rank 1/3" in line for line in lines)
+
+
+def test_exec_runs_in_the_named_hosts_container(project, lab, cluster):
+    r = kit(project, lab, "exec", lab.hosts[1].address, "--", "sh", "-c", "hostname; test -d /etc/kit/ssh; exit 7")
+    assert r.returncode == 7
+    assert r.stdout.strip() == f"[{lab.hosts[1].address}] {lab.hosts[1].name}"
+
+
+def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(project, lab, cluster):
+    started = time.monotonic()
+    r = kit(project, lab, "run", LOOP, "--np", "3", "--", "--fail-rank", "2", "--exit-code", "3", timeout=120)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    assert elapsed < 60, f"kit run took {elapsed:.0f} s to end a failed job"
+    assert f"error: rank 2 on {lab.hosts[2].address} failed first (exit 3)" in r.stderr
+    assert job_processes(lab, "allreduce_loop") == {}
+
+
+def start_loop(project, lab) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", LOOP, "--np", "3", "--", "--seconds", "300"],
+                            cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline = [], time.monotonic() + 120
+    while len([l for l in seen if "started rank" in l]) < 3:
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+        seen.append(line)
+    return proc
+
+
+def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster):
+    proc = start_loop(project, lab)
+    h2 = lab.hosts[1]
+    started = time.monotonic()
+    h2.docker("kill", "kit-lab")
+    try:
+        out, err = proc.communicate(timeout=90)
+        elapsed = time.monotonic() - started
+        assert proc.returncode not in (0, None)
+        assert elapsed < 60, f"kit run took {elapsed:.0f} s to end the job"
+        assert f"rank 1 on {h2.address} failed first" in err, out[-2000:] + err
+        assert job_processes(lab, "allreduce_loop") == {}
+    finally:
+        proc.kill()
+        h2.docker("start", "kit-lab")
+
+
+def test_ctrl_c_stops_the_job_on_every_host(project, lab, cluster):
+    proc = start_loop(project, lab)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out[-2000:] + err
+    assert "interrupted: job" in err and "stopped on every host" in err
+    assert job_processes(lab, "allreduce_loop") == {}

@@ -1,0 +1,107 @@
+"""horovodrun from the inventory, and its output read back."""
+
+import pytest
+
+from kit.commands.horovod import (Failures, HorovodOptions, Slot, check_np, common_interfaces, exit_report,
+                                  horovodrun_argv, placement, rank_command, split_rank)
+from kit.errors import BadInput
+
+SLOTS = [Slot("gpu-1", "10.0.0.1", 2), Slot("gpu-2", "10.0.0.2", 1), Slot("gpu-3", "10.0.0.3", 1)]
+
+
+def test_argv_from_the_inventory():
+    assert horovodrun_argv(4, SLOTS, 12345, ["eth0"], ["python", "-u", "train.py", "--epochs", "2"],
+                           HorovodOptions()) == [
+        "horovodrun", "--gloo", "-np", "4", "-H", "10.0.0.1:2,10.0.0.2:1,10.0.0.3:1", "-p", "12345",
+        "--network-interface", "eth0", "--start-timeout", "60", "python", "-u", "train.py", "--epochs", "2"]
+
+
+def test_fewer_processes_use_the_first_hosts():
+    argv = horovodrun_argv(2, SLOTS, 2222, ["eth0", "ens3"], ["python", "t.py"], HorovodOptions())
+    assert argv[argv.index("-H") + 1] == "10.0.0.1:2"
+    assert argv[argv.index("--network-interface") + 1] == "eth0,ens3"
+    assert [s.host for s in placement(SLOTS, 3)] == ["gpu-1", "gpu-1", "gpu-2"]
+
+
+def test_tuning_options_are_passed_as_horovod_expects():
+    opts = HorovodOptions(fusion_threshold_mb=32, cycle_time_ms=3.5, timeline="/w/timeline.json", verbose=True,
+                          start_timeout=120)
+    assert opts.argv() == ["--start-timeout", "120", "--fusion-threshold-mb", "32", "--cycle-time-ms", "3.5",
+                           "--timeline-filename", "/w/timeline.json", "--verbose"]
+
+
+def test_np_defaults_to_every_slot_and_more_is_bad_input():
+    assert check_np(None, SLOTS) == 4
+    assert check_np(3, SLOTS) == 3
+    with pytest.raises(BadInput, match=r"--np: 5 processes, but the cluster has 4 slots"):
+        check_np(5, SLOTS)
+    with pytest.raises(BadInput):
+        check_np(0, SLOTS)
+
+
+def test_interface_is_chosen_by_subnet_not_name():
+    interfaces = {"a": [("lo", "127.0.0.1", 8), ("docker0", "172.17.0.1", 16), ("eth0", "10.0.0.1", 24)],
+                  "b": [("lo", "127.0.0.1", 8), ("ens3", "10.0.0.2", 24), ("docker0", "172.17.0.1", 16)]}
+    addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
+    assert common_interfaces(interfaces, addresses) == ["eth0", "ens3"]
+    same = {"a": [("eth0", "10.0.0.1", 24)], "b": [("eth0", "10.0.0.2", 24)]}
+    assert common_interfaces(same, addresses) == ["eth0"]
+
+
+def test_a_host_off_the_common_subnet_is_named():
+    interfaces = {"a": [("eth0", "10.0.0.1", 24)], "b": [("eth0", "10.9.0.2", 24)]}
+    with pytest.raises(BadInput, match="a has no interface on a subnet that holds every cluster address"):
+        common_interfaces(interfaces, {"a": "10.0.0.1", "b": "10.9.0.2"})
+
+
+def test_output_lines_carry_their_rank():
+    assert split_rank("[2]<stdout>:epoch 1: loss 2.3") == (2, "epoch 1: loss 2.3")
+    assert split_rank("[0]<stderr>:Traceback (most recent call last):") == (0, "Traceback (most recent call last):")
+    assert split_rank("Process 1 exit with status code 139.") == (None, "Process 1 exit with status code 139.")
+
+
+def feed(lines: list[str]) -> Failures:
+    f = Failures()
+    for line in lines:
+        f.feed(*split_rank(line))
+    return f
+
+
+def test_the_rank_that_failed_on_its_own_is_first_though_horovodrun_heard_of_another_sooner():
+    f = feed(["[2]<stdout>:rank 2 fails on purpose", "[2]<stdout>:@@kit-exit 3 1000.10",
+              "[0]<stderr>:RuntimeError: Horovod has been shut down. This was caused by an exception",
+              "[0]<stdout>:@@kit-exit 1 1000.05",  # a victim: its clock even says earlier
+              "Process 0 exit with status code 1.", "Process 2 exit with status code 3."])
+    assert f.first() == (2, 3)
+
+
+def test_a_rank_that_vanished_is_named_when_no_rank_failed_on_its_own():
+    f = feed(["[0]<stderr>:RuntimeError: Horovod has been shut down.", "[0]<stdout>:@@kit-exit 1 1000.5",
+              "Process 0 exit with status code 1.", "Process 1 exit with status code 255."])
+    assert f.first() == (1, 255)
+
+
+def test_a_rank_that_lost_its_peer_is_not_the_cause():
+    f = feed(["[2]<stdout>:[E operations.cc:697] [2]: Horovod background loop uncaught exception: "
+              "[pair.cc:598] Connection closed by peer [10.0.0.2]:6049", "[2]<stdout>:@@kit-exit 1 1000.1",
+              "Process 1 exit with status code 255.", "Process 2 exit with status code 1."])
+    assert f.first() == (1, 255)
+
+
+def test_horovodruns_account_is_the_last_resort():
+    assert feed(["Process 2 exit with status code 139."]).first() == (2, 139)
+    assert feed(["[0]<stdout>:@@kit-exit 0 1000.0", "all good"]).first() is None
+
+
+def test_rank_launcher_reports_how_the_script_ended(tmp_path):
+    import subprocess
+    import sys
+    for body, code in [("import sys; sys.exit(3)", 3), ("raise ValueError('x')", 1), ("print('ok')", 0),
+                       ("import helper; helper.go()", 0)]:
+        (tmp_path / "helper.py").write_text("def go():\n    print('helper imported from the script folder')\n")
+        (tmp_path / "job.py").write_text(body + "\n")
+        argv = rank_command(str(tmp_path / "job.py"), ["--flag"])
+        r = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd="/")
+        assert r.returncode == code, r.stderr
+        reported, _ = exit_report(r.stdout.strip().splitlines()[-1])
+        assert reported == code
