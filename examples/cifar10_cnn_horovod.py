@@ -36,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=0, help="use only this many training images (0: all)")
     p.add_argument("--checkpoint", default="checkpoints/cifar10_cnn.pt")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--fp16-allreduce", action="store_true", default=os.environ.get("KIT_FP16_ALLREDUCE") == "1",
+                   help="compress gradients to fp16 for the allreduce (kit run --fp16-allreduce sets it)")
     return p.parse_args()
 
 
@@ -115,7 +117,9 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr * hvd.size())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
 
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch)

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import subprocess
 import threading
 import time
 
