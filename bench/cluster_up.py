@@ -15,24 +15,11 @@ import argparse
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, cpu_build_settings  # noqa: E402
-from helpers import run_kit  # noqa: E402
-
-
-def kit(lab: Lab, project: Path, *args: str) -> tuple[float, str]:
-    started = time.monotonic()
-    r = run_kit(*args, cwd=project, env=lab.env, timeout=3600)
-    seconds = time.monotonic() - started
-    if r.returncode != 0:
-        sys.exit(f"kit {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    return seconds, r.stdout
+from harness import Lab, make_project, timed_kit  # noqa: E402
 
 
 def copied(output: str) -> tuple[float, float, float]:
@@ -43,7 +30,7 @@ def copied(output: str) -> tuple[float, float, float]:
 
 def fresh(lab: Lab, project: Path) -> None:
     """Down, and the image gone from every host, so the next up is a cold one."""
-    kit(lab, project, "down")
+    timed_kit(lab, project, "down")
     for h in lab.hosts:
         for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
             h.docker("image", "rm", "-f", tag, check=False)
@@ -54,23 +41,19 @@ def main() -> None:
     parser.add_argument("--rate", help="netem rate of every host's link, e.g. 1gbit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
-        project = Path(work) / "project"
-        project.mkdir()
-        (project / "kit.yaml").write_text(yaml.safe_dump({"build": cpu_build_settings(Path(work)),
-                                                          "cluster": {"name": "bench"}}))
+        project = make_project(Path(work) / "project", lab, "bench")
         lab.hosts_file(project / "one.txt", lab.hosts[:1])
         lab.hosts_file(project / "three.txt")
         if args.rate:
             lab.shape(args.rate)
-        kit(lab, project, "build", "--no-verify")
-        kit(lab, project, "up", "--hosts", "one.txt")  # warm-up: makes the compressed archive once
+        timed_kit(lab, project, "up", "--hosts", "one.txt")  # warm-up: makes the compressed archive once
         fresh(lab, project)
 
-        t1, out1 = kit(lab, project, "up", "--hosts", "one.txt")
+        t1, out1 = timed_kit(lab, project, "up", "--hosts", "one.txt")
         fresh(lab, project)
-        t3, out3 = kit(lab, project, "up", "--hosts", "three.txt")
-        t_again, out_again = kit(lab, project, "up", "--hosts", "three.txt")
-        kit(lab, project, "down")
+        t3, out3 = timed_kit(lab, project, "up", "--hosts", "three.txt")
+        t_again, out_again = timed_kit(lab, project, "up", "--hosts", "three.txt")
+        timed_kit(lab, project, "down")
     assert "no change" in out_again
     d1, gb, mb = copied(out1)
     d3, _, _ = copied(out3)

@@ -18,23 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, cpu_build_settings  # noqa: E402
-from helpers import run_kit  # noqa: E402
+from harness import Lab, make_project, timed_kit  # noqa: E402
 
 NOOP = REPO / "tests" / "lab" / "jobs" / "noop.py"
 CIFAR = REPO / "examples" / "cifar10_cnn_horovod.py"
-
-
-def kit(lab: Lab, project: Path, *args: str) -> tuple[float, str]:
-    started = time.monotonic()
-    r = run_kit(*args, cwd=project, env=lab.env, timeout=3600)
-    if r.returncode != 0:
-        sys.exit(f"kit {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-    return time.monotonic() - started, r.stdout
 
 
 def direct(lab: Lab, argv: list[str]) -> float:
@@ -54,26 +43,21 @@ def main() -> None:
     parser.add_argument("--rate", help="netem rate of every host's link, e.g. 1gbit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
-        project = Path(work) / "project"
-        project.mkdir()
-        (project / "kit.yaml").write_text(yaml.safe_dump({"build": cpu_build_settings(Path(work)),
-                                                          "cluster": {"name": "bench"}}))
-        lab.hosts_file(project / "hosts.txt")
+        project = make_project(Path(work) / "project", lab, "bench")
         if args.rate:
             lab.shape(args.rate)
-        kit(lab, project, "build", "--no-verify")
-        kit(lab, project, "up", "--hosts", "hosts.txt")
-        kit(lab, project, "run", str(NOOP), "--np", "3")  # copies the script once, like a user's second run
+        timed_kit(lab, project, "up", "--hosts", "hosts.txt")
+        timed_kit(lab, project, "run", str(NOOP), "--np", "3")  # copies the script once, like a user's second run
         hosts = ",".join(f"{h.address}:1" for h in lab.hosts)
         by_hand = ["horovodrun", "--gloo", "-np", "3", "-H", hosts, "-p", "12345", "--network-interface", "eth0",
                    "python", "-u", "noop.py"]
-        kit_s = [kit(lab, project, "run", str(NOOP), "--np", "3")[0] for _ in range(args.repeat)]
+        kit_s = [timed_kit(lab, project, "run", str(NOOP), "--np", "3")[0] for _ in range(args.repeat)]
         direct_s = [direct(lab, by_hand) for _ in range(args.repeat)]
         rates = {}
         for np in (1, 3):
-            _, out = kit(lab, project, "run", str(CIFAR), "--np", str(np), "--", "--epochs", "2", "--samples", "3072")
+            _, out = timed_kit(lab, project, "run", str(CIFAR), "--np", str(np), "--", "--epochs", "2", "--samples", "3072")
             rates[np] = images_per_sec(out)
-        kit(lab, project, "down")
+        timed_kit(lab, project, "down")
     k, d = statistics.median(kit_s), statistics.median(direct_s)
     print(f"kit run on the lab ({args.rate or 'unshaped veth'}), median of {args.repeat}")
     print(f"{'':<44}{'value':>9}  ratio")

@@ -4,10 +4,8 @@ from pathlib import Path
 
 import docker
 import pytest
-import yaml
 
-from helpers import run_kit
-from harness import BASE_IMAGE, Lab, cpu_build_settings
+from harness import BASE_IMAGE, Lab, make_project
 
 LAB_HOSTS = 3
 
@@ -31,10 +29,4 @@ def lab(tmp_path_factory):
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, client, lab) -> Path:
     """A user's project folder: kit.yaml with the lab's build inputs, hosts.txt, and the image built."""
-    folder = tmp_path_factory.mktemp("project")
-    settings = {"build": cpu_build_settings(folder), "cluster": {"name": "lab"}}
-    (folder / "kit.yaml").write_text(yaml.safe_dump(settings))
-    lab.hosts_file(folder / "hosts.txt")
-    r = run_kit("build", "--no-verify", cwd=folder, env=lab.env, timeout=40 * 60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return folder
+    return make_project(tmp_path_factory.mktemp("project"), lab, "lab")

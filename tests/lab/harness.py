@@ -270,6 +270,32 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
 
 
+def make_project(folder: Path, lab: Lab, cluster: str) -> Path:
+    """A user's project folder for the lab: kit.yaml with the lab's build inputs, hosts.txt, the image built."""
+    import yaml
+    from helpers import run_kit
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kit.yaml").write_text(yaml.safe_dump({"build": cpu_build_settings(folder), "cluster": {"name": cluster}}))
+    lab.hosts_file(folder / "hosts.txt")
+    r = run_kit("build", "--no-verify", cwd=folder, env=lab.env, timeout=40 * 60)
+    if r.returncode != 0:
+        raise RuntimeError(f"kit build failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return folder
+
+
+def timed_kit(lab: Lab, project: Path, *args: str) -> tuple[float, str]:
+    """(seconds, output) of a kit command that must succeed: for bench/."""
+    from helpers import run_kit
+
+    started = time.monotonic()
+    r = run_kit(*args, cwd=project, env=lab.env, timeout=3600)
+    seconds = time.monotonic() - started
+    if r.returncode != 0:
+        sys.exit(f"kit {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return seconds, r.stdout
+
+
 class _quiet:
     def __enter__(self):
         return self

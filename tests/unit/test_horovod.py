@@ -17,10 +17,15 @@ def test_argv_from_the_inventory():
 
 
 def test_fewer_processes_use_the_first_hosts():
-    argv = horovodrun_argv(2, SLOTS, 2222, ["eth0", "ens3"], ["python", "t.py"], HorovodOptions())
-    assert argv[argv.index("-H") + 1] == "10.0.0.1:2"
+    argv = horovodrun_argv(3, SLOTS, 2222, ["eth0", "ens3"], ["python", "t.py"], HorovodOptions())
+    assert argv[argv.index("-H") + 1] == "10.0.0.1:2,10.0.0.2:1"
     assert argv[argv.index("--network-interface") + 1] == "eth0,ens3"
     assert [s.host for s in placement(SLOTS, 3)] == ["gpu-1", "gpu-1", "gpu-2"]
+
+
+def test_a_job_on_one_host_names_no_interface():
+    argv = horovodrun_argv(2, SLOTS, 12345, ["eth0"], ["python", "t.py"], HorovodOptions())
+    assert "--network-interface" not in argv and argv[argv.index("-H") + 1] == "10.0.0.1:2"
 
 
 def test_tuning_options_are_passed_as_horovod_expects():

@@ -114,8 +114,11 @@ def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], address
 
 def horovodrun_argv(np: int, slots: list[Slot], port: int, nics: list[str], command: list[str],
                     options: HorovodOptions) -> list[str]:
-    return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port),
-            "--network-interface", ",".join(nics), *options.argv(), *command]
+    # A job on one host is local to horovodrun (it talks over loopback): naming a NIC would contradict it.
+    one_host = len({s.address for s in placement(slots, np)}) == 1
+    nic = [] if one_host else ["--network-interface", ",".join(nics)]
+    return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port), *nic,
+            *options.argv(), *command]
 
 
 def split_rank(line: str) -> tuple[int | None, str]:
