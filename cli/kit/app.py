@@ -18,16 +18,13 @@ from rich.text import Text
 from kit import __version__
 from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
-from kit.cluster import HostStatus, Up, down as down_cluster, status as cluster_status
+from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
 from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
 from kit import jobs
 from kit.commands.docker import command
 from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
                                   split_rank)
 from kit.errors import BadInput, KitError
-from kit.fanout import fan_out
-from kit.inventory import Host
-from kit.steps import preflight
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
@@ -345,15 +342,6 @@ def down(
 
 # ---------------------------------------------------------------- jobs
 
-def _cluster_nodes(state: st.ClusterState, cfg: ClusterConfig) -> list[Node]:
-    """Every recorded host, connected; the primary first."""
-    nodes = [Node(Host(h.name, user=h.user, port=h.port, primary=h.primary), SshRunner(
-        Host(h.name, user=h.user, port=h.port), connect_timeout=cfg.connect_timeout), address=h.address)
-        for h in state.hosts]
-    fan_out("connecting", nodes, lambda n: preflight.become_root(n), lambda n: n.name)
-    return nodes
-
-
 def _need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
     if state is None:
         raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
@@ -402,7 +390,7 @@ def run(
     if len(nics) > 1:
         console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
                       "kit chose each by subnet and passes them all")
-    nodes = _cluster_nodes(state, cfg)
+    nodes = recorded_nodes(state.hosts, _ssh(cfg.connect_timeout))
     try:
         sent = jobs.sync_workspace(nodes, folder, state)
         console.print(f"job {job.id}: {count} processes on {len({r.host for r in job.ranks})} hosts; "
@@ -444,7 +432,7 @@ def exec_(
         raise BadInput(f"{host} is not a host of cluster {state.cluster}",
                        hint=f"use one of: {', '.join(h.name for h in state.hosts)}")
     argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
-    (node,) = _cluster_nodes(st.ClusterState(**{**state.__dict__, "hosts": [found]}), cfg)
+    (node,) = recorded_nodes([found], _ssh(cfg.connect_timeout))
     try:
         code = node.runner.stream_out(command(["docker", "exec", state.container, *argv]),
                                       lambda line: console.print(f"[{found.name}] {line}", markup=False))
@@ -466,7 +454,7 @@ def logs(
     cfg, identity, state = _recorded(name, config)
     state = _need_state(cfg, identity, state)
     primary = next(h for h in state.hosts if h.primary)
-    (node,) = _cluster_nodes(st.ClusterState(**{**state.__dict__, "hosts": [primary]}), cfg)
+    (node,) = recorded_nodes([primary], _ssh(cfg.connect_timeout))
     try:
         jobs_dir = shlex.quote(f"{state.kit_dir}/jobs")
         job = job or node.runner.run(f"ls -1t {jobs_dir} 2>/dev/null | head -n 1").stdout.strip()

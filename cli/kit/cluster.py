@@ -42,6 +42,13 @@ def _nodes(hosts: list[Host], connect: Connect, dry_run: bool) -> list[Node]:
     return [Node(h, DryRunner(connect(h)) if dry_run else connect(h)) for h in hosts]
 
 
+def recorded_nodes(hosts: list[st.HostState], connect: Connect) -> list[Node]:
+    """Hosts that `up` recorded, connected and running as root, at the addresses it recorded."""
+    nodes = [Node(h.host, connect(h.host), address=h.address) for h in hosts]
+    fan_out("connecting", nodes, preflight.become_root, _name)
+    return nodes
+
+
 def _close(nodes: list[Node]) -> None:
     for n in nodes:
         n.runner.close()
@@ -195,9 +202,9 @@ class HostStatus:
 
 def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
     def one(h: st.HostState) -> HostStatus:
-        runner = connect(Host(h.name, user=h.user, port=h.port))
+        runner = connect(h.host)
         try:
-            probe = Node(Host(h.name, user=h.user, port=h.port), runner)
+            probe = Node(h.host, runner)
             preflight.gather(probe, _state_cfg(state), state.image)
             f: HostFacts = probe.facts
         except KitError as e:
@@ -237,8 +244,7 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
 
 def down(state: st.ClusterState, identity: Identity, connect: Connect, *, dry_run: bool = False,
          progress: Progress = NoProgress()) -> list[Node]:
-    hosts = [Host(h.name, user=h.user, port=h.port, primary=h.primary) for h in state.hosts]
-    nodes = _nodes(hosts, connect, dry_run)
+    nodes = _nodes([h.host for h in state.hosts], connect, dry_run)
     cfg = _state_cfg(state)
 
     def remove(n: Node) -> None:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kit.identity import write_secret
+from kit.inventory import Host
 
 
 @dataclass
@@ -20,6 +21,11 @@ class HostState:
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
     made_kit_dir: bool = False
     interfaces: list[list] = field(default_factory=list)  # [interface, address, prefix] from the host's facts
+
+    @property
+    def host(self) -> Host:
+        """How to reach it again, as hosts.txt said."""
+        return Host(self.name, user=self.user, port=self.port, primary=self.primary)
 
 
 @dataclass
