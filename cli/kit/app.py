@@ -3,11 +3,15 @@ prints for the user and exits. KitError -> exit 1, BadInput -> exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shlex
+import time
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Callable, List, Optional
 
+import docker
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -21,13 +25,16 @@ from kit.build import Step, build_image, check_base_images, connect, image_exist
 from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
 from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
 from kit import jobs
-from kit.commands.docker import command
+from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
                                   split_rank)
 from kit.errors import BadInput, KitError
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
+from kit.demo import SCRIPT as DEMO_SCRIPT, Training, examples_folder
+from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
+from kit.runners.local import LocalRunner
 from kit.runners.ssh import SshRunner
 from kit.steps.image import archive, local_image
 from kit.steps.node import Node
@@ -117,19 +124,24 @@ def build(
         _print_plan(recipe, verify)
         return
     client = connect()
-    check_base_images(client, recipe)
-    if image_exists(client, recipe.tag):
-        console.print(f"[green]✓[/] {recipe.tag} is up to date (built before from the same inputs)")
-    else:
-        console.print(f"building {recipe.tag} ({recipe.config.flavor}, {len(recipe.files)} files in the context)")
-        with console.status("starting the build") as status:
-            build_image(client, recipe, on_step=functools.partial(_show_step, status),
-                        on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
-        console.print(f"[green]✓[/] built {recipe.tag}")
+    _ensure_image(client, recipe, verbose)
     if verify:
         with console.status("verifying: horovodrun --check-build and a 2-process allreduce"):
             report = verify_image(client, recipe.tag, recipe.config.flavor)
         _print_report(report)
+
+
+def _ensure_image(client, recipe: Recipe, verbose: bool) -> None:
+    """Build the recipe's image unless an image with its tag (a hash of its inputs) is already here."""
+    check_base_images(client, recipe)
+    if image_exists(client, recipe.tag):
+        console.print(f"[green]✓[/] {recipe.tag} is up to date (built before from the same inputs)")
+        return
+    console.print(f"building {recipe.tag} ({recipe.config.flavor}, {len(recipe.files)} files in the context)")
+    with console.status("starting the build") as status:
+        build_image(client, recipe, on_step=functools.partial(_show_step, status),
+                    on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
+    console.print(f"[green]✓[/] built {recipe.tag}")
 
 
 def _show_step(status, step: Step) -> None:
@@ -209,8 +221,9 @@ def _live() -> Progress:
                     _WhileCopying(BarColumn()), _WhileCopying(DownloadColumn()), console=console)
 
 
-def _ssh(timeout: int):
-    return lambda host: SshRunner(host, connect_timeout=timeout)
+def _connect(timeout: int):
+    """How kit reaches a host: over SSH, or directly for a container of the local cluster."""
+    return lambda host: LocalRunner(host.name) if host.local else SshRunner(host, connect_timeout=timeout)
 
 
 def _cluster_cfg(config: Optional[Path], flags: dict) -> tuple[ConfigFile, ClusterConfig]:
@@ -237,7 +250,10 @@ def _print_changes(nodes: list[Node], dry_run: bool) -> None:
 @app.command()
 @reports_errors
 def up(
-    hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: one host a line (host, host:slots, user@host...)."),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: one host a line (host, host:slots, "
+                                                                 "user@host...). Without it: a local cluster."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Containers of the local cluster (when there is no "
+                                                                 "--hosts; default 3)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
     ssh_port: Optional[int] = typer.Option(None, help="Port of the containers' sshd (default 12345)."),
@@ -246,27 +262,53 @@ def up(
     image_tag: Optional[str] = typer.Option(None, help="Image to run (default: the one kit build makes)."),
     dry_run: bool = typer.Option(False, help="Check the hosts and print what would change; change nothing."),
 ) -> None:
-    """Bring the cluster up: keys, image, containers on every host, then verify it."""
+    """Bring the cluster up: keys, image, containers on every host, then verify it.
+
+    Without --hosts, the cluster is N containers on this machine, on a private Docker network."""
     cfg_file, cfg = _cluster_cfg(config, dict(name=name, ssh_port=ssh_port, workspace=workspace,
                                               shm_size=shm_size, image_tag=image_tag))
-    inventory = read_hosts(hosts)
-    tag, flavor = _image_tag(cfg_file, cfg)
+    if hosts is not None and nodes is not None:
+        raise BadInput("--nodes is for the local cluster; with --hosts, hosts.txt lists the hosts",
+                       hint="drop --nodes, or drop --hosts to make a local cluster of N containers")
+    _bring_up(cfg_file, cfg, hosts, LOCAL_NODES if nodes is None else nodes, dry_run)
+
+
+def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], count: int, dry_run: bool) -> None:
+    inventory = read_hosts(hosts) if hosts is not None else None
+    count = check_count(count)  # bad input is found before anything is contacted
     client = connect()
+    if inventory is None:
+        inventory, places = local_cluster(cfg, count, _local_subnet(client, cfg))
+    else:
+        places = {h.name: cfg.host_place() for h in inventory}
+    tag, flavor = _image_tag(cfg_file, cfg)
     image = local_image(client, tag)
     identity = Identity(cfg.name, persist=not dry_run)
     with _live() as bar:
         workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
-                      connect=_ssh(cfg.connect_timeout), dry_run=dry_run, progress=LiveProgress(bar))
+                      connect=_connect(cfg.connect_timeout), places=places, workspace_shared=hosts is None,
+                      dry_run=dry_run, progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
     changed = any(n.changes for n in nodes) or dry_run
+    where = "on this machine in " if hosts is None else "on "
     console.print(("[bold]plan[/] (dry run: nothing was changed)" if dry_run else
-                   f"[green]✓[/] cluster {cfg.name} is up on {len(nodes)} hosts" +
-                   ("" if changed else ": no change")))
+                   f"[green]✓[/] cluster {cfg.name} is up {where}{len(nodes)} {'containers' if hosts is None else 'hosts'}"
+                   + ("" if changed else ": no change")))
     if changed:
         _print_changes(nodes, dry_run)
     if workflow.copied and not dry_run:
         console.print(f"  {workflow.copied}")
     _print_notes(nodes)
+
+
+def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
+    """The local cluster's network keeps its subnet; a new one gets a /24 nothing here uses."""
+    try:
+        kept = docker_subnets([client.networks.get(network_name(cfg)).attrs])
+    except docker.errors.NotFound:
+        kept = []
+    taken = routes(Path("/proc/net/route").read_text()) + docker_subnets([n.attrs for n in client.networks.list()])
+    return kept[0] if kept else free_subnet(taken)
 
 
 def _print_notes(nodes: list[Node]) -> None:
@@ -297,7 +339,7 @@ def status(
     if state is None:
         raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
                        hint="bring it up with `kit up --hosts hosts.txt`")
-    rows = cluster_status(state, _ssh(cfg.connect_timeout))
+    rows = cluster_status(state, _connect(cfg.connect_timeout))
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
                                  "hosts": [r.as_dict() for r in rows]})
@@ -333,7 +375,7 @@ def down(
         console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
         return
     with _live() as bar:
-        nodes = down_cluster(state, identity, _ssh(cfg.connect_timeout), dry_run=dry_run,
+        nodes = down_cluster(state, identity, _connect(cfg.connect_timeout), dry_run=dry_run,
                              progress=LiveProgress(bar))
     console.print("[bold]plan[/] (dry run: nothing was removed)" if dry_run else
                   f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts")
@@ -374,6 +416,15 @@ def run(
     """Run a training script with horovodrun across the cluster; its output streams here."""
     cfg, identity, state = _recorded(name, config)
     state = _need_state(cfg, identity, state)
+    options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
+    _run_job(cfg, state, script, args or [], np, workdir, options,
+             (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_line)
+
+
+def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
+             workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
+             on_line: Callable[[int | None, str | None, str], None]) -> jobs.Job:
+    """Copy the job's folder, run it, say how it ended; raise unless it succeeded."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
@@ -383,19 +434,17 @@ def run(
     count = check_np(np, slots)
     nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in state.hosts},
                              {h.name: h.address for h in state.hosts})
-    options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
     job = jobs.Job(jobs.new_job_id(), state, count, tuple(slots), tuple(nics),
-                   tuple(rank_command(script.resolve().relative_to(folder).as_posix(), args or [])), options,
-                   (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else ())
+                   tuple(rank_command(script.resolve().relative_to(folder).as_posix(), args)), options, env)
     if len(nics) > 1:
         console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
                       "kit chose each by subnet and passes them all")
-    nodes = recorded_nodes(state.hosts, _ssh(cfg.connect_timeout))
+    nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
     try:
         sent = jobs.sync_workspace(nodes, folder, state)
         console.print(f"job {job.id}: {count} processes on {len({r.host for r in job.ranks})} hosts; "
                       f"copied {sum(sent.values())} changed files of {folder}")
-        outcome = jobs.run(job, nodes, _job_line)
+        outcome = jobs.run(job, nodes, on_line)
     finally:
         for n in nodes:
             n.runner.close()
@@ -404,7 +453,7 @@ def run(
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
     if outcome.exit_code == 0:
         console.print(f"[green]✓[/] job {job.id} finished")
-        return
+        return job
     if outcome.failure:
         rank, code = outcome.failure
         how = f"exit {code}" if code != 255 else "its process, container or host went away"
@@ -414,6 +463,71 @@ def run(
         raise failed
     raise KitError(f"job {job.id} failed (horovodrun exit {outcome.exit_code})",
                    hint=f"its output is above; `kit logs {job.id}` shows it again")
+
+
+@app.command()
+@reports_errors
+def demo(
+    nodes: int = typer.Option(LOCAL_NODES, "--nodes", help="Containers of the local cluster."),
+    epochs: int = typer.Option(3, help="Epochs of the CIFAR-10 example."),
+    samples: int = typer.Option(6144, help="Training images of an epoch (0: all 50,000)."),
+    keep: bool = typer.Option(False, help="Leave the cluster up afterwards, for kit run/status/exec --name demo."),
+    config: Optional[Path] = CONFIG,
+    name: str = typer.Option("demo", "--name", help="Cluster name."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the whole build log."),
+) -> None:
+    """Try kit on this machine: the image (built once), a local cluster of N containers, the CIFAR-10
+    example trained across them, a summary, and the cluster taken down again."""
+    cfg_file, cfg = _cluster_cfg(config, dict(name=name))
+    timings: list[tuple[str, float]] = []
+    with _timed("image", timings):
+        _ensure_image(connect(), make_recipe(build_config(cfg_file, {})), verbose)
+    try:
+        with _timed("up", timings):
+            _bring_up(cfg_file, cfg, None, nodes, dry_run=False)
+        state = st.load(Identity(cfg.name).folder)
+        training = Training()
+
+        def on_line(rank: int | None, host: str | None, text: str) -> None:
+            training.feed(rank, text)
+            _job_line(rank, host, text)
+        with _timed("training", timings):
+            job = _run_job(cfg, state, examples_folder() / DEMO_SCRIPT,
+                           ["--epochs", str(epochs), "--samples", str(samples)], None, None, HorovodOptions(), (),
+                           on_line)
+    finally:
+        made = st.load(Identity(cfg.name).folder)  # None when up stopped before changing anything
+        if made is not None and not keep:
+            with _timed("down", timings), _live() as bar:
+                down_cluster(made, Identity(cfg.name), _connect(cfg.connect_timeout), progress=LiveProgress(bar))
+    _print_demo(cfg, state, job, training, timings, keep)
+
+
+@contextlib.contextmanager
+def _timed(what: str, timings: list[tuple[str, float]]):
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        timings.append((what, time.monotonic() - started))
+
+
+def _print_demo(cfg: ClusterConfig, state: st.ClusterState, job: jobs.Job, training: Training,
+                timings: list[tuple[str, float]], kept: bool) -> None:
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    hosts = ", ".join(f"{h.name} ({h.address})" for h in state.hosts)
+    table.add_row("cluster", f"{len(state.hosts)} containers on this machine: {hosts}")
+    table.add_row("job", f"{job.id}: horovodrun -np {job.np}, {state.image}")
+    for key, value in training.rows():
+        table.add_row(key, value)
+    table.add_row("time", ", ".join(f"{what} {seconds:.0f} s" for what, seconds in timings))
+    console.print("[bold]summary[/]")
+    console.print(table)
+    if kept:
+        console.print(f"the cluster is still up: `kit run SCRIPT --name {cfg.name}`, then `kit down --name {cfg.name}`")
+    else:
+        console.print(f"the cluster is down; the workspace {state.workspace} keeps the example and its checkpoint")
+    console.print("next, on your servers: kit up --hosts hosts.txt, then kit run train.py")
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False})
@@ -432,9 +546,9 @@ def exec_(
         raise BadInput(f"{host} is not a host of cluster {state.cluster}",
                        hint=f"use one of: {', '.join(h.name for h in state.hosts)}")
     argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
-    (node,) = recorded_nodes([found], _ssh(cfg.connect_timeout))
+    (node,) = recorded_nodes([found], _connect(cfg.connect_timeout))
     try:
-        code = node.runner.stream_out(command(["docker", "exec", state.container, *argv]),
+        code = node.runner.stream_out(command(exec_argv(found.place.container, argv)),
                                       lambda line: console.print(f"[{found.name}] {line}", markup=False))
     finally:
         node.runner.close()
@@ -453,15 +567,15 @@ def logs(
     """Output of a job, kept on the primary; per rank with --rank."""
     cfg, identity, state = _recorded(name, config)
     state = _need_state(cfg, identity, state)
-    primary = next(h for h in state.hosts if h.primary)
-    (node,) = recorded_nodes([primary], _ssh(cfg.connect_timeout))
+    primary = state.primary
+    (node,) = recorded_nodes([primary], _connect(cfg.connect_timeout))
     try:
-        jobs_dir = shlex.quote(f"{state.kit_dir}/jobs")
-        job = job or node.runner.run(f"ls -1t {jobs_dir} 2>/dev/null | head -n 1").stdout.strip()
-        folder = f"{state.kit_dir}/jobs/{job}"
+        jobs_dir = primary.place.jobs_dir
+        job = job or node.runner.run(f"ls -1t {shlex.quote(jobs_dir)} 2>/dev/null | head -n 1").stdout.strip()
+        folder = f"{jobs_dir}/{job}"
         if not job or not node.runner.run(f"test -f {shlex.quote(folder)}/output.log").ok:
             raise BadInput(f"no job {job or ''} on {primary.name}".replace("  ", " "),
-                           hint="run one with kit run, or name one that `ls` shows in " + f"{state.kit_dir}/jobs")
+                           hint=f"run one with kit run, or name one that `ls` shows in {jobs_dir}")
         hosts = node.runner.run(f"cat {shlex.quote(folder)}/ranks 2>/dev/null").stdout.split()
         tail = f"tail -n +1 {'-f --pid=$(cat ' + shlex.quote(folder) + '/pid) ' if follow else ''}" \
                f"{shlex.quote(folder)}/output.log"
@@ -470,7 +584,7 @@ def logs(
             r, text = split_rank(line)
             if (rank is None or r == rank) and exit_report(text) is None:
                 _job_line(r, hosts[r] if r is not None and r < len(hosts) else None, text)
-        node.runner.stream_out(command(["docker", "exec", state.container, "sh", "-c", tail]), show)
+        node.runner.stream_out(command(exec_argv(primary.place.container, ["sh", "-c", tail])), show)
     finally:
         node.runner.close()
 

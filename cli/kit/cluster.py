@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from kit import state as st
-from kit.commands.docker import ContainerSpec, command, remove_argv
-from kit.config import ClusterConfig
+from kit.commands.docker import ContainerSpec, command, network_remove_argv, remove_argv
+from kit.config import KIT_ROOT, ClusterConfig
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.identity import Identity
 from kit.inventory import Host
+from kit.place import Place
 from kit.runners import DryRunner, Runner
 from kit.steps import check, containers, image as img, keys, preflight
 from kit.steps.facts import HostFacts
@@ -38,13 +39,13 @@ class NoProgress:
 Connect = Callable[[Host], Runner]
 
 
-def _nodes(hosts: list[Host], connect: Connect, dry_run: bool) -> list[Node]:
-    return [Node(h, DryRunner(connect(h)) if dry_run else connect(h)) for h in hosts]
+def _nodes(hosts: list[Host], places: dict[str, Place], connect: Connect, dry_run: bool) -> list[Node]:
+    return [Node(h, DryRunner(connect(h)) if dry_run else connect(h), places[h.name]) for h in hosts]
 
 
 def recorded_nodes(hosts: list[st.HostState], connect: Connect) -> list[Node]:
     """Hosts that `up` recorded, connected and running as root, at the addresses it recorded."""
-    nodes = [Node(h.host, connect(h.host), address=h.address) for h in hosts]
+    nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in hosts]
     fan_out("connecting", nodes, preflight.become_root, _name)
     return nodes
 
@@ -80,18 +81,22 @@ class Up:
     identity: Identity
     archive: Callable[[], Path]  # makes (or finds) the compressed image
     connect: Connect
+    places: dict[str, Place]     # host name -> where its container lives
+    workspace_shared: bool = False  # every container sees one workspace (the local cluster)
     dry_run: bool = False
     progress: Progress = NoProgress()
     copied: "Copied | None" = None  # what the image step sent, for the summary
 
     def run(self, hosts: list[Host]) -> list[Node]:
-        nodes = _nodes(hosts, self.connect, self.dry_run)
+        nodes = _nodes(hosts, self.places, self.connect, self.dry_run)
         try:
             self._preflight(nodes)
             if not self.dry_run:
                 self._record(nodes)
             self._keys(nodes)
             self._image(nodes)
+            self._workspaces(nodes)
+            self._networks(nodes)
             self._containers(nodes)
             if not self.dry_run:
                 self._verify(nodes)
@@ -118,21 +123,25 @@ class Up:
         for n in nodes:
             before = old.host(n.name) if old else None
             hosts.append(st.HostState(
-                name=n.name, address=n.address, user=n.host.user, port=n.host.port,
+                name=n.name, address=n.address, place=n.place, user=n.host.user, port=n.host.port,
                 slots=preflight.slots(n, self.cfg, self.flavor == "gpu"),
-                primary=n.host.primary,
-                made_workspace=(before.made_workspace if before else False) or not n.facts.workspace_exists,
+                primary=n.host.primary, local=n.host.local,
+                made_workspace=(before.made_workspace if before else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
-                interfaces=[list(i) for i in n.facts.ipv4]))
+                interfaces=[list(i) for i in n.place.interfaces() or n.facts.ipv4]))
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
-            container=self.cfg.container, kit_dir=self.cfg.kit_dir, workspace=self.cfg.workspace_path, hosts=hosts,
-            checked_image_id=old.checked_image_id if old else ""))
+            workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
+            workspace_shared=self.workspace_shared))
+
+    def _makes_workspace(self, n: Node) -> bool:
+        """A host without the workspace folder makes it; a shared one is the primary's to make (and remove)."""
+        return not n.facts.workspace_exists and (n.host.primary or not self.workspace_shared)
 
     def _keys(self, nodes: list[Node]) -> None:
         files = keys.cluster_files(nodes, self.cfg, self.identity)
-        self._step("writing the cluster's SSH files", nodes, lambda n: keys.apply(n, self.cfg, files[n.name]),
+        self._step("writing the cluster's SSH files", nodes, lambda n: keys.apply(n, files[n.name]),
                    "writing keys")
 
     def _image(self, nodes: list[Node]) -> None:
@@ -156,11 +165,21 @@ class Up:
             self.copied = Copied(len(senders), total, self.image.size, time.monotonic() - started)
         img.check_same(nodes, self.image, self.dry_run)
 
+    def _workspaces(self, nodes: list[Node]) -> None:
+        self._step("making workspaces", [n for n in nodes if self._makes_workspace(n)],
+                   lambda n: containers.make_workspace(n, self.cfg.workspace_path), "workspace")
+
+    def _networks(self, nodes: list[Node]) -> None:
+        """Each private network once, before any container joins it."""
+        first = list({n.place.network: n for n in reversed(nodes) if n.place.private}.values())
+        self._step("making networks", first, lambda n: containers.make_network(n, self.cfg.name), "network")
+
     def _containers(self, nodes: list[Node]) -> None:
         def start(n: Node) -> None:
-            spec = ContainerSpec(self.cfg, self.image.tag, self.image.id, gpus=self.flavor == "gpu",
-                                 memlock=n.facts.memlock,
-                                 add_hosts=((n.facts.hostname, n.address),) if n.facts.hostname else ())
+            # On the host's network the container takes the host's name, which must resolve (Gloo).
+            names = ((n.facts.hostname, n.address),) if n.facts.hostname and not n.place.private else ()
+            spec = ContainerSpec(self.cfg, n.place, self.image.tag, self.image.id, gpus=self.flavor == "gpu",
+                                 memlock=n.facts.memlock, add_hosts=names)
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
                                "raise it (no CAP_SYS_RESOURCE); RDMA transports need it unlimited")
@@ -174,7 +193,7 @@ class Up:
         state = st.load(self.identity.folder)
         if state.checked_image_id != self.image.id:  # the answer depends on the image alone
             self.progress.status(nodes[0].name, "horovodrun --check-build")
-            check.check_build(nodes[0], self.cfg, self.flavor)
+            check.check_build(nodes[0], self.flavor)
             state.checked_image_id = self.image.id
             st.save(self.identity.folder, state)
         for n in nodes:
@@ -204,7 +223,7 @@ def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
     def one(h: st.HostState) -> HostStatus:
         runner = connect(h.host)
         try:
-            probe = Node(h.host, runner)
+            probe = Node(h.host, runner, h.place)
             preflight.gather(probe, _state_cfg(state), state.image)
             f: HostFacts = probe.facts
         except KitError as e:
@@ -226,25 +245,26 @@ def _state_cfg(state: st.ClusterState) -> ClusterConfig:
 
 def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> list[tuple[str, str]]:
     """(command, what it does) to undo `up` on one host, decided from its facts. Pure."""
-    q = shlex.quote
+    q, p = shlex.quote, h.place
     plan = []
     if f.container is not None and f.container.cluster == state.cluster:
-        plan.append((command(remove_argv(state.container)), f"removed container {state.container}"))
+        plan.append((command(remove_argv(p.container)), f"removed container {p.container}"))
     if f.kit_files or f.kit_dir_exists:
-        plan.append((f"rm -rf {q(state.kit_dir + '/ssh')} {q(state.kit_dir + '/jobs')}",
-                     f"removed {state.kit_dir}/ssh and jobs"))
+        plan.append((f"rm -rf {q(p.ssh_dir)} {q(p.jobs_dir)}", f"removed {p.ssh_dir} and jobs"))
     if h.made_workspace and f.workspace_exists:
         plan.append((f"rmdir {q(state.workspace)} 2>/dev/null || echo kept",
                      f"removed {state.workspace}"))
     if h.made_kit_dir and f.kit_dir_exists:
-        plan.append((f"rmdir {q(state.kit_dir)} 2>/dev/null; rmdir {q(str(Path(state.kit_dir).parent))} "
-                     f"2>/dev/null; true", f"removed {state.kit_dir}"))
+        folders = [Path(p.kit_dir), *(d for d in Path(p.kit_dir).parents if d.is_relative_to(KIT_ROOT))]
+        plan.append(("".join(f"rmdir {q(str(d))} 2>/dev/null; " for d in folders) + "true", f"removed {p.kit_dir}"))
+    if h.primary and f.network is not None and f.network.cluster == state.cluster:  # the primary goes last
+        plan.append((command(network_remove_argv(p.network)), f"removed network {p.network}"))
     return plan
 
 
 def down(state: st.ClusterState, identity: Identity, connect: Connect, *, dry_run: bool = False,
          progress: Progress = NoProgress()) -> list[Node]:
-    nodes = _nodes([h.host for h in state.hosts], connect, dry_run)
+    nodes = _nodes([h.host for h in state.hosts], {h.name: h.place for h in state.hosts}, connect, dry_run)
     cfg = _state_cfg(state)
 
     def remove(n: Node) -> None:
@@ -254,15 +274,20 @@ def down(state: st.ClusterState, identity: Identity, connect: Connect, *, dry_ru
             r = n.runner.run(cmd, changes=True).check(f"`{cmd}` failed")
             n.changes.append(what if "kept" not in r.stdout else f"kept {state.workspace}: it holds files")
         progress.status(n.name, "removed")
-    try:
-        fan_out("kit down", nodes, remove, _name)
-    except HostsFailed as e:
-        if not dry_run:  # keep only the hosts still to do, so a second `down` finishes the job
-            state.hosts = [h for h in state.hosts if h.name in e.failures]
-            st.save(identity.folder, state)
-        raise
+    failures: dict[str, KitError] = {}
+    try:  # the primary last: what the others use (the local cluster's network) is undone after them
+        for group in ([n for n in nodes if not n.host.primary], [n for n in nodes if n.host.primary]):
+            try:
+                fan_out("kit down", group, remove, _name)
+            except HostsFailed as e:
+                failures.update(e.failures)
     finally:
         _close(nodes)
+    if failures:
+        if not dry_run:  # keep only the hosts still to do, so a second `down` finishes the job
+            state.hosts = [h for h in state.hosts if h.name in failures]
+            st.save(identity.folder, state)
+        raise HostsFailed("kit down", failures)
     if not dry_run:
         identity.remove()
     return nodes

@@ -18,8 +18,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from kit.errors import BadInput
+from kit.place import Place
 
 DEFAULT_CONFIG = Path("kit.yaml")
+KIT_ROOT = "/var/lib/kit"  # kit's folders on every host live under it
 
 # Known-good combinations. Horovod 0.28.1 needs the C++17 fix (applied by the
 # recipe) for any torch >= 2.1; these torch builds were compiled against.
@@ -281,12 +283,7 @@ class ClusterConfig(BaseModel):
     @property
     def kit_dir(self) -> str:
         """kit's folder on every host: keys, and nothing kit did not write."""
-        return f"/var/lib/kit/{self.name}"
-
-    @property
-    def jobs_dir(self) -> str:
-        """Each job's output, kept on the primary (mounted at the same path in the containers)."""
-        return f"{self.kit_dir}/jobs"
+        return f"{KIT_ROOT}/{self.name}"
 
     @property
     def workspace_path(self) -> str:
@@ -295,6 +292,10 @@ class ClusterConfig(BaseModel):
     @property
     def container(self) -> str:
         return f"kit-{self.name}"
+
+    def host_place(self) -> Place:
+        """Where the container lives on a real host: one a host, on the host's network."""
+        return Place(self.container, self.kit_dir)
 
 
 # ---------------------------------------------------------------- kit.yaml

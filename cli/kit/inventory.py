@@ -34,6 +34,7 @@ class Host:
     port: int | None = None   # the host's own sshd; None: the user's ssh config or 22
     primary: bool = False
     line: int = 0
+    local: bool = False       # a container of the local cluster on this machine: reached without SSH
 
     @property
     def label(self) -> str:

@@ -43,7 +43,7 @@ class Job:
 
     @property
     def folder(self) -> str:
-        return f"{self.state.kit_dir}/jobs/{self.id}"
+        return f"{self.state.primary.place.jobs_dir}/{self.id}"
 
     @property
     def ranks(self) -> list[Slot]:
@@ -60,10 +60,10 @@ class Job:
         inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; cd {shlex.quote(self.state.workspace)} && "
                  f"(echo $BASHPID > {d}/pid; exec {shlex.join(self.argv())}) 2>&1 | tee {d}/output.log")
         env = [arg for k, v in (("KIT_JOB", self.id), *self.env) for arg in ("-e", f"{k}={v}")]
-        return command(["docker", "exec", *env, self.state.container, "bash", "-c", inner])
+        return command(["docker", "exec", *env, self.state.primary.place.container, "bash", "-c", inner])
 
     def interrupt(self) -> str:
-        return command(["docker", "exec", self.state.container, "sh", "-c",
+        return command(["docker", "exec", self.state.primary.place.container, "sh", "-c",
                         f"kill -INT $(cat {shlex.quote(self.folder)}/pid) 2>/dev/null; true"])
 
 
@@ -82,7 +82,9 @@ class Outcome:
 
 
 def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> dict[str, int]:
+    """Copy what changed to every host's workspace (to the primary's alone where all share it)."""
     local = workspace.manifest(folder)
+    nodes = [n for n in nodes if n.host.primary] if state.workspace_shared else nodes
     sent = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
                    lambda n: n.name)
     return {n.name: count for n, count in zip(nodes, sent)}
@@ -90,7 +92,7 @@ def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> d
 
 def reap(nodes: list[Node], job: Job) -> dict[str, int]:
     def one(n: Node) -> int:
-        r = n.runner.run(reap_command(job.state.container, job.id), timeout=60)
+        r = n.runner.run(reap_command(n.place.container, job.id), timeout=60)
         return int(r.stdout.strip() or 0) if r.ok else 0
     counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
     return {n.name: c for n, c in zip(nodes, counts) if c}

@@ -8,24 +8,27 @@ from pathlib import Path
 
 from kit.identity import write_secret
 from kit.inventory import Host
+from kit.place import Place
 
 
 @dataclass
 class HostState:
     name: str
     address: str
+    place: Place
     user: str | None = None
     port: int | None = None
     slots: int | None = None
     primary: bool = False
+    local: bool = False            # a container of the local cluster: reached without SSH
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
     made_kit_dir: bool = False
-    interfaces: list[list] = field(default_factory=list)  # [interface, address, prefix] from the host's facts
+    interfaces: list[list] = field(default_factory=list)  # [interface, address, prefix] as the container sees them
 
     @property
     def host(self) -> Host:
         """How to reach it again, as hosts.txt said."""
-        return Host(self.name, user=self.user, port=self.port, primary=self.primary)
+        return Host(self.name, user=self.user, port=self.port, primary=self.primary, local=self.local)
 
 
 @dataclass
@@ -34,14 +37,17 @@ class ClusterState:
     image: str
     image_id: str
     ssh_port: int
-    container: str
-    kit_dir: str
     workspace: str
     hosts: list[HostState] = field(default_factory=list)
     checked_image_id: str = ""  # `horovodrun --check-build` passed in this image: no need to run it again
+    workspace_shared: bool = False  # every container sees the primary's workspace: copy a job there only
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)
+
+    @property
+    def primary(self) -> HostState:
+        return next(h for h in self.hosts if h.primary)
 
 
 def state_file(folder: Path) -> Path:
@@ -53,7 +59,7 @@ def load(folder: Path) -> ClusterState | None:
         data = json.loads(state_file(folder).read_text())
     except FileNotFoundError:
         return None
-    hosts = [HostState(**h) for h in data.pop("hosts")]
+    hosts = [HostState(**{**h, "place": Place(**h["place"])}) for h in data.pop("hosts")]
     return ClusterState(**data, hosts=hosts)
 
 

@@ -304,8 +304,28 @@ class _quiet:
         return exc[0] is not None and issubclass(exc[0], OSError)
 
 
+def local_leftovers() -> dict[str, list[str]]:
+    """Containers, networks and folders on this machine of local clusters named kitlab-* (the tests' own)."""
+    def names(*argv: str) -> list[str]:
+        return [n for n in sh(*argv, check=False).stdout.split() if n.startswith(f"kit-{PREFIX}-")]
+    return {"containers": names("docker", "ps", "-a", "--format", "{{.Names}}"),
+            "networks": names("docker", "network", "ls", "--format", "{{.Name}}"),
+            "folders": [str(d) for d in Path(HOST_LOCAL[0]).glob(f"{PREFIX}-*/local-*")]}
+
+
+def remove_local_clusters() -> None:
+    found = local_leftovers()
+    if found["containers"]:
+        sh("docker", "rm", "-f", *found["containers"], check=False)
+    for network in found["networks"]:
+        sh("docker", "network", "rm", network, check=False)
+    for folder in Path(HOST_LOCAL[0]).glob(f"{PREFIX}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def cleanup_leftovers() -> None:
     """Remove every lab thing a run (this one, or one that was killed) left behind."""
+    remove_local_clusters()
     for proc_file in RUN.glob("*/*.process") if RUN.exists() else []:
         _stop(proc_file)
     if RUN.exists():

@@ -47,6 +47,16 @@ def test_engine_that_does_not_answer_says_how_to_start_one(in_tmp):
     assert "fix: start it" in r.stderr
 
 
+def test_local_cluster_size_is_checked_before_docker_is_contacted(in_tmp):
+    r = kit("up", "--nodes", "0", cwd=in_tmp)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["error: --nodes: 0 is not a number of local containers from 1 to 64",
+                                     "fix: use --nodes 3, or list real hosts with --hosts hosts.txt"]
+    (in_tmp / "hosts.txt").write_text("node-1\n")
+    r = kit("up", "--hosts", "hosts.txt", "--nodes", "2", cwd=in_tmp)
+    assert r.returncode == 2 and r.stderr.startswith("error: --nodes is for the local cluster")
+
+
 def test_version(in_tmp):
     r = kit("--version", cwd=in_tmp)
     assert r.returncode == 0 and r.stdout.startswith("kit ")

@@ -1,16 +1,25 @@
 """Command lines kit runs on hosts, by exact equality."""
 
+from dataclasses import replace
+from ipaddress import IPv4Network
+
 from kit.cluster import removal_commands
-from kit.commands.docker import ContainerSpec, run_argv
+from kit.commands.docker import ContainerSpec, network_create_argv, run_argv
 from kit.config import ClusterConfig
 from kit.identity import known_hosts_lines
+from kit.local import local_cluster
 from kit.state import ClusterState, HostState
-from kit.steps.facts import ContainerFacts, HostFacts
+from kit.steps.facts import ContainerFacts, HostFacts, NetworkFacts
 from kit.steps.keys import write_command
 
 
 def spec(**cluster) -> ContainerSpec:
-    return ContainerSpec(ClusterConfig(name="lab", **cluster), "kit-horovod:cpu-0123456789ab", "sha256:abc", gpus=False)
+    cfg = ClusterConfig(name="lab", **cluster)
+    return ContainerSpec(cfg, cfg.host_place(), "kit-horovod:cpu-0123456789ab", "sha256:abc", gpus=False)
+
+
+LOCAL_CFG = ClusterConfig(name="demo")
+LOCAL_HOSTS, LOCAL_PLACES = local_cluster(LOCAL_CFG, 3, IPv4Network("10.213.4.0/24"))
 
 
 def test_cpu_container():
@@ -24,8 +33,9 @@ def test_cpu_container():
 
 
 def test_gpu_container_with_sized_shm_and_own_port():
-    s = ContainerSpec(ClusterConfig(name="lab", shm_size="8g", ssh_port=2222, workspace="/srv/ws"), "img:1", "sha256:abc",
-                      gpus=True, memlock="8388608:8388608", add_hosts=(("gpu-1", "10.0.0.1"),))
+    cfg = ClusterConfig(name="lab", shm_size="8g", ssh_port=2222, workspace="/srv/ws")
+    s = ContainerSpec(cfg, cfg.host_place(), "img:1", "sha256:abc", gpus=True, memlock="8388608:8388608",
+                      add_hosts=(("gpu-1", "10.0.0.1"),))
     argv = run_argv(s)
     assert argv[argv.index("--net=host") + 1:argv.index("--restart")] == ["--shm-size=8g", "--ulimit",
                                                                           "memlock=8388608:8388608"]
@@ -37,8 +47,29 @@ def test_spec_digest_follows_what_changes_the_container():
     assert spec().digest == spec().digest
     assert spec(ssh_port=2222).digest != spec().digest
     assert spec(shm_size="1g").digest != spec().digest
-    other_image = ContainerSpec(ClusterConfig(name="lab"), "kit-horovod:cpu-0123456789ab", "sha256:def", gpus=False)
+    cfg = ClusterConfig(name="lab")
+    other_image = ContainerSpec(cfg, cfg.host_place(), "kit-horovod:cpu-0123456789ab", "sha256:def", gpus=False)
     assert other_image.digest != spec().digest
+
+
+def test_local_cluster_containers_have_own_names_folders_and_fixed_addresses():
+    s = ContainerSpec(LOCAL_CFG, LOCAL_PLACES["local-2"], "img:1", "sha256:abc", gpus=False)
+    assert run_argv(s) == [
+        "docker", "run", "-d", "--name", "kit-demo-2", "--label", "io.kit.cluster=demo", "--label",
+        f"io.kit.spec={s.digest}", "--network", "kit-demo", "--ip", "10.213.4.3", "--hostname", "local-2",
+        "--ipc=host", "--ulimit", "memlock=-1:-1", "--restart", "unless-stopped",
+        "-v", "/var/lib/kit/demo/local-2/ssh:/etc/kit/ssh:ro",
+        "-v", "/var/lib/kit/demo/local-2/jobs:/var/lib/kit/demo/local-2/jobs",
+        "-v", "/var/lib/kit/demo/workspace:/var/lib/kit/demo/workspace", "-w", "/var/lib/kit/demo/workspace",
+        "-e", "KIT_SSH_PORT=12345", "-e", "KIT_CLUSTER=demo", "img:1"]
+    assert network_create_argv(LOCAL_PLACES["local-1"], "demo") == [
+        "docker", "network", "create", "--driver", "bridge", "--subnet", "10.213.4.0/24",
+        "--label", "io.kit.cluster=demo", "kit-demo"]
+    assert [h.name for h in LOCAL_HOSTS] == ["local-1", "local-2", "local-3"]
+    assert [h.primary for h in LOCAL_HOSTS] == [True, False, False]
+    assert all(h.local and h.slots == 1 for h in LOCAL_HOSTS)
+    assert LOCAL_PLACES["local-3"].interfaces() == (("eth0", "10.213.4.4", 24),)
+    assert ClusterConfig(name="lab").host_place().interfaces() == ()
 
 
 def test_known_hosts_pins_each_name_on_the_cluster_port():
@@ -54,13 +85,14 @@ def test_secret_files_are_written_private_and_atomically():
         "/var/lib/kit/lab/ssh/id_ed25519")
 
 
-STATE = ClusterState("lab", "img:1", "sha256:abc", 12345, "kit-lab", "/var/lib/kit/lab", "/var/lib/kit/lab/workspace")
+STATE = ClusterState("lab", "img:1", "sha256:abc", 12345, "/var/lib/kit/lab/workspace")
+PLACE = ClusterConfig(name="lab").host_place()
 
 
 def test_down_removes_what_up_made():
     facts = HostFacts(uid=0, docker_version="24.0", container=ContainerFacts("running", "sha256:abc", "x", "lab"),
                       kit_files={"config": "f"}, kit_dir_exists=True, workspace_exists=True)
-    made = HostState("a", "10.0.0.1", made_workspace=True, made_kit_dir=True)
+    made = HostState("a", "10.0.0.1", PLACE, made_workspace=True, made_kit_dir=True)
     assert [c for c, _ in removal_commands(facts, made, STATE)] == [
         "docker rm -f kit-lab",
         "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
@@ -68,10 +100,31 @@ def test_down_removes_what_up_made():
         "rmdir /var/lib/kit/lab 2>/dev/null; rmdir /var/lib/kit 2>/dev/null; true"]
 
 
+def test_down_of_the_local_cluster_removes_the_network_with_the_primary():
+    state = ClusterState("demo", "img:1", "sha256:abc", 12345, LOCAL_CFG.workspace_path, workspace_shared=True)
+    ours = NetworkFacts("demo", ("10.213.4.0/24",))
+    facts = HostFacts(uid=0, docker_version="24.0", container=ContainerFacts("running", "sha256:abc", "x", "demo"),
+                      kit_dir_exists=True, workspace_exists=True, network=ours)
+    primary = HostState("local-1", "10.213.4.2", LOCAL_PLACES["local-1"], primary=True, local=True,
+                        made_workspace=True, made_kit_dir=True)
+    other = HostState("local-2", "10.213.4.3", LOCAL_PLACES["local-2"], local=True, made_kit_dir=True)
+    assert [c for c, _ in removal_commands(facts, other, state)] == [
+        "docker rm -f kit-demo-2",
+        "rm -rf /var/lib/kit/demo/local-2/ssh /var/lib/kit/demo/local-2/jobs",
+        "rmdir /var/lib/kit/demo/local-2 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; "
+        "rmdir /var/lib/kit 2>/dev/null; true"]
+    assert [c for c, _ in removal_commands(facts, primary, state)][-2:] == [
+        "rmdir /var/lib/kit/demo/local-1 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; "
+        "rmdir /var/lib/kit 2>/dev/null; true",
+        "docker network rm kit-demo"]
+    foreign = replace(facts, network=NetworkFacts("another", ("10.213.4.0/24",)))
+    assert "docker network rm kit-demo" not in [c for c, _ in removal_commands(foreign, primary, state)]
+
+
 def test_down_leaves_what_it_did_not_make():
     foreign = ContainerFacts("running", "sha256:abc", "x", "another-cluster")
     facts = HostFacts(uid=0, docker_version="24.0", container=foreign, kit_dir_exists=True, workspace_exists=True)
-    kept = HostState("a", "10.0.0.1", made_workspace=False, made_kit_dir=False)
+    kept = HostState("a", "10.0.0.1", PLACE, made_workspace=False, made_kit_dir=False)
     assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
                                                      "removed /var/lib/kit/lab/ssh and jobs")]
     assert removal_commands(HostFacts(uid=0, docker_version="24.0"), kept, STATE) == []
@@ -83,7 +136,7 @@ def test_slots_come_from_hosts_txt_then_gpus_then_one():
     from kit.steps.preflight import slots
 
     def node(host_slots, gpus):
-        n = Node(Host("a", slots=host_slots), runner=None)
+        n = Node(Host("a", slots=host_slots), runner=None, place=PLACE)
         n.facts = HostFacts(uid=0, docker_version="24.0", gpus=gpus)
         return n
     assert slots(node(3, 8), ClusterConfig(), gpu=True) == 3

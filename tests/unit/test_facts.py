@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from kit.place import Place
 from kit.steps.facts import ContainerFacts, facts_command, listening_ports, parse_facts
 
 DATA = Path(__file__).parent / "data"
@@ -41,5 +42,5 @@ def test_listening_ignores_other_states():
 
 
 def test_facts_command_quotes_what_it_is_given():
-    cmd = facts_command("img:1", "kit-a", "/var/lib/kit/a b", "/w")
+    cmd = facts_command("img:1", Place("kit-a", "/var/lib/kit/a b"), "/w")
     assert "cd '/var/lib/kit/a b/ssh'" in cmd and "docker image inspect --format '{{.Id}}' img:1" in cmd

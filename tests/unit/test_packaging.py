@@ -7,14 +7,14 @@ import zipfile
 from helpers import REPO
 
 
-def test_wheel_ships_templates_and_image_assets(tmp_path):
+def test_wheel_ships_templates_image_assets_and_examples(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path), str(REPO)],
                    check=True, capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("kit_cluster-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("kit/app.py", "kit/templates/Dockerfile.j2", "kit/images/sshd_config",
                  "kit/images/entrypoint.sh", "kit/images/build_horovod.sh", "kit/images/allreduce_check.py",
-                 "kit/templates/ssh_config.j2", "kit/steps/keys.py", "kit/runners/ssh.py", "kit/commands/docker.py"):
+                 "kit/templates/ssh_config.j2", "kit/examples/cifar10_cnn_horovod.py", "kit/steps/keys.py", "kit/runners/ssh.py", "kit/commands/docker.py"):
         assert name in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "kit = kit.app:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

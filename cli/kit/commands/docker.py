@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass
 
 from kit.config import ClusterConfig
+from kit.place import Place
 
 CONTAINER_SSH_DIR = "/etc/kit/ssh"
 
@@ -14,6 +15,7 @@ CONTAINER_SSH_DIR = "/etc/kit/ssh"
 @dataclass(frozen=True)
 class ContainerSpec:
     cluster: ClusterConfig
+    place: Place
     image: str      # the tag
     image_id: str
     gpus: bool
@@ -22,12 +24,12 @@ class ContainerSpec:
     add_hosts: tuple[tuple[str, str], ...] = ()
 
     def options(self) -> list[str]:
-        c = self.cluster
+        c, p = self.cluster, self.place
         shm = ["--ipc=host"] if c.shm_size is None else [f"--shm-size={c.shm_size}"]
         gpus = ["--gpus", "all"] if self.gpus else []
         hosts = [arg for name, address in self.add_hosts for arg in ("--add-host", f"{name}:{address}")]
-        return ["--net=host", *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
-                "-v", f"{c.kit_dir}/ssh:{CONTAINER_SSH_DIR}:ro", "-v", f"{c.jobs_dir}:{c.jobs_dir}",
+        return [*p.network_options(), *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
+                "-v", f"{p.ssh_dir}:{CONTAINER_SSH_DIR}:ro", "-v", f"{p.jobs_dir}:{p.jobs_dir}",
                 "-v", f"{c.workspace_path}:{c.workspace_path}", "-w", c.workspace_path,
                 "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus]
 
@@ -39,10 +41,18 @@ class ContainerSpec:
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
-    c = spec.cluster
-    return ["docker", "run", "-d", "--name", c.container,
-            "--label", f"io.kit.cluster={c.name}", "--label", f"io.kit.spec={spec.digest}",
+    return ["docker", "run", "-d", "--name", spec.place.container,
+            "--label", f"io.kit.cluster={spec.cluster.name}", "--label", f"io.kit.spec={spec.digest}",
             *spec.options(), spec.image]
+
+
+def network_create_argv(place: Place, cluster: str) -> list[str]:
+    return ["docker", "network", "create", "--driver", "bridge", "--subnet", place.subnet,
+            "--label", f"io.kit.cluster={cluster}", place.network]
+
+
+def network_remove_argv(network: str) -> list[str]:
+    return ["docker", "network", "rm", network]
 
 
 def remove_argv(name: str) -> list[str]:

@@ -16,7 +16,7 @@ SSH_READY_S = 30  # a container's sshd starts in well under a second; allow for 
 
 
 def ssh_pair(primary: Node, target: Node, cfg: ClusterConfig) -> None:
-    argv = exec_argv(cfg.container, ["ssh", target.address, "true"])
+    argv = exec_argv(primary.place.container, ["ssh", target.address, "true"])
     deadline = time.monotonic() + SSH_READY_S
     while True:
         r = primary.runner.run(command(argv), timeout=SSH_READY_S)
@@ -25,7 +25,7 @@ def ssh_pair(primary: Node, target: Node, cfg: ClusterConfig) -> None:
         if time.monotonic() > deadline or "Host key verification failed" in r.stderr:
             raise KitError(f"SSH from the primary's container to {target.name} ({target.address}:{cfg.ssh_port}) "
                            f"failed", host=primary.name, command=r.command, output_tail=r.tail(),
-                           hint=f"see `docker logs {cfg.container}` on {target.name}; `kit up` rewrites the keys")
+                           hint=f"see `docker logs {target.place.container}` on {target.name}; `kit up` rewrites the keys")
         time.sleep(0.5)
 
 
@@ -33,8 +33,8 @@ def ssh_mesh(primary: Node, nodes: list[Node], cfg: ClusterConfig) -> None:
     fan_out("SSH from the primary's container", nodes, lambda n: ssh_pair(primary, n, cfg), lambda n: n.name)
 
 
-def check_build(primary: Node, cfg: ClusterConfig, flavor: str) -> None:
-    r = primary.runner.run(command(exec_argv(cfg.container, ["horovodrun", "--check-build"])))
+def check_build(primary: Node, flavor: str) -> None:
+    r = primary.runner.run(command(exec_argv(primary.place.container, ["horovodrun", "--check-build"])))
     r.check("horovodrun --check-build failed in the primary's container")
     missing = parse_check_build(r.stdout).missing(flavor)
     if missing:

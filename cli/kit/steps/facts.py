@@ -11,6 +11,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from kit.place import Place
+
 MARK = "@@kit "
 
 
@@ -20,6 +22,12 @@ class ContainerFacts:
     image_id: str
     spec: str       # the io.kit.spec label: the hash of how it was started
     cluster: str    # the io.kit.cluster label
+
+
+@dataclass(frozen=True)
+class NetworkFacts:
+    cluster: str    # its io.kit.cluster label
+    subnets: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class HostFacts:
     gpus: int = 0
     runtimes: frozenset[str] = frozenset()
     hostname: str = ""
+    network: NetworkFacts | None = None   # the private network of the container's place, when it exists
     memlock_kb: int | None = None     # hard RLIMIT_MEMLOCK; None: unlimited
     can_raise_limits: bool = True     # CAP_SYS_RESOURCE in the bounding set
 
@@ -50,14 +59,19 @@ class HostFacts:
         return f"{self.memlock_kb * 1024}:{self.memlock_kb * 1024}"
 
 
-def facts_command(image: str, container: str, kit_dir: str, workspace: str) -> str:
+def facts_command(image: str, place: Place, workspace: str) -> str:
     """A POSIX sh script that prints each fact under a `@@kit NAME` line."""
     q = shlex.quote
+    container, kit_dir = place.container, place.kit_dir
+    # The cluster port is open where the container's sshd listens: the host's network, or the container's own.
+    tcp = "cat /proc/net/tcp /proc/net/tcp6"
+    if place.private:
+        tcp = f"docker exec {q(container)} {tcp}"
     return "\n".join([
         f"echo '{MARK}docker'; docker version --format '{{{{.Server.Version}}}}' 2>&1",
         f"echo '{MARK}dockerroot'; root=$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null); echo \"$root\"",
         f"echo '{MARK}df'; df -Pk \"${{root:-/}}\" 2>/dev/null | tail -n 1",
-        f"echo '{MARK}tcp'; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null",
+        f"echo '{MARK}tcp'; {tcp} 2>/dev/null",
         f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
         f"echo '{MARK}image'; docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null",
         f"echo '{MARK}container'; docker inspect --type container --format "
@@ -69,6 +83,8 @@ def facts_command(image: str, container: str, kit_dir: str, workspace: str) -> s
         f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}' 2>/dev/null",
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
+        f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
+        f"{{{{range .IPAM.Config}}}}{{{{.Subnet}}}} {{{{end}}}}' {q(place.network)} 2>/dev/null" if place.private else "",
         "true",
     ])
 
@@ -98,6 +114,13 @@ def listening_ports(proc_net_tcp: str) -> frozenset[int]:
 def ipv4_addresses(ip_addr: str) -> tuple[tuple[str, str, int], ...]:
     found = re.findall(r"^\d+:\s+(\S+)\s+inet\s+([\d.]+)/(\d+)", ip_addr, re.M)
     return tuple((ifname, address, int(prefix)) for ifname, address, prefix in found)
+
+
+def _network(text: str) -> NetworkFacts | None:
+    if not text:
+        return None
+    labels, _, subnets = text.partition(" ")
+    return NetworkFacts((json.loads(labels) or {}).get("io.kit.cluster", ""), tuple(subnets.split()))
 
 
 def _container(text: str) -> ContainerFacts | None:
@@ -143,6 +166,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         gpus=len([l for l in s.get("gpus", "").splitlines() if l.startswith("GPU ")]),
         runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
         hostname=s.get("hostname", ""),
+        network=_network(s.get("network", "")),
         memlock_kb=memlock_kb,
         can_raise_limits=can_raise,
     )

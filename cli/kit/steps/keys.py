@@ -43,8 +43,8 @@ def write_command(folder: str, name: str, mode: int) -> str:
             f"&& mv -f {tmp} {path}")
 
 
-def apply(node: Node, cfg: ClusterConfig, files: dict[str, tuple[bytes, int]]) -> None:
-    folder = f"{cfg.kit_dir}/ssh"
+def apply(node: Node, files: dict[str, tuple[bytes, int]]) -> None:
+    folder = node.place.ssh_dir
     have = node.facts.kit_files
     written = []
     for name, (content, mode) in sorted(files.items()):

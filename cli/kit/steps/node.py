@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit.inventory import Host
+from kit.place import Place
 from kit.runners import Runner
 from kit.steps.facts import HostFacts
 
@@ -13,7 +14,8 @@ class Node:
 
     host: Host
     runner: Runner
-    address: str = ""           # the address kit reached it at; the containers use it too
+    place: Place                # where its container lives
+    address: str = ""           # the container's address: the host's, or its own on a private network
     facts: HostFacts | None = None
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # worth telling the user, but not a change

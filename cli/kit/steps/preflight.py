@@ -25,8 +25,8 @@ def become_root(node: Node) -> int:
 def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
     """Connect, then read every fact with one command (as root)."""
     uid = become_root(node)
-    node.address = node.runner.peer_address()
-    text = node.runner.run(facts_command(image, cfg.container, cfg.kit_dir, cfg.workspace_path)).stdout
+    node.address = node.place.address or node.runner.peer_address()
+    text = node.runner.run(facts_command(image, node.place, cfg.workspace_path)).stdout
     node.facts = parse_facts(uid, text)
 
 
@@ -37,7 +37,7 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
     if f.docker_version is None:
         found.append(f"docker does not answer ({f.docker_error})")
     ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"
-    if cfg.ssh_port in f.listening and not ours:
+    if cfg.ssh_port in f.listening and not ours:  # (on a private network only ours can listen)
         found.append(f"port {cfg.ssh_port} is taken by another program")
     if f.docker_version and f.image_id != image_id and f.free_bytes < image_bytes * 1.2 + GIB:
         found.append(f"only {f.free_bytes / GIB:.1f} GiB free in {f.docker_root}; the image needs "
@@ -48,6 +48,9 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
         found.append(f"cluster.gpus asks for {cfg.gpus} GPUs but nvidia-smi lists {f.gpus}")
     if gpu and "nvidia" not in f.runtimes:
         found.append("the NVIDIA container runtime is not configured in Docker")
+    if f.network is not None and f.network.cluster != cfg.name:
+        found.append(f"a Docker network named {node.place.network} exists that kit did not make for cluster "
+                     f"{cfg.name}")
     return found
 
 
@@ -63,6 +66,8 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 def hint_for(found: list[str]) -> str:
     if any("port" in p for p in found):
         return "stop that program or choose another cluster.ssh_port in kit.yaml"
+    if any("network" in p for p in found):
+        return "remove it (docker network rm) or choose another cluster name (--name)"
     if any("docker" in p for p in found):
         return "install and start Docker on that host (`kit prepare` does it)"
     if any("NVIDIA" in p or "GPU" in p for p in found):

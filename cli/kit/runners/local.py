@@ -1,0 +1,75 @@
+"""Run commands on this machine, as SshRunner runs them on a host: the runner of the local cluster.
+
+Each command runs in its own session, so the terminal's Ctrl-C reaches kit and
+not the command: kit then stops the job itself, as it does on remote hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from typing import Callable, Iterable
+
+from kit.runners.base import Result
+
+
+class LocalRunner:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.sudo = False  # set by become_root when kit does not run as root
+
+    def peer_address(self) -> str:
+        return "127.0.0.1"
+
+    def _argv(self, command: str) -> list[str]:
+        return ["sudo", "-n", "bash", "-c", command] if self.sudo else ["bash", "-c", command]
+
+    def _popen(self, command: str, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self._argv(command), start_new_session=True, env={**os.environ, "LC_ALL": "C"},
+                                **kwargs)
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
+            changes: bool = False) -> Result:
+        try:
+            done = subprocess.run(self._argv(command), input=stdin or b"", capture_output=True, timeout=timeout,
+                                  start_new_session=True, env={**os.environ, "LC_ALL": "C"})
+        except subprocess.TimeoutExpired:
+            return Result(self.host, command, 124, "", "timed out")
+        return Result(self.host, command, done.returncode, done.stdout.decode(errors="replace"),
+                      done.stderr.decode(errors="replace"))
+
+    def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
+                  changes: bool = True) -> Result:
+        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out: dict[str, bytes] = {}
+        readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)
+                   for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+        for r in readers:
+            r.start()
+        try:
+            for chunk in chunks:
+                proc.stdin.write(chunk)
+                on_bytes(len(chunk))
+        except BrokenPipeError:
+            pass  # the command stopped reading: its exit status and stderr say why
+        finally:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        code = proc.wait()
+        for r in readers:
+            r.join()
+        return Result(self.host, command, code, out.get("out", b"").decode(errors="replace"),
+                      out.get("err", b"").decode(errors="replace"))
+
+    def stream_out(self, command: str, on_line: Callable[[str], None]) -> int:
+        """Run command, handing each line of its output (stderr merged) to on_line; its exit code."""
+        proc = self._popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for raw in proc.stdout:
+            on_line(raw.decode(errors="replace").rstrip("\r\n"))
+        return proc.wait()
+
+    def close(self) -> None:
+        pass
