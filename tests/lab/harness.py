@@ -304,12 +304,17 @@ class _quiet:
         return exc[0] is not None and issubclass(exc[0], OSError)
 
 
+# What the tests make on this machine's own engine: local clusters named kitlab-* and the compose project.
+LOCAL_PREFIXES = (f"kit-{PREFIX}-", f"{PREFIX}-compose")
+
+
 def local_leftovers() -> dict[str, list[str]]:
-    """Containers, networks and folders on this machine of local clusters named kitlab-* (the tests' own)."""
+    """Containers, networks, volumes and folders on this machine that the tests' local clusters made."""
     def names(*argv: str) -> list[str]:
-        return [n for n in sh(*argv, check=False).stdout.split() if n.startswith(f"kit-{PREFIX}-")]
+        return [n for n in sh(*argv, check=False).stdout.split() if n.startswith(LOCAL_PREFIXES)]
     return {"containers": names("docker", "ps", "-a", "--format", "{{.Names}}"),
             "networks": names("docker", "network", "ls", "--format", "{{.Name}}"),
+            "volumes": names("docker", "volume", "ls", "--format", "{{.Name}}"),
             "folders": [str(d) for d in Path(HOST_LOCAL[0]).glob(f"{PREFIX}-*/local-*")]}
 
 
@@ -317,8 +322,9 @@ def remove_local_clusters() -> None:
     found = local_leftovers()
     if found["containers"]:
         sh("docker", "rm", "-f", *found["containers"], check=False)
-    for network in found["networks"]:
-        sh("docker", "network", "rm", network, check=False)
+    for kind in ("network", "volume"):
+        if found[kind + "s"]:
+            sh("docker", kind, "rm", *found[kind + "s"], check=False)
     for folder in Path(HOST_LOCAL[0]).glob(f"{PREFIX}-*"):
         shutil.rmtree(folder, ignore_errors=True)
 
