@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shlex
+import subprocess
+import tempfile
 import time
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -34,8 +37,9 @@ from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
 from kit.demo import SCRIPT as DEMO_SCRIPT, Training, examples_folder
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
+from kit import prepare as prepare_hosts
 from kit.runners.local import LocalRunner
-from kit.runners.ssh import SshRunner
+from kit.runners.ssh import SshRunner, ssh_hostname
 from kit.steps.image import archive, local_image
 from kit.steps.node import Node
 from kit.verify import ImageReport, verify_image
@@ -309,6 +313,35 @@ def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
         kept = []
     taken = routes(Path("/proc/net/route").read_text()) + docker_subnets([n.attrs for n in client.networks.list()])
     return kept[0] if kept else free_subnet(taken)
+
+
+@app.command()
+@reports_errors
+def prepare(
+    hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
+    check: bool = typer.Option(False, "--check", help="Say what would change (Ansible check mode); change nothing."),
+    storage: str = typer.Option("copy", help="copy (nothing to prepare) or nfs (server and mounts)."),
+    nfs_server: str = typer.Option("", help="An existing NFS server exporting the workspace (default: the primary)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS."""
+    if storage not in ("copy", "nfs"):
+        raise BadInput(f"--storage: '{storage}' is not a storage mode kit prepares", hint="use copy or nfs")
+    cfg_file, cfg = _cluster_cfg(config, dict(name=name))
+    inventory = read_hosts(hosts)
+    program = prepare_hosts.ansible_playbook()
+    addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
+    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).flavor == "gpu",
+                                   storage=storage, nfs_server=nfs_server)
+    with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
+        argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
+        console.print(f"running {shlex.join(argv)}", style="dim")
+        code = subprocess.run(argv, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+    if code != 0:
+        raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
+                       hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
+    console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
 
 
 def _print_notes(nodes: list[Node]) -> None:

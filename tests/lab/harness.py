@@ -246,6 +246,14 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         """Environment for kit as this lab's user."""
         return {"HOME": str(self.home), "KIT_HOME": str(self.home / ".kit")}
 
+    @property
+    def ansible_env(self) -> dict[str, str]:
+        """Also for the OpenSSH that Ansible runs: it reads the login's home, not $HOME, so name the files.
+        The hosts are this machine: the Python that Ansible's discovery may find first here is pyenv's shim."""
+        return {**self.env, "ANSIBLE_PRIVATE_KEY_FILE": str(self.home / ".ssh/id_ed25519"),
+                "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
+                "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={self.home}/.ssh/known_hosts -o StrictHostKeyChecking=yes"}
+
     def hosts_file(self, path: Path, hosts: list[LabHost] | None = None) -> Path:
         path.write_text("".join(f"{h.address}\n" for h in hosts or self.hosts))
         return path

@@ -43,6 +43,11 @@ def connection_error(host: str, port: int, timeout: int, e: Exception) -> KitErr
     return KitError(f"SSH failed: {e}", host=host, hint=f"check that `ssh {host}` works")
 
 
+def ssh_hostname(host: Host) -> str:
+    """What the user's ssh config makes of the host's name (its HostName), without connecting."""
+    return Connection(host.name, config=Config()).host
+
+
 class SshRunner:
     def __init__(self, host: Host, connect_timeout: int = 10) -> None:
         self.host = host.name

@@ -1,0 +1,76 @@
+"""`kit prepare`: the Ansible playbooks in ansible/, run with ansible-core on the hosts of hosts.txt.
+
+kit writes the inventory (the primary's group, the workers' group, each host's
+login and address) and the variables the roles read; ansible-playbook does the
+rest over the user's own SSH, host keys checked as always.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from importlib.resources import as_file, files
+from pathlib import Path
+
+import yaml
+
+from kit.config import ClusterConfig
+from kit.errors import BadInput
+from kit.inventory import Host
+
+PLAYBOOK = "prepare.yml"
+
+
+def playbook_folder() -> Path:
+    with as_file(files("kit.ansible") / PLAYBOOK) as path:
+        return Path(path).parent
+
+
+def resolve(host: Host, ssh_hostname: str) -> str:
+    """The host's IPv4 address as seen from here (ssh_hostname: its HostName in the user's ssh config)."""
+    try:
+        return socket.getaddrinfo(ssh_hostname, None, socket.AF_INET)[0][4][0]
+    except socket.gaierror:
+        raise BadInput(f"hosts.txt:{host.line}: {host.name} does not resolve to an IPv4 address",
+                       hint="use the host's address, or a name that DNS, /etc/hosts or ~/.ssh/config knows") from None
+
+
+def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, *, gpu: bool, storage: str,
+              nfs_server: str) -> dict:
+    """The YAML inventory ansible-playbook reads. Pure."""
+    def entry(h: Host) -> dict:
+        e = {"ansible_host": h.name, "kit_address": addresses[h.name]}
+        if h.user:
+            e["ansible_user"] = h.user
+        if h.port:
+            e["ansible_port"] = h.port
+        return e
+    return {"all": {
+        "vars": {"kit_cluster": cfg.name, "kit_ssh_port": cfg.ssh_port, "kit_gpu": gpu, "kit_storage": storage,
+                 "kit_workspace": cfg.workspace_path, "kit_nfs_server": nfs_server,
+                 "kit_addresses": [addresses[h.name] for h in hosts]},
+        "children": {
+            "kit_primary": {"hosts": {h.name: entry(h) for h in hosts if h.primary}},
+            "kit_workers": {"hosts": {h.name: entry(h) for h in hosts if not h.primary}},
+        }}}
+
+
+def write_inventory(folder: Path, data: dict) -> Path:
+    path = folder / "inventory.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def ansible_playbook() -> str:
+    """ansible-playbook next to this Python (kit's venv), else on PATH."""
+    here = Path(sys.executable).parent / "ansible-playbook"
+    found = str(here) if here.exists() else shutil.which("ansible-playbook")
+    if not found:
+        raise BadInput("ansible-playbook is not installed", hint="pip install ansible-core (kit depends on it)")
+    return found
+
+
+def playbook_argv(program: str, inventory_path: Path, *, check: bool) -> list[str]:
+    return [program, "-i", str(inventory_path), *(["--check", "--diff"] if check else []),
+            str(playbook_folder() / PLAYBOOK)]
