@@ -59,7 +59,10 @@ class Job:
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
         inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; cd {shlex.quote(self.state.workspace)} && "
                  f"(echo $BASHPID > {d}/pid; exec {shlex.join(self.argv())}) 2>&1 | tee {d}/output.log")
-        env = [arg for k, v in (("KIT_JOB", self.id), *self.env) for arg in ("-e", f"{k}={v}")]
+        # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
+        # importing torch) the same time as horovodrun's --start-timeout.
+        gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
+        env = [arg for k, v in (("KIT_JOB", self.id), gloo, *self.env) for arg in ("-e", f"{k}={v}")]
         return command(["docker", "exec", *env, self.state.primary.place.container, "bash", "-c", inner])
 
     def interrupt(self) -> str:

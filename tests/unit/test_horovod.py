@@ -110,3 +110,16 @@ def test_rank_launcher_reports_how_the_script_ended(tmp_path):
         assert r.returncode == code, r.stderr
         reported, _ = exit_report(r.stdout.strip().splitlines()[-1])
         assert reported == code
+
+
+def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
+    from kit.jobs import Job
+    from kit.place import Place
+    from kit.state import ClusterState, HostState
+
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, "/w",
+                         hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
+    job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
+              HorovodOptions(start_timeout=90))
+    assert job.launch().startswith("docker exec -e KIT_JOB=j1 -e HOROVOD_GLOO_TIMEOUT_SECONDS=90 kit-lab bash -c ")
+    assert job.folder == "/var/lib/kit/lab/jobs/j1"
