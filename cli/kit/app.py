@@ -290,8 +290,8 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
     identity = Identity(cfg.name, persist=not dry_run)
     with _live() as bar:
         workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
-                      connect=_connect(cfg.connect_timeout), places=places, workspace_shared=hosts is None,
-                      dry_run=dry_run, progress=LiveProgress(bar))
+                      connect=_connect(cfg.connect_timeout), places=places, dry_run=dry_run,
+                      progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
     changed = any(n.changes for n in nodes) or dry_run
     where = "on this machine in " if hosts is None else "on "

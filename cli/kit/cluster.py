@@ -82,7 +82,6 @@ class Up:
     archive: Callable[[], Path]  # makes (or finds) the compressed image
     connect: Connect
     places: dict[str, Place]     # host name -> where its container lives
-    workspace_shared: bool = False  # every container sees one workspace (the local cluster)
     dry_run: bool = False
     progress: Progress = NoProgress()
     copied: "Copied | None" = None  # what the image step sent, for the summary
@@ -132,12 +131,12 @@ class Up:
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
-            workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
-            workspace_shared=self.workspace_shared))
+            workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else ""))
 
     def _makes_workspace(self, n: Node) -> bool:
-        """A host without the workspace folder makes it; a shared one is the primary's to make (and remove)."""
-        return not n.facts.workspace_exists and (n.host.primary or not self.workspace_shared)
+        """A host without the workspace folder makes it; the local cluster's one folder is the primary's to
+        make (and remove)."""
+        return not n.facts.workspace_exists and (n.host.primary or not n.host.local)
 
     def _keys(self, nodes: list[Node]) -> None:
         files = keys.cluster_files(nodes, self.cfg, self.identity)

@@ -40,7 +40,6 @@ class ClusterState:
     workspace: str
     hosts: list[HostState] = field(default_factory=list)
     checked_image_id: str = ""  # `horovodrun --check-build` passed in this image: no need to run it again
-    workspace_shared: bool = False  # every container sees the primary's workspace: copy a job there only
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -48,6 +47,11 @@ class ClusterState:
     @property
     def primary(self) -> HostState:
         return next(h for h in self.hosts if h.primary)
+
+    @property
+    def workspace_shared(self) -> bool:
+        """The local cluster's containers all mount one folder of this machine: a job is copied there once."""
+        return all(h.local for h in self.hosts)
 
 
 def state_file(folder: Path) -> Path:

@@ -101,7 +101,7 @@ def test_down_removes_what_up_made():
 
 
 def test_down_of_the_local_cluster_removes_the_network_with_the_primary():
-    state = ClusterState("demo", "img:1", "sha256:abc", 12345, LOCAL_CFG.workspace_path, workspace_shared=True)
+    state = ClusterState("demo", "img:1", "sha256:abc", 12345, LOCAL_CFG.workspace_path)
     ours = NetworkFacts("demo", ("10.213.4.0/24",))
     facts = HostFacts(uid=0, docker_version="24.0", container=ContainerFacts("running", "sha256:abc", "x", "demo"),
                       kit_dir_exists=True, workspace_exists=True, network=ours)
