@@ -14,7 +14,6 @@ from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Callable, List, Optional
 
-import docker
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -22,7 +21,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kit import __version__
+from kit import __version__, shipped_folder
 from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
 from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
@@ -35,7 +34,7 @@ from kit.errors import BadInput, KitError
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
-from kit.demo import SCRIPT as DEMO_SCRIPT, Training, examples_folder
+from kit.demo import SCRIPT as DEMO_SCRIPT, Training
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
 from kit import prepare as prepare_hosts
 from kit.runners.local import LocalRunner
@@ -307,11 +306,9 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
 
 def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
     """The local cluster's network keeps its subnet; a new one gets a /24 nothing here uses."""
-    try:
-        kept = docker_subnets([client.networks.get(network_name(cfg)).attrs])
-    except docker.errors.NotFound:
-        kept = []
-    taken = routes(Path("/proc/net/route").read_text()) + docker_subnets([n.attrs for n in client.networks.list()])
+    networks = client.networks.list()
+    kept = docker_subnets([n.attrs for n in networks if n.name == network_name(cfg)])
+    taken = routes(Path("/proc/net/route").read_text()) + docker_subnets([n.attrs for n in networks])
     return kept[0] if kept else free_subnet(taken)
 
 
@@ -512,27 +509,28 @@ def demo(
     """Try kit on this machine: the image (built once), a local cluster of N containers, the CIFAR-10
     example trained across them, a summary, and the cluster taken down again."""
     cfg_file, cfg = _cluster_cfg(config, dict(name=name))
+    identity = Identity(cfg.name)
     timings: list[tuple[str, float]] = []
     with _timed("image", timings):
         _ensure_image(connect(), make_recipe(build_config(cfg_file, {})), verbose)
     try:
         with _timed("up", timings):
             _bring_up(cfg_file, cfg, None, nodes, dry_run=False)
-        state = st.load(Identity(cfg.name).folder)
+        state = st.load(identity.folder)
         training = Training()
 
         def on_line(rank: int | None, host: str | None, text: str) -> None:
             training.feed(rank, text)
             _job_line(rank, host, text)
         with _timed("training", timings):
-            job = _run_job(cfg, state, examples_folder() / DEMO_SCRIPT,
+            job = _run_job(cfg, state, shipped_folder("kit.examples") / DEMO_SCRIPT,
                            ["--epochs", str(epochs), "--samples", str(samples)], None, None, HorovodOptions(), (),
                            on_line)
     finally:
-        made = st.load(Identity(cfg.name).folder)  # None when up stopped before changing anything
+        made = st.load(identity.folder)  # None when up stopped before changing anything
         if made is not None and not keep:
             with _timed("down", timings), _live() as bar:
-                down_cluster(made, Identity(cfg.name), _connect(cfg.connect_timeout), progress=LiveProgress(bar))
+                down_cluster(made, identity, _connect(cfg.connect_timeout), progress=LiveProgress(bar))
     _print_demo(cfg, state, job, training, timings, keep)
 
 

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib.resources import as_file, files
-from pathlib import Path
 
 SCRIPT = "cifar10_cnn_horovod.py"
 _EPOCH = re.compile(r"^epoch (\d+): loss ([\d.]+) accuracy ([\d.]+) images/sec ([\d.]+)$")
 _CHECKPOINT = re.compile(r"^saved checkpoint (\S+)$")
 _GENERATED = "using generated data"
-
-
-def examples_folder() -> Path:
-    """The examples shipped with kit, as a folder on disk (kit run copies it to the cluster)."""
-    with as_file(files("kit.examples") / SCRIPT) as script:
-        return Path(script).parent
 
 
 @dataclass(frozen=True)

@@ -10,21 +10,16 @@ from __future__ import annotations
 import shutil
 import socket
 import sys
-from importlib.resources import as_file, files
 from pathlib import Path
 
 import yaml
 
+from kit import shipped_folder
 from kit.config import ClusterConfig
 from kit.errors import BadInput
 from kit.inventory import Host
 
 PLAYBOOK = "prepare.yml"
-
-
-def playbook_folder() -> Path:
-    with as_file(files("kit.ansible") / PLAYBOOK) as path:
-        return Path(path).parent
 
 
 def resolve(host: Host, ssh_hostname: str) -> str:
@@ -73,4 +68,4 @@ def ansible_playbook() -> str:
 
 def playbook_argv(program: str, inventory_path: Path, *, check: bool) -> list[str]:
     return [program, "-i", str(inventory_path), *(["--check", "--diff"] if check else []),
-            str(playbook_folder() / PLAYBOOK)]
+            str(shipped_folder("kit.ansible") / PLAYBOOK)]

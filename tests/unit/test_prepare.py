@@ -8,7 +8,8 @@ import pytest
 from helpers import REPO
 from kit.config import ClusterConfig
 from kit.inventory import parse_hosts
-from kit.prepare import ansible_playbook, inventory, playbook_argv, playbook_folder
+from kit import shipped_folder
+from kit.prepare import ansible_playbook, inventory, playbook_argv
 
 HOSTS = parse_hosts("gpu-1\nalice@gpu-2 port=2222\n")
 ADDRESSES = {"gpu-1": "10.0.0.1", "gpu-2": "10.0.0.2"}
@@ -34,7 +35,7 @@ def test_check_mode_argv():
 
 @pytest.mark.parametrize("playbook", sorted(p.name for p in (REPO / "ansible").glob("*.yml")))
 def test_playbook_syntax(playbook, tmp_path):
-    assert playbook_folder() == REPO / "ansible"
+    assert shipped_folder("kit.ansible") == REPO / "ansible"
     r = subprocess.run([ansible_playbook(), "--syntax-check", "-i", "localhost,", str(REPO / "ansible" / playbook)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

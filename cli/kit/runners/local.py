@@ -14,6 +14,11 @@ from typing import Callable, Iterable
 from kit.runners.base import Result
 
 
+def _session() -> dict:
+    """Every command runs in its own session (out of the terminal's reach) and the C locale (what the parsers read)."""
+    return {"start_new_session": True, "env": {**os.environ, "LC_ALL": "C"}}
+
+
 class LocalRunner:
     def __init__(self, host: str) -> None:
         self.host = host
@@ -26,14 +31,13 @@ class LocalRunner:
         return ["sudo", "-n", "bash", "-c", command] if self.sudo else ["bash", "-c", command]
 
     def _popen(self, command: str, **kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self._argv(command), start_new_session=True, env={**os.environ, "LC_ALL": "C"},
-                                **kwargs)
+        return subprocess.Popen(self._argv(command), **_session(), **kwargs)
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
             changes: bool = False) -> Result:
         try:
             done = subprocess.run(self._argv(command), input=stdin or b"", capture_output=True, timeout=timeout,
-                                  start_new_session=True, env={**os.environ, "LC_ALL": "C"})
+                                  **_session())
         except subprocess.TimeoutExpired:
             return Result(self.host, command, 124, "", "timed out")
         return Result(self.host, command, done.returncode, done.stdout.decode(errors="replace"),
