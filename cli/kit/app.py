@@ -282,6 +282,10 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
     client = connect()
     if inventory is None:
         inventory, places = local_cluster(cfg, count, _local_subnet(client, cfg))
+        if cfg.storage != "copy":
+            console.print(f"[yellow]note[/] the local cluster's containers share one folder of this machine; "
+                          f"storage: {cfg.storage} is for clusters of hosts")
+            cfg = cfg.model_copy(update={"storage": "copy", "nfs_server": None})
     else:
         places = {h.name: cfg.host_place() for h in inventory}
     tag, flavor = _image_tag(cfg_file, cfg)
@@ -317,20 +321,18 @@ def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
 def prepare(
     hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
     check: bool = typer.Option(False, "--check", help="Say what would change (Ansible check mode); change nothing."),
-    storage: str = typer.Option("copy", help="copy (nothing to prepare) or nfs (server and mounts)."),
-    nfs_server: str = typer.Option("", help="An existing NFS server exporting the workspace (default: the primary)."),
+    storage: Optional[str] = typer.Option(None, help="copy, sshfs or nfs (default: cluster.storage in kit.yaml)."),
+    nfs_server: Optional[str] = typer.Option(None, help="An existing NFS export, server:/path (default: "
+                                                        "cluster.nfs_server; without one the primary exports)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS."""
-    if storage not in ("copy", "nfs"):
-        raise BadInput(f"--storage: '{storage}' is not a storage mode kit prepares", hint="use copy or nfs")
-    cfg_file, cfg = _cluster_cfg(config, dict(name=name))
+    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    cfg_file, cfg = _cluster_cfg(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
-    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).flavor == "gpu",
-                                   storage=storage, nfs_server=nfs_server)
+    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).flavor == "gpu")
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
@@ -471,10 +473,13 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                       "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
     try:
-        sent = jobs.sync_workspace(nodes, folder, state)
+        synced = jobs.sync_workspace(nodes, folder, state)
         console.print(f"job {job.id}: {count} processes on {len({r.host for r in job.ranks})} hosts; "
-                      f"copied {sum(sent.values())} changed files of {folder}")
+                      f"copied {sum(synced.sent.values())} changed files of {folder}")
         outcome = jobs.run(job, nodes, on_line)
+        spread = jobs.spread_outputs(nodes, state, synced.manifests)
+        if spread:
+            console.print(f"copied {spread} files the job wrote to every host's {state.workspace}")
     finally:
         for n in nodes:
             n.runner.close()

@@ -18,9 +18,10 @@ from kit.identity import Identity
 from kit.inventory import Host
 from kit.place import Place
 from kit.runners import DryRunner, Runner
-from kit.steps import check, containers, image as img, keys, preflight
+from kit.steps import check, containers, image as img, keys, preflight, storage
 from kit.steps.facts import HostFacts
 from kit.steps.node import Node
+from kit.steps.storage import Storage
 
 
 class Progress(Protocol):
@@ -86,6 +87,10 @@ class Up:
     progress: Progress = NoProgress()
     copied: "Copied | None" = None  # what the image step sent, for the summary
 
+    @property
+    def storage(self) -> Storage:
+        return Storage.of(self.cfg)
+
     def run(self, hosts: list[Host]) -> list[Node]:
         nodes = _nodes(hosts, self.places, self.connect, self.dry_run)
         try:
@@ -96,7 +101,13 @@ class Up:
             self._image(nodes)
             self._workspaces(nodes)
             self._networks(nodes)
-            self._containers(nodes)
+            self._export(nodes)
+            # A host that mounts the shared workspace does so before its container starts (the container's
+            # bind mount takes what is there then); sshfs mounts from the primary's running container.
+            mounting = [n for n in nodes if self.storage.mounts(n.host.primary)]
+            self._containers([n for n in nodes if n not in mounting])
+            remounted = self._mounts(mounting, nodes[0].address)
+            self._containers(mounting, restart=remounted)
             if not self.dry_run:
                 self._verify(nodes)
         finally:
@@ -112,13 +123,13 @@ class Up:
     def _preflight(self, nodes: list[Node]) -> None:
         gpu = self.flavor == "gpu"
         self._step("connecting", nodes, lambda n: preflight.gather(n, self.cfg, self.image.tag), "connecting")
-        self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu),
-                   "checking")
+        self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu,
+                                                                 nodes[0].address), "checking")
 
     def _record(self, nodes: list[Node]) -> None:
         """Before the first change: what kit is about to make, so `down` can undo even a half-done up."""
         old = st.load(self.identity.folder)
-        hosts = []
+        hosts, s = [], self.storage
         for n in nodes:
             before = old.host(n.name) if old else None
             hosts.append(st.HostState(
@@ -127,11 +138,15 @@ class Up:
                 primary=n.host.primary, local=n.host.local,
                 made_workspace=(before.made_workspace if before else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
+                made_mount=(before.made_mount if before else False) or (
+                    s.mounts(n.host.primary) and not storage.mounted_here(s, n.facts.mount, nodes[0].address)),
+                made_export=(before.made_export if before else False) or (s.exports(n.host.primary) and not n.facts.export),
                 interfaces=[list(i) for i in n.place.interfaces() or n.facts.ipv4]))
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
-            workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else ""))
+            workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
+            storage=s.mode, nfs_server=s.nfs_server))
 
     def _makes_workspace(self, n: Node) -> bool:
         """A host without the workspace folder makes it; the local cluster's one folder is the primary's to
@@ -173,7 +188,24 @@ class Up:
         first = list({n.place.network: n for n in reversed(nodes) if n.place.private}.values())
         self._step("making networks", first, lambda n: containers.make_network(n, self.cfg.name), "network")
 
-    def _containers(self, nodes: list[Node]) -> None:
+    def _export(self, nodes: list[Node]) -> None:
+        """nfs from the primary: its /etc/exports line names every other host's address."""
+        s, primary = self.storage, nodes[0]
+        if s.exports(primary.host.primary):
+            line = storage.export_line(s, [n.address for n in nodes[1:]])
+            self._step("exporting the workspace", [primary], lambda n: storage.export(n, s, line), "NFS export")
+
+    def _mounts(self, nodes: list[Node], primary_address: str) -> set[str]:
+        """Mount the shared workspace where it is not yet; the names of the hosts where kit mounted it."""
+        done = set()
+
+        def mount(n: Node) -> None:
+            if storage.mount(n, self.storage, primary_address):
+                done.add(n.name)
+        self._step("mounting the workspace", nodes, mount, f"{self.storage.mode} mount")
+        return done
+
+    def _containers(self, nodes: list[Node], restart: set[str] = frozenset()) -> None:
         def start(n: Node) -> None:
             # On the host's network the container takes the host's name, which must resolve (Gloo).
             names = ((n.facts.hostname, n.address),) if n.facts.hostname and not n.place.private else ()
@@ -182,13 +214,15 @@ class Up:
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
                                "raise it (no CAP_SYS_RESOURCE); RDMA transports need it unlimited")
-            containers.apply(n, spec)
+            containers.apply(n, spec, restart=n.name in restart)
         self._step("starting containers", nodes, start, "container")
 
     def _verify(self, nodes: list[Node]) -> None:
         for n in nodes:
             self.progress.status(n.name, "verifying SSH from the primary")
         check.ssh_mesh(nodes[0], nodes, self.cfg)
+        if self.storage.shared:
+            check.shared_workspace(nodes[0], nodes[1:], self.cfg.workspace_path)
         state = st.load(self.identity.folder)
         if state.checked_image_id != self.image.id:  # the answer depends on the image alone
             self.progress.status(nodes[0].name, "horovodrun --check-build")
@@ -237,7 +271,8 @@ def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
 
 
 def _state_cfg(state: st.ClusterState) -> ClusterConfig:
-    return ClusterConfig(name=state.cluster, ssh_port=state.ssh_port, workspace=state.workspace)
+    return ClusterConfig(name=state.cluster, ssh_port=state.ssh_port, workspace=state.workspace,
+                         storage=state.storage, nfs_server=state.nfs_server or None)
 
 
 # ---------------------------------------------------------------- down
@@ -246,8 +281,13 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
     """(command, what it does) to undo `up` on one host, decided from its facts. Pure."""
     q, p = shlex.quote, h.place
     plan = []
+    s = Storage.of(_state_cfg(state))
     if f.container is not None and f.container.cluster == state.cluster:
         plan.append((command(remove_argv(p.container)), f"removed container {p.container}"))
+    if h.made_mount and f.mount is not None:  # after the container that used it
+        plan.append((storage.unmount_command(s), f"unmounted {f.mount[1]} from {state.workspace}"))
+    if h.made_export and f.export:
+        plan.append((storage.unexport_command(s), f"removed the export of {state.workspace} from {storage.EXPORTS}"))
     if f.kit_files or f.kit_dir_exists:
         plan.append((f"rm -rf {q(p.ssh_dir)} {q(p.jobs_dir)}", f"removed {p.ssh_dir} and jobs"))
     if h.made_workspace and f.workspace_exists:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kit.errors import BadInput
 from kit.place import Place
@@ -217,7 +217,10 @@ HINTS.update({
     "gpus": "use a number of GPUs per host, or auto (from nvidia-smi)",
     "connect_timeout": "use seconds from 1 to 300",
     "image_tag": "use an image that `docker images` lists, e.g. kit-horovod:cpu-0123456789ab",
+    "storage": "use one of: copy (the default), sshfs, nfs",
+    "nfs_server": "use server:/absolute/path of an existing NFS export, or leave it out to export from the primary",
 })
+_NFS_SERVER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:/[A-Za-z0-9._/-]*$")
 
 
 class ClusterConfig(BaseModel):
@@ -232,6 +235,8 @@ class ClusterConfig(BaseModel):
     gpus: int | Literal["auto"] | None = None
     connect_timeout: int = 10
     image_tag: str | None = None  # default: the tag `kit build` derives from the build section
+    storage: Literal["copy", "sshfs", "nfs"] = "copy"  # how every host sees the workspace (kit/steps/storage.py)
+    nfs_server: str | None = None  # storage nfs: an existing export (server:/path); default: the primary exports
 
     @field_validator("name")
     @classmethod
@@ -279,6 +284,15 @@ class ClusterConfig(BaseModel):
     @classmethod
     def _image_tag(cls, v: str | None) -> str | None:
         return BuildConfig._image_ref(v)
+
+    @field_validator("nfs_server")
+    @classmethod
+    def _nfs_server(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not _NFS_SERVER.match(v):
+            raise ValueError(f"'{v}' is not server:/path")
+        if v is not None and info.data.get("storage") != "nfs":
+            raise ValueError(f"is only read with storage: nfs (storage is {info.data.get('storage')})")
+        return v
 
     @property
     def kit_dir(self) -> str:

@@ -4,6 +4,7 @@ Every process of a job carries KIT_JOB=<id> in its environment (horovodrun
 passes its environment to the ranks it starts), so when the job ends, fails or
 is interrupted, kit finds and stops whatever is left of it on every host.
 Output is kept on the primary, in the job's folder, as horovodrun prints it.
+With copy storage, what the ranks wrote in the workspace is then copied to every host.
 """
 
 from __future__ import annotations
@@ -84,13 +85,40 @@ class Outcome:
     leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
 
 
-def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> dict[str, int]:
+@dataclass
+class Synced:
+    sent: dict[str, int]                 # host -> files sent
+    manifests: dict[str, dict[str, str]]  # host -> its workspace before the job (copy storage; else empty)
+
+
+def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> Synced:
     """Copy what changed to every host's workspace (to the primary's alone where all share it)."""
     local = workspace.manifest(folder)
     nodes = [n for n in nodes if n.host.primary] if state.workspace_shared else nodes
-    sent = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
+    done = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
                    lambda n: n.name)
-    return {n.name: count for n, count in zip(nodes, sent)}
+    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)},
+                  {} if state.workspace_shared else {n.name: m for n, (_, m) in zip(nodes, done)})
+
+
+def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]]) -> int:
+    """Copy storage: what the job wrote on each host goes to every other host, at the same path. Returns how
+    many files were copied."""
+    if not before or len(nodes) < 2:
+        return 0
+    after = fan_out("reading what the job wrote", nodes, lambda n: workspace.read_manifest(n, state.workspace),
+                    lambda n: n.name)
+    plan = workspace.spread_plan(before, {n.name: m for n, m in zip(nodes, after)})
+    by_name = {n.name: n for n in nodes}
+
+    def one(source: str) -> int:
+        names, targets = plan[source]
+        data = workspace.fetch(by_name[source], state.workspace, names)
+        fan_out(f"copying what the job wrote on {source}", [by_name[t] for t in targets],
+                lambda n: workspace.untar(n, state.workspace, data, f"what the job wrote on {source}"),
+                lambda n: n.name)
+        return len(names)
+    return sum(fan_out("copying what the job wrote", list(plan), one))
 
 
 def reap(nodes: list[Node], job: Job) -> dict[str, int]:

@@ -31,8 +31,7 @@ def resolve(host: Host, ssh_hostname: str) -> str:
                        hint="use the host's address, or a name that DNS, /etc/hosts or ~/.ssh/config knows") from None
 
 
-def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, *, gpu: bool, storage: str,
-              nfs_server: str) -> dict:
+def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, *, gpu: bool) -> dict:
     """The YAML inventory ansible-playbook reads. Pure."""
     def entry(h: Host) -> dict:
         e = {"ansible_host": h.name, "kit_address": addresses[h.name]}
@@ -42,8 +41,8 @@ def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, 
             e["ansible_port"] = h.port
         return e
     return {"all": {
-        "vars": {"kit_cluster": cfg.name, "kit_ssh_port": cfg.ssh_port, "kit_gpu": gpu, "kit_storage": storage,
-                 "kit_workspace": cfg.workspace_path, "kit_nfs_server": nfs_server,
+        "vars": {"kit_cluster": cfg.name, "kit_ssh_port": cfg.ssh_port, "kit_gpu": gpu, "kit_storage": cfg.storage,
+                 "kit_workspace": cfg.workspace_path, "kit_nfs_server": cfg.nfs_server or "",
                  "kit_addresses": [addresses[h.name] for h in hosts]},
         "children": {
             "kit_primary": {"hosts": {h.name: entry(h) for h in hosts if h.primary}},

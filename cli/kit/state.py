@@ -23,6 +23,8 @@ class HostState:
     local: bool = False            # a container of the local cluster: reached without SSH
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
     made_kit_dir: bool = False
+    made_mount: bool = False       # kit mounted the shared workspace here (down unmounts it)
+    made_export: bool = False      # kit added the cluster's line to /etc/exports here (down removes it)
     interfaces: list[list] = field(default_factory=list)  # [interface, address, prefix] as the container sees them
 
     @property
@@ -40,6 +42,8 @@ class ClusterState:
     workspace: str
     hosts: list[HostState] = field(default_factory=list)
     checked_image_id: str = ""  # `horovodrun --check-build` passed in this image: no need to run it again
+    storage: str = "copy"       # cluster.storage: copy, sshfs or nfs
+    nfs_server: str = ""
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)
@@ -50,8 +54,9 @@ class ClusterState:
 
     @property
     def workspace_shared(self) -> bool:
-        """The local cluster's containers all mount one folder of this machine: a job is copied there once."""
-        return all(h.local for h in self.hosts)
+        """Every container sees the primary's workspace (sshfs, nfs, or the local cluster's one folder of this
+        machine): a job is copied there once, and what it writes needs no copying."""
+        return self.storage != "copy" or all(h.local for h in self.hosts)
 
 
 def state_file(folder: Path) -> Path:

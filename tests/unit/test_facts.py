@@ -42,5 +42,5 @@ def test_listening_ignores_other_states():
 
 
 def test_facts_command_quotes_what_it_is_given():
-    cmd = facts_command("img:1", Place("kit-a", "/var/lib/kit/a b"), "/w")
+    cmd = facts_command("img:1", Place("kit-a", "/var/lib/kit/a b"), "/w", "a")
     assert "cd '/var/lib/kit/a b/ssh'" in cmd and "docker image inspect --format '{{.Id}}' img:1" in cmd

@@ -16,7 +16,7 @@ ADDRESSES = {"gpu-1": "10.0.0.1", "gpu-2": "10.0.0.2"}
 
 
 def test_inventory_groups_logins_and_variables():
-    data = inventory(HOSTS, ADDRESSES, ClusterConfig(name="lab"), gpu=True, storage="nfs", nfs_server="")
+    data = inventory(HOSTS, ADDRESSES, ClusterConfig(name="lab", storage="nfs"), gpu=True)
     assert data == {"all": {
         "vars": {"kit_cluster": "lab", "kit_ssh_port": 12345, "kit_gpu": True, "kit_storage": "nfs",
                  "kit_workspace": "/var/lib/kit/lab/workspace", "kit_nfs_server": "",

@@ -63,6 +63,10 @@ def start_argv(name: str) -> list[str]:
     return ["docker", "start", name]
 
 
+def restart_argv(name: str) -> list[str]:
+    return ["docker", "restart", name]
+
+
 def exec_argv(name: str, argv: list[str]) -> list[str]:
     return ["docker", "exec", name, *argv]
 

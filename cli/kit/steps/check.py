@@ -3,6 +3,8 @@ cluster port with strict host-key checking, and `horovodrun --check-build`."""
 
 from __future__ import annotations
 
+import secrets
+import shlex
 import time
 
 from kit.commands.docker import command, exec_argv
@@ -31,6 +33,32 @@ def ssh_pair(primary: Node, target: Node, cfg: ClusterConfig) -> None:
 
 def ssh_mesh(primary: Node, nodes: list[Node], cfg: ClusterConfig) -> None:
     fan_out("SSH from the primary's container", nodes, lambda n: ssh_pair(primary, n, cfg), lambda n: n.name)
+
+
+SHARED_READY_S = 10  # NFS may cache "no such file" for a few seconds
+
+
+def shared_workspace(primary: Node, others: list[Node], workspace: str) -> None:
+    """A file the primary's container writes in the workspace is read by every other container, at the same path."""
+    token, path = secrets.token_hex(8), f"{workspace}/.kit-shared-check"
+    write = exec_argv(primary.place.container, ["sh", "-c", f"echo {token} > {shlex.quote(path)}"])
+    primary.runner.run(command(write)).check(f"cannot write in the workspace {workspace}")
+
+    def read(n: Node) -> None:
+        deadline = time.monotonic() + SHARED_READY_S
+        while True:
+            r = n.runner.run(command(exec_argv(n.place.container, ["cat", path])))
+            if r.ok and r.stdout.strip() == token:
+                return
+            if time.monotonic() > deadline:
+                raise KitError(f"the workspace is not shared: the container here does not see {path}, which the "
+                               f"primary's container wrote", host=n.name, command=r.command, output_tail=r.tail(),
+                               hint="`kit down`, then `kit up` again mounts it afresh")
+            time.sleep(0.5)
+    try:
+        fan_out("checking the shared workspace", others, read, lambda n: n.name)
+    finally:
+        primary.runner.run(command(exec_argv(primary.place.container, ["rm", "-f", path])))
 
 
 def check_build(primary: Node, flavor: str) -> None:

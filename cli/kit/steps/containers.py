@@ -3,12 +3,14 @@ Also what containers need first: the workspace folder, and the local cluster's p
 
 from __future__ import annotations
 
-from kit.commands.docker import ContainerSpec, command, network_create_argv, remove_argv, run_argv, start_argv
+from kit.commands.docker import (ContainerSpec, command, network_create_argv, remove_argv, restart_argv, run_argv,
+                                 start_argv)
 from kit.errors import KitError
 from kit.steps.node import Node
 
 
-def apply(node: Node, spec: ContainerSpec) -> None:
+def apply(node: Node, spec: ContainerSpec, *, restart: bool = False) -> None:
+    """restart: the container must start again to see what is mounted now at a folder it mounts."""
     c, name, have = spec.cluster, spec.place.container, node.facts.container
     if have is not None and have.cluster != c.name:
         raise KitError(f"a container named {name} exists that kit did not make for cluster {c.name}",
@@ -18,6 +20,9 @@ def apply(node: Node, spec: ContainerSpec) -> None:
         if have.status != "running":
             _run(node, start_argv(name), "cannot start the container")
             node.changes.append(f"started container {name}")
+        elif restart:
+            _run(node, restart_argv(name), "cannot restart the container")
+            node.changes.append(f"restarted container {name} to see the mounted workspace")
         return
     if have is not None:
         _run(node, remove_argv(name), "cannot remove the old container")

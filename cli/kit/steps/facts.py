@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit.place import Place
+from kit.steps import storage
 
 MARK = "@@kit "
 
@@ -50,6 +51,9 @@ class HostFacts:
     network: NetworkFacts | None = None   # the private network of the container's place, when it exists
     memlock_kb: int | None = None     # hard RLIMIT_MEMLOCK; None: unlimited
     can_raise_limits: bool = True     # CAP_SYS_RESOURCE in the bounding set
+    mount: tuple[str, str] | None = None  # (fstype, source) mounted at the workspace path
+    export: str = ""                  # this cluster's line in /etc/exports
+    tools: frozenset[str] = frozenset()   # sshfs, exportfs, mount.nfs, fuse (/dev/fuse): what storage needs
 
     @property
     def memlock(self) -> str:
@@ -59,7 +63,7 @@ class HostFacts:
         return f"{self.memlock_kb * 1024}:{self.memlock_kb * 1024}"
 
 
-def facts_command(image: str, place: Place, workspace: str) -> str:
+def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str:
     """A POSIX sh script that prints each fact under a `@@kit NAME` line."""
     q = shlex.quote
     container, kit_dir = place.container, place.kit_dir
@@ -85,6 +89,7 @@ def facts_command(image: str, place: Place, workspace: str) -> str:
         f"echo '{MARK}hostname'; hostname",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
         f"{{{{range .IPAM.Config}}}}{{{{.Subnet}}}} {{{{end}}}}' {q(place.network)} 2>/dev/null" if place.private else "",
+        *storage.facts_script(cluster, workspace),
         "true",
     ])
 
@@ -169,4 +174,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         network=_network(s.get("network", "")),
         memlock_kb=memlock_kb,
         can_raise_limits=can_raise,
+        mount=storage.parse_mount(s.get("mount", "")),
+        export=s.get("exports", ""),
+        tools=frozenset(s.get("tools", "").split()),
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from kit.config import ClusterConfig
 from kit.errors import KitError
+from kit.steps import storage
 from kit.steps.facts import facts_command, parse_facts
+from kit.steps.storage import Storage
 from kit.steps.node import Node
 
 GIB = 1 << 30
@@ -26,14 +28,15 @@ def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
     """Connect, then read every fact with one command (as root)."""
     uid = become_root(node)
     node.address = node.place.address or node.runner.peer_address()
-    text = node.runner.run(facts_command(image, node.place, cfg.workspace_path)).stdout
+    text = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name)).stdout
     node.facts = parse_facts(uid, text)
 
 
-def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool) -> list[str]:
+def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool,
+             primary_address: str) -> list[str]:
     """Everything that would stop this host, in plain words (empty: ready)."""
     f = node.facts
-    found = []
+    found = storage.problems(Storage.of(cfg), f.tools, f.mount, node.host.primary, primary_address)
     if f.docker_version is None:
         found.append(f"docker does not answer ({f.docker_error})")
     ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"
@@ -64,6 +67,13 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 
 
 def hint_for(found: list[str]) -> str:
+    if any("storage" in p for p in found):
+        return ("install it, or run `kit prepare --hosts hosts.txt` (it installs what cluster.storage needs), "
+                "then kit up again")
+    if any("already a mount" in p for p in found):
+        return "unmount it, or set cluster.workspace in kit.yaml to another folder"
+    if any("/dev/fuse" in p for p in found):
+        return "load the fuse module (modprobe fuse) or use storage: copy"
     if any("port" in p for p in found):
         return "stop that program or choose another cluster.ssh_port in kit.yaml"
     if any("network" in p for p in found):
@@ -75,7 +85,7 @@ def hint_for(found: list[str]) -> str:
     return "free disk space in Docker's data root (docker system prune) and run kit up again"
 
 
-def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool) -> None:
-    found = problems(node, cfg, image_id, image_bytes, gpu)
+def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool, primary_address: str) -> None:
+    found = problems(node, cfg, image_id, image_bytes, gpu, primary_address)
     if found:
         raise KitError("; ".join(found), host=node.name, hint=hint_for(found))
