@@ -347,7 +347,10 @@ def cleanup_leftovers() -> None:
             sh("umount", str(ns_file), check=False)
         sh("umount", str(RUN), check=False)
     for ns in sh("ip", "netns", "list", check=False).stdout.split("\n"):
-        if ns.startswith(PREFIX):
+        if ns.startswith(PREFIX):  # what still runs there (an sshfs mount's daemon) goes with it
+            for pid in sh("ip", "netns", "pids", ns.split()[0], check=False).stdout.split():
+                with _quiet():
+                    os.kill(int(pid), signal.SIGKILL)
             sh("ip", "netns", "del", ns.split()[0], check=False)
     sh("ip", "link", "del", BRIDGE, check=False)
     for _ in range(10):  # the lab's own firewall rule, however many runs left it

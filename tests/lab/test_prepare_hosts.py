@@ -9,7 +9,7 @@ from helpers import run_kit
 pytestmark = pytest.mark.lab
 
 
-@pytest.mark.parametrize("storage", ["copy", "nfs"])
+@pytest.mark.parametrize("storage", ["copy", "sshfs", "nfs"])
 def test_playbooks_run_in_check_mode_on_the_lab_hosts(project, lab, storage):
     r = run_kit("prepare", "--hosts", "hosts.txt", "--check", "--storage", storage, cwd=project,
                 env=lab.ansible_env, timeout=600)
