@@ -28,6 +28,7 @@ from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, st
 from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
 from kit import jobs
 from kit.commands.docker import command, exec_argv
+from kit.commands.launchers import LAUNCHERS
 from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
                                   split_rank)
 from kit.errors import BadInput, KitError
@@ -423,9 +424,14 @@ def _need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState |
     return state
 
 
-def _job_line(rank: int | None, host: str | None, text: str) -> None:
-    prefix = f"[{host} rank {rank}]" if rank is not None else "[horovodrun]"
-    console.print(f"{prefix} {text}", markup=False, highlight=False)
+def _job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
+    """Prints a job's line: a rank's with its host and rank, the launcher's own with the launcher's name."""
+    label = "[horovodrun]" if launcher == "horovod" else f"[{launcher}]"
+
+    def show(rank: int | None, host: str | None, text: str) -> None:
+        prefix = f"[{host} rank {rank}]" if rank is not None else label
+        console.print(f"{prefix} {text}", markup=False, highlight=False)
+    return show
 
 
 @app.command()
@@ -433,7 +439,10 @@ def _job_line(rank: int | None, host: str | None, text: str) -> None:
 def run(
     script: Path = typer.Argument(..., help="The training script (python), inside the job's folder."),
     args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script (after --)."),
-    np: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the cluster)."),
+    launcher: str = typer.Option("horovod", help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
+                                                 "(MultiWorkerMirroredStrategy, one worker a host)."),
+    np: Optional[int] = typer.Option(None, "--np", help="horovod: processes (default: every slot of the cluster)."),
+    nproc_per_node: Optional[int] = typer.Option(None, help="torchrun: processes on each host (default: its slots)."),
     workdir: Optional[Path] = typer.Option(None, help="Folder copied to every host (default: the script's)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
@@ -445,17 +454,28 @@ def run(
     verbose_horovod: bool = typer.Option(False, help="horovodrun --verbose."),
     start_timeout: int = typer.Option(60, help="Seconds for every rank to start."),
 ) -> None:
-    """Run a training script with horovodrun across the cluster; its output streams here."""
+    """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
+    if launcher not in LAUNCHERS:
+        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    if launcher != "horovod" and np is not None:
+        raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
+                       hint="drop --np" + ("; --nproc-per-node sets the processes of each host"
+                                           if launcher == "torchrun" else ""))
+    if nproc_per_node is not None and (launcher != "torchrun" or not 1 <= nproc_per_node <= 256):
+        raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
+                       else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
+                       hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
     cfg, identity, state = _recorded(name, config)
     state = _need_state(cfg, identity, state)
     options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
     _run_job(cfg, state, script, args or [], np, workdir, options,
-             (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_line)
+             (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_printer(launcher), launcher, nproc_per_node)
 
 
 def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
              workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
-             on_line: Callable[[int | None, str | None, str], None]) -> jobs.Job:
+             on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
+             nproc_per_node: Optional[int] = None) -> jobs.Job:
     """Copy the job's folder, run it, say how it ended; raise unless it succeeded."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
@@ -466,15 +486,18 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
     count = check_np(np, slots)
     nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in state.hosts},
                              {h.name: h.address for h in state.hosts})
-    job = jobs.Job(jobs.new_job_id(), state, count, tuple(slots), tuple(nics),
-                   tuple(rank_command(script.resolve().relative_to(folder).as_posix(), args)), options, env)
-    if len(nics) > 1:
+    rank_cmd = rank_command(script.resolve().relative_to(folder).as_posix(), args)
+    if len(nics) > 1 and launcher == "horovod":
         console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
                       "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
     try:
+        fanout, placed = jobs.fanout(launcher, state, nodes, rank_cmd, nproc_per_node, env) \
+            if launcher != "horovod" else ((), ())
+        job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
+                       tuple(rank_cmd), options, env, launcher, fanout, placed)
         synced = jobs.sync_workspace(nodes, folder, state)
-        console.print(f"job {job.id}: {count} processes on {len({r.host for r in job.ranks})} hosts; "
+        console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
                       f"copied {sum(synced.sent.values())} changed files of {folder}")
         outcome = jobs.run(job, nodes, on_line)
         spread = jobs.spread_outputs(nodes, state, synced.manifests)
@@ -522,11 +545,11 @@ def demo(
         with _timed("up", timings):
             _bring_up(cfg_file, cfg, None, nodes, dry_run=False)
         state = st.load(identity.folder)
-        training = Training()
+        training, show = Training(), _job_printer("horovod")
 
         def on_line(rank: int | None, host: str | None, text: str) -> None:
             training.feed(rank, text)
-            _job_line(rank, host, text)
+            show(rank, host, text)
         with _timed("training", timings):
             job = _run_job(cfg, state, shipped_folder("kit.examples") / DEMO_SCRIPT,
                            ["--epochs", str(epochs), "--samples", str(samples)], None, None, HorovodOptions(), (),
@@ -613,13 +636,15 @@ def logs(
             raise BadInput(f"no job {job or ''} on {primary.name}".replace("  ", " "),
                            hint=f"run one with kit run, or name one that `ls` shows in {jobs_dir}")
         hosts = node.runner.run(f"cat {shlex.quote(folder)}/ranks 2>/dev/null").stdout.split()
+        printer = _job_printer(node.runner.run(f"cat {shlex.quote(folder)}/launcher 2>/dev/null").stdout.strip()
+                               or "horovod")
         tail = f"tail -n +1 {'-f --pid=$(cat ' + shlex.quote(folder) + '/pid) ' if follow else ''}" \
                f"{shlex.quote(folder)}/output.log"
 
         def show(line: str) -> None:
             r, text = split_rank(line)
             if (rank is None or r == rank) and exit_report(text) is None:
-                _job_line(r, hosts[r] if r is not None and r < len(hosts) else None, text)
+                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
         node.runner.stream_out(command(exec_argv(primary.place.container, ["sh", "-c", tail])), show)
     finally:
         node.runner.close()

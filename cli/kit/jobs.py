@@ -1,4 +1,5 @@
-"""`kit run`: a job across the cluster, launched by horovodrun in the primary's container.
+"""`kit run`: a job across the cluster, launched from the primary's container: by horovodrun, or (torchrun,
+tf) by a script that starts each host's command over the cluster SSH.
 
 Every process of a job carries KIT_JOB=<id> in its environment (horovodrun
 passes its environment to the ranks it starts), so when the job ends, fails or
@@ -12,13 +13,16 @@ from __future__ import annotations
 import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from kit import state as st
-from kit.commands.docker import command
-from kit.commands.horovod import Failures, HorovodOptions, Slot, exit_report, horovodrun_argv, placement, split_rank
+from kit.commands.docker import command, exec_argv
+from kit.commands.horovod import (Failures, HorovodOptions, Slot, common_interfaces, exit_report, horovodrun_argv,
+                                  placement, split_rank)
+from kit.commands.launchers import (FREE_PORT, TORCHRUN_PREFIX, NodeCommand, fanout_script, tf_config, torch_ranks,
+                                    torchrun_argv)
 from kit.errors import KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
@@ -41,6 +45,9 @@ class Job:
     command: tuple[str, ...]          # what each rank runs, e.g. python -u train.py --epochs 2
     options: HorovodOptions = HorovodOptions()
     env: tuple[tuple[str, str], ...] = ()
+    launcher: str = "horovod"
+    fanout: tuple[NodeCommand, ...] = ()   # torchrun, tf: each host's command, started from the primary
+    placed: tuple[Slot, ...] = ()          # torchrun, tf: the host of each rank
 
     @property
     def folder(self) -> str:
@@ -48,7 +55,7 @@ class Job:
 
     @property
     def ranks(self) -> list[Slot]:
-        return placement(list(self.slots), self.np)
+        return list(self.placed) if self.fanout else placement(list(self.slots), self.np)
 
     def argv(self) -> list[str]:
         return horovodrun_argv(self.np, list(self.slots), self.state.ssh_port, list(self.nics), list(self.command),
@@ -58,8 +65,10 @@ class Job:
         """In the primary's container: keep the launcher's pid and the output; exit as horovodrun exits."""
         d = shlex.quote(self.folder)
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
-        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; cd {shlex.quote(self.state.workspace)} && "
-                 f"(echo $BASHPID > {d}/pid; exec {shlex.join(self.argv())}) 2>&1 | tee {d}/output.log")
+        run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
+                         else self.argv())
+        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; cd {shlex.quote(self.state.workspace)} && "
+                 f"(echo $BASHPID > {d}/pid; exec {run}) 2>&1 | tee {d}/output.log")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
@@ -69,6 +78,34 @@ class Job:
     def interrupt(self) -> str:
         return command(["docker", "exec", self.state.primary.place.container, "sh", "-c",
                         f"kill -INT $(cat {shlex.quote(self.folder)}/pid) 2>/dev/null; true"])
+
+
+def free_port(node: Node) -> int:
+    r = node.runner.run(command(exec_argv(node.place.container, ["python", "-c", FREE_PORT])))
+    return int(r.check("cannot find a free TCP port in the container").stdout.strip())
+
+
+def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], rank_cmd: list[str], nproc: int | None,
+           env: tuple[tuple[str, str], ...]) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
+    """torchrun or tf: each host's command, and the host of each rank. Ports are picked free on the hosts
+    now (torchrun: the c10d store's on the primary; tf: one per worker). nodes[0] is the primary."""
+    hosts = state.hosts
+    slots = [Slot(h.name, h.address, h.slots or 1) for h in hosts]
+    extra = tuple(f"{k}={v}" for k, v in env)
+    if launcher == "torchrun":
+        port, addresses = free_port(nodes[0]), {h.name: h.address for h in hosts}
+        commands = []
+        for i, h in enumerate(hosts):
+            nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
+            commands.append(NodeCommand(h.name, h.address, (
+                "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}", *extra,
+                *torchrun_argv(len(hosts), nproc or h.slots or 1, i, hosts[0].address, port, rank_cmd)), None))
+        return tuple(commands), tuple(torch_ranks(slots, nproc))
+    ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
+    workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
+    commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *extra, *rank_cmd), i)
+                for i, h in enumerate(hosts)]
+    return tuple(commands), tuple(replace(s, slots=1) for s in slots)
 
 
 def reap_command(container: str, job_id: str) -> str:

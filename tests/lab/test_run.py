@@ -52,15 +52,46 @@ def test_cifar_example_trains_on_three_hosts(project, lab, cluster):
     assert any("rank 1/3" in line for line in lines)
 
 
+def rank_starts(out: str) -> list[tuple[str, str, str]]:
+    """(rank, host of its prefix, hostname it printed) of each `rank N/3 ... on HOSTNAME` line."""
+    found = re.findall(r"^\[(\S+) rank (\d)\] rank \2/3 (?:\(local 0\) )?on ([\w.-]+)", out, re.M)
+    return sorted((rank, host, hostname) for host, rank, hostname in found)
+
+
+def rank0_losses(out: str) -> list[float]:
+    return [float(x) for x in re.findall(r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)", out, re.M)]
+
+
+@pytest.mark.parametrize("example, options", [
+    ("mnist_horovod.py", ["--np", "3"]),
+    ("ddp_train.py", ["--launcher", "torchrun"]),
+])
+def test_examples_train_on_three_hosts(project, lab, cluster, example, options):
+    r = kit(project, lab, "run", *options, str(REPO / "examples" / example), "--", "--epochs", "3")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert rank_starts(r.stdout) == [(str(i), h.address, h.name) for i, h in enumerate(lab.hosts)], r.stdout[-3000:]
+    losses = rank0_losses(r.stdout)
+    assert len(losses) == 3 and losses[-1] < losses[0], r.stdout[-3000:]
+    checkpoint = re.search(r"^\[\S+ rank 0\] saved checkpoint (\S+)$", r.stdout, re.M)
+    assert checkpoint and lab.hosts[0].run_in("test", "-s", checkpoint[1], check=False).returncode == 0
+
+
 def test_exec_runs_in_the_named_hosts_container(project, lab, cluster):
     r = kit(project, lab, "exec", lab.hosts[1].address, "--", "sh", "-c", "hostname; test -d /etc/kit/ssh; exit 7")
     assert r.returncode == 7
     assert r.stdout.strip() == f"[{lab.hosts[1].address}] {lab.hosts[1].name}"
 
 
-def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(project, lab, cluster):
+# The same job through horovodrun and through torchrun (torch.distributed over Gloo).
+LAUNCHES = {"horovod": (["--np", "3"], []), "torchrun": (["--launcher", "torchrun"], ["--ddp"])}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHES)
+def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(project, lab, cluster, launcher):
+    run_options, job_options = LAUNCHES[launcher]
     started = time.monotonic()
-    r = kit(project, lab, "run", LOOP, "--np", "3", "--", "--fail-rank", "2", "--exit-code", "3", timeout=120)
+    r = kit(project, lab, "run", LOOP, *run_options, "--", *job_options, "--fail-rank", "2", "--exit-code", "3",
+            timeout=120)
     elapsed = time.monotonic() - started
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
     assert elapsed < 60, f"kit run took {elapsed:.0f} s to end a failed job"
@@ -68,8 +99,10 @@ def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(project, lab, cl
     assert job_processes(lab, "allreduce_loop") == {}
 
 
-def start_loop(project, lab) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", LOOP, "--np", "3", "--", "--seconds", "300"],
+def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:
+    run_options, job_options = LAUNCHES[launcher]
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", LOOP, *run_options, "--", *job_options,
+                             "--seconds", "300"],
                             cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, deadline = [], time.monotonic() + 120
@@ -97,8 +130,9 @@ def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster
         h2.docker("start", "kit-lab")
 
 
-def test_ctrl_c_stops_the_job_on_every_host(project, lab, cluster):
-    proc = start_loop(project, lab)
+@pytest.mark.parametrize("launcher", LAUNCHES)
+def test_ctrl_c_stops_the_job_on_every_host(project, lab, cluster, launcher):
+    proc = start_loop(project, lab, launcher)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, out[-2000:] + err

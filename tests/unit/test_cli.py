@@ -60,3 +60,18 @@ def test_local_cluster_size_is_checked_before_docker_is_contacted(in_tmp):
 def test_version(in_tmp):
     r = kit("--version", cwd=in_tmp)
     assert r.returncode == 0 and r.stdout.startswith("kit ")
+
+
+def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
+    (in_tmp / "train.py").write_text("print('hi')\n")
+    cases = {("--launcher", "mpi"): ["error: --launcher: 'mpi' is not a launcher",
+                                     "fix: use one of: horovod, torchrun, tf"],
+             ("--launcher", "torchrun", "--np", "3"): [
+                 "error: --np is horovodrun's; torchrun runs on every host",
+                 "fix: drop --np; --nproc-per-node sets the processes of each host"],
+             ("--launcher", "tf", "--nproc-per-node", "2"): [
+                 "error: --nproc-per-node: 2 is not for --launcher tf",
+                 "fix: use it with --launcher torchrun, from 1 to 256 (default: each host's slots)"]}
+    for options, lines in cases.items():
+        r = kit("run", *options, "train.py", cwd=in_tmp)
+        assert (r.returncode, r.stderr.splitlines()) == (2, lines), options

@@ -1,0 +1,64 @@
+"""torchrun and tf launches: the commands kit builds, and the script that starts them on every host
+(run here with `ssh` replaced by a local shell; tests/lab runs them over the real cluster SSH)."""
+
+import json
+import os
+import subprocess
+import time
+
+from kit.commands.horovod import Failures, Slot, rank_command, split_rank
+from kit.commands.launchers import NodeCommand, fanout_script, tf_config, torch_ranks, torchrun_argv
+
+SLOTS = [Slot("a", "10.0.0.1", 2), Slot("b", "10.0.0.2", 1)]
+
+
+def test_torchrun_node_command():
+    assert torchrun_argv(3, 2, 1, "10.0.0.1", 29611, ["python", "-u", "t.py"]) == [
+        "torchrun", "--nnodes=3", "--nproc-per-node=2", "--node-rank=1", "--master-addr=10.0.0.1",
+        "--master-port=29611", "--tee=3", "--no-python", "python", "-u", "t.py"]
+
+
+def test_torch_ranks_follow_the_inventory():
+    assert [s.host for s in torch_ranks(SLOTS, None)] == ["a", "a", "b"]
+    assert [s.host for s in torch_ranks(SLOTS, 2)] == ["a", "a", "b", "b"]
+
+
+def test_tf_config_of_a_worker():
+    assert json.loads(tf_config(["10.0.0.1:4001", "10.0.0.2:4002"], 1)) == {
+        "cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]}, "task": {"type": "worker", "index": 1}}
+
+
+def run_fanout(tmp_path, nodes: list[NodeCommand]) -> tuple[subprocess.CompletedProcess, float]:
+    """The script as the primary's container runs it, with `ssh HOST CMD...` running CMD here."""
+    script = 'ssh() { shift; sh -c "$*"; }\n' + fanout_script(str(tmp_path), nodes)
+    started = time.monotonic()
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "KIT_JOB": "job-1"})
+    return r, time.monotonic() - started
+
+
+def test_fanout_labels_lines_and_passes_the_environment(tmp_path):
+    (tmp_path / "t.py").write_text("import os\nprint('job', os.environ['KIT_JOB'], os.getcwd())\n")
+    r, _ = run_fanout(tmp_path, [
+        NodeCommand("a", "10.0.0.1", ("sh", "-c", "echo '[0]<stdout>:from rank 0'; echo torchrun says hi"), None),
+        NodeCommand("b", "10.0.0.2", tuple(rank_command("t.py", [])), 1),
+    ])
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert lines == sorted(["[0]<stdout>:from rank 0", "a: torchrun says hi", f"[1]<stdout>:job job-1 {tmp_path}",
+                            next(l for l in lines if l.startswith("[1]<stdout>:@@kit-exit 0 "))])
+
+
+def test_the_first_failure_stops_the_others_and_names_the_rank(tmp_path):
+    (tmp_path / "fail.py").write_text("import sys, time\ntime.sleep(0.5)\nsys.exit(3)\n")
+    (tmp_path / "wait.py").write_text("import time\nprint('waiting', flush=True)\ntime.sleep(30)\n")
+    r, seconds = run_fanout(tmp_path, [
+        NodeCommand("a", "10.0.0.1", tuple(rank_command("wait.py", [])), 0),
+        NodeCommand("b", "10.0.0.2", tuple(rank_command("fail.py", [])), 1),
+    ])
+    assert r.returncode == 3 and seconds < 20, (r.stdout, r.stderr)
+    assert "b: its processes ended with status 3; stopping the others" in r.stdout
+    failures = Failures()
+    for line in r.stdout.splitlines():
+        failures.feed(*split_rank(line))
+    assert failures.first() == (1, 3)
