@@ -492,7 +492,7 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                       "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
     try:
-        fanout, placed = jobs.fanout(launcher, state, nodes, rank_cmd, nproc_per_node, env) \
+        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node, env) \
             if launcher != "horovod" else ((), ())
         job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
                        tuple(rank_cmd), options, env, launcher, fanout, placed)

@@ -67,7 +67,8 @@ class Job:
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
         run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
                          else self.argv())
-        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; cd {shlex.quote(self.state.workspace)} && "
+        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
+                 f"cd {shlex.quote(self.state.workspace)} && "
                  f"(echo $BASHPID > {d}/pid; exec {run}) 2>&1 | tee {d}/output.log")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
@@ -85,21 +86,21 @@ def free_port(node: Node) -> int:
     return int(r.check("cannot find a free TCP port in the container").stdout.strip())
 
 
-def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], rank_cmd: list[str], nproc: int | None,
-           env: tuple[tuple[str, str], ...]) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
+def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
+           nproc: int | None, env: tuple[tuple[str, str], ...]) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
     """torchrun or tf: each host's command, and the host of each rank. Ports are picked free on the hosts
-    now (torchrun: the c10d store's on the primary; tf: one per worker). nodes[0] is the primary."""
+    now (torchrun: the c10d store's on the primary; tf: one per worker). nodes[0] and slots[0] are the
+    primary's; slots are in the state's host order."""
     hosts = state.hosts
-    slots = [Slot(h.name, h.address, h.slots or 1) for h in hosts]
     extra = tuple(f"{k}={v}" for k, v in env)
     if launcher == "torchrun":
         port, addresses = free_port(nodes[0]), {h.name: h.address for h in hosts}
         commands = []
-        for i, h in enumerate(hosts):
+        for i, (h, slot) in enumerate(zip(hosts, slots)):
             nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
                 "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}", *extra,
-                *torchrun_argv(len(hosts), nproc or h.slots or 1, i, hosts[0].address, port, rank_cmd)), None))
+                *torchrun_argv(len(hosts), nproc or slot.slots, i, hosts[0].address, port, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
     ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
     workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
@@ -125,7 +126,7 @@ class Outcome:
 @dataclass
 class Synced:
     sent: dict[str, int]                 # host -> files sent
-    manifests: dict[str, dict[str, str]]  # host -> its workspace before the job (copy storage; else empty)
+    manifests: dict[str, dict[str, str]]  # host -> its workspace before the job
 
 
 def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> Synced:
@@ -134,14 +135,13 @@ def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> S
     nodes = [n for n in nodes if n.host.primary] if state.workspace_shared else nodes
     done = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
                    lambda n: n.name)
-    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)},
-                  {} if state.workspace_shared else {n.name: m for n, (_, m) in zip(nodes, done)})
+    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)}, {n.name: m for n, (_, m) in zip(nodes, done)})
 
 
 def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]]) -> int:
     """Copy storage: what the job wrote on each host goes to every other host, at the same path. Returns how
     many files were copied."""
-    if not before or len(nodes) < 2:
+    if state.workspace_shared or len(nodes) < 2:
         return 0
     after = fan_out("reading what the job wrote", nodes, lambda n: workspace.read_manifest(n, state.workspace),
                     lambda n: n.name)

@@ -5,6 +5,6 @@ fabric/paramiko; DryRunner wraps any runner, passes reads through and records
 changes instead of making them (it is `--dry-run`).
 """
 
-from kit.runners.base import DryRunner, Result, Runner
+from kit.runners.base import SSHD_READY_S, DryRunner, Result, Runner, run_until_ok
 
-__all__ = ["DryRunner", "Result", "Runner"]
+__all__ = ["SSHD_READY_S", "DryRunner", "Result", "Runner", "run_until_ok"]

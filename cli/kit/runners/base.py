@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
@@ -48,6 +49,22 @@ class Runner(Protocol):
     def stream_out(self, command: str, on_line: Callable[[str], None]) -> int: ...
 
     def close(self) -> None: ...
+
+
+RETRY_EVERY_S = 0.5
+SSHD_READY_S = 30  # a container's sshd starts in well under a second; allow for a loaded host
+HOST_KEY_FAILED = "Host key verification failed"
+
+
+def run_until_ok(runner: Runner, command: str, seconds: float, **options) -> Result:
+    """Run a command until it succeeds, for at most `seconds` (something just started may need a moment);
+    a failed host-key check is final. Returns the last result."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = runner.run(command, **options)
+        if r.ok or time.monotonic() > deadline or HOST_KEY_FAILED in r.stderr:
+            return r
+        time.sleep(RETRY_EVERY_S)
 
 
 @dataclass

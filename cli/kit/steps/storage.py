@@ -16,12 +16,12 @@ tests/unit/test_storage.py; `kit down` undoes only what `kit up` added (recorded
 from __future__ import annotations
 
 import shlex
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.config import ClusterConfig
 from kit.place import Place
+from kit.runners import SSHD_READY_S, run_until_ok
 
 if TYPE_CHECKING:  # (facts, which node imports, reads this module's facts script)
     from kit.steps.node import Node
@@ -133,9 +133,6 @@ def mount_command(s: Storage, place: Place, primary_address: str) -> str:
     return shlex.join(["mount", "-t", "nfs", "-o", NFS_MOUNT_OPTIONS, s.source(primary_address), ws])
 
 
-SSHD_READY_S = 30  # the primary's container was just started: its sshd may need a moment
-
-
 def export(node: "Node", s: Storage, line: str) -> None:
     if node.facts.export == line:
         return
@@ -148,12 +145,9 @@ def mount(node: "Node", s: Storage, primary_address: str) -> bool:
     """Mount the shared workspace unless it is; True when kit mounted it now."""
     if mounted_here(s, node.facts.mount, primary_address):
         return False
-    deadline = time.monotonic() + (SSHD_READY_S if s.mode == "sshfs" else 0)
-    while True:
-        r = node.runner.run(mount_command(s, node.place, primary_address), changes=True)
-        if r.ok or time.monotonic() > deadline or "Host key verification failed" in r.stderr:
-            break
-        time.sleep(0.5)
+    # sshfs: the primary's container was just started, and its sshd may need a moment.
+    r = run_until_ok(node.runner, mount_command(s, node.place, primary_address),
+                     SSHD_READY_S if s.mode == "sshfs" else 0, changes=True)
     r.check(f"cannot mount {s.source(primary_address)} at {s.workspace}",
             hint="check that the primary is reachable on the cluster port" if s.mode == "sshfs" else
             "check that the export allows this host (showmount -e on the server)")

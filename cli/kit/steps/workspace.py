@@ -89,7 +89,6 @@ def spread_plan(before: dict[str, dict[str, str]], after: dict[str, dict[str, st
     for host in before:
         for name, digest in written(before[host], after[host]).items():
             winner.setdefault(name, (host, digest))
-    plan: dict[str, tuple[list[str], list[str]]] = {}
     lacking: dict[str, set[str]] = defaultdict(set)
     names: dict[str, list[str]] = defaultdict(list)
     for name, (source, digest) in sorted(winner.items()):
@@ -97,9 +96,7 @@ def spread_plan(before: dict[str, dict[str, str]], after: dict[str, dict[str, st
         if targets:
             names[source].append(name)
             lacking[source].update(targets)
-    for source in names:
-        plan[source] = (names[source], [h for h in after if h in lacking[source]])
-    return plan
+    return {source: (names[source], [h for h in after if h in lacking[source]]) for source in names}
 
 
 def pack_command(workspace: str, names: list[str]) -> str:
