@@ -25,10 +25,10 @@ from kit import __version__, shipped_folder
 from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
 from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
-from kit.config import ClusterConfig, ConfigFile, build_config, cluster_config, read_config
+from kit.config import FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework, read_config
 from kit import jobs
 from kit.commands.docker import command, exec_argv
-from kit.commands.launchers import LAUNCHERS
+from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
 from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
                                   split_rank)
 from kit.errors import BadInput, KitError
@@ -97,7 +97,8 @@ def main_options(
 @app.command()
 @reports_errors
 def build(
-    flavor: Optional[str] = typer.Option(None, help="cpu (Debian, torch CPU, Gloo) or gpu (CUDA, NCCL + Gloo)."),
+    flavor: Optional[str] = typer.Option(None, help="cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, NCCL + "
+                                                     "Gloo), tf-cpu or tf-gpu (TensorFlow, no torch or Horovod)."),
     image: Optional[str] = typer.Option(None, help="Repository name of the image; kit derives the tag."),
     base_image: Optional[str] = typer.Option(None, help="Base of the final image (and, for cpu, of the build)."),
     builder_image: Optional[str] = typer.Option(None, help="Base of the gpu build stage (a CUDA devel image)."),
@@ -108,20 +109,21 @@ def build(
     wheelhouse: Optional[Path] = typer.Option(None, help="Folder of .whl files, copied into the build and preferred."),
     ca_bundle: Optional[Path] = typer.Option(None, help="PEM CA bundle the image trusts (proxies, private mirrors)."),
     horovod_version: Optional[str] = typer.Option(None, help="Horovod release from PyPI (default 0.28.1)."),
+    tensorflow: Optional[str] = typer.Option(None, help="TensorFlow release of the tf flavors (default 2.21.0)."),
     horovod_source: Optional[str] = typer.Option(None, help="Build Horovod from this pip URL instead (pin a commit)."),
     pip: List[str] = typer.Option([], help="Extra pip package for the image (repeat)."),
     apt: List[str] = typer.Option([], help="Extra apt package for the image (repeat)."),
     with_mpi: Optional[bool] = typer.Option(None, "--with-mpi/--without-mpi", help="Also build Open MPI support."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
     single_stage: bool = typer.Option(False, help="Build one stage with the compilers left in (for comparison)."),
-    verify: bool = typer.Option(True, help="Check the image with horovodrun after building."),
+    verify: bool = typer.Option(True, help="Check after building that the image's processes all-reduce."),
     dry_run: bool = typer.Option(False, help="Print the Dockerfile and the plan; touch no Docker engine."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the whole build log."),
 ) -> None:
-    """Build (or reuse) the training image and check that it trains with Horovod."""
+    """Build (or reuse) the training image and check that its processes all-reduce (Horovod or TensorFlow)."""
     flags = dict(flavor=flavor, image=image, base_image=base_image, builder_image=builder_image, python=python,
                  torch=torch, torch_index_url=torch_index_url, pip_index_urls=tuple(index_url),
-                 wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version,
+                 wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version, tensorflow=tensorflow,
                  horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi)
     recipe = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
     if dry_run:
@@ -130,9 +132,14 @@ def build(
     client = connect()
     _ensure_image(client, recipe, verbose)
     if verify:
-        with console.status("verifying: horovodrun --check-build and a 2-process allreduce"):
+        with console.status(f"verifying: {VERIFIES[recipe.config.framework]}"):
             report = verify_image(client, recipe.tag, recipe.config.flavor)
         _print_report(report)
+
+
+# What `kit build` checks in a new image, per framework.
+VERIFIES = {"horovod": "horovodrun --check-build and a 2-process Horovod allreduce",
+            "tensorflow": "a 2-worker MultiWorkerMirroredStrategy allreduce"}
 
 
 def _ensure_image(client, recipe: Recipe, verbose: bool) -> None:
@@ -163,10 +170,13 @@ def _print_plan(recipe: Recipe, verify: bool) -> None:
     console.print(f"  bases    {', '.join(recipe.base_images)} (must exist locally or in a registry)")
     for f in recipe.files:
         console.print(f"  context  {f.name} ({f.size():,} bytes)")
-    if verify:
+    if verify and recipe.config.framework == "horovod":
         frameworks, controllers, operations = EXPECTED_BUILD[recipe.config.flavor]
         console.print(f"  verify   horovodrun --check-build lists {', '.join(sorted(frameworks | controllers))} "
                       f"and operations {', '.join(sorted(operations))}; a 2-process allreduce sums to 3")
+    elif verify:
+        console.print(f"  verify   {VERIFIES['tensorflow']} sums to 3"
+                      + ("; TensorFlow is a CUDA build" if recipe.config.gpu else ""))
 
 
 def _print_report(r: ImageReport) -> None:
@@ -174,10 +184,11 @@ def _print_report(r: ImageReport) -> None:
     table.add_row("image", r.tag)
     table.add_row("id", r.image_id.removeprefix("sha256:")[:12])
     table.add_row("size", f"{r.size_bytes / 1e9:.2f} GB")
-    table.add_row("versions", f"Python {r.python}, torch {r.torch}, Horovod {r.horovod}")
-    table.add_row("frameworks", ", ".join(sorted(r.check.frameworks)))
-    table.add_row("controllers", ", ".join(sorted(r.check.controllers)))
-    table.add_row("operations", ", ".join(sorted(r.check.operations)))
+    table.add_row("versions", ", ".join(f"{name} {version}" for name, version in r.versions.items()))
+    if r.check:
+        table.add_row("frameworks", ", ".join(sorted(r.check.frameworks)))
+        table.add_row("controllers", ", ".join(sorted(r.check.controllers)))
+        table.add_row("operations", ", ".join(sorted(r.check.operations)))
     sums = ", ".join(f"rank {a.rank} = {a.total:g}" for a in r.allreduce)
     table.add_row("allreduce", f"{len(r.allreduce)} processes, sum {sums} (expected {r.allreduce[0].expected:g}) ✓")
     console.print("[green]✓[/] verified")
@@ -236,7 +247,8 @@ def _cluster_cfg(config: Optional[Path], flags: dict) -> tuple[ConfigFile, Clust
 
 
 def _image_tag(cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
-    """The image the cluster runs, and its flavor: set explicitly, or the one `kit build` makes."""
+    """The image the cluster runs, and the flavor of kit.yaml's build section: the image's own label says which
+    flavor it is when it has one (an image set with image_tag may be of another)."""
     build = build_config(cfg_file, {})
     return (cfg.image_tag or make_recipe(build).tag), build.flavor
 
@@ -291,6 +303,7 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
         places = {h.name: cfg.host_place() for h in inventory}
     tag, flavor = _image_tag(cfg_file, cfg)
     image = local_image(client, tag)
+    flavor = image.flavor or flavor
     identity = Identity(cfg.name, persist=not dry_run)
     with _live() as bar:
         workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
@@ -333,7 +346,7 @@ def prepare(
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
-    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).flavor == "gpu")
+    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).gpu)
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
@@ -467,9 +480,21 @@ def run(
                        hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
     cfg, identity, state = _recorded(name, config)
     state = _need_state(cfg, identity, state)
+    _check_launcher(launcher, state)
     options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
     _run_job(cfg, state, script, args or [], np, workdir, options,
              (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_printer(launcher), launcher, nproc_per_node)
+
+
+def _check_launcher(launcher: str, state: st.ClusterState) -> None:
+    """The cluster's image must have what the launcher starts (torch and Horovod, or TensorFlow)."""
+    kind = framework(state.flavor)
+    if launcher not in FRAMEWORK_LAUNCHERS[kind]:
+        needs = [f for f in FLAVORS if launcher in FRAMEWORK_LAUNCHERS[framework(f)]]
+        has = "TensorFlow, no torch or Horovod" if kind == "tensorflow" else "torch and Horovod, no TensorFlow"
+        raise BadInput(f"--launcher {launcher}: cluster {state.cluster} runs {state.image}, a {state.flavor} image "
+                       f"({has})", hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a "
+                                        f"cluster of a {' or '.join(needs)} image (another --name) for this launcher")
 
 
 def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
@@ -537,10 +562,15 @@ def demo(
     """Try kit on this machine: the image (built once), a local cluster of N containers, the CIFAR-10
     example trained across them, a summary, and the cluster taken down again."""
     cfg_file, cfg = _cluster_cfg(config, dict(name=name))
+    build = build_config(cfg_file, {})
+    if build.framework != "horovod":
+        raise BadInput(f"{cfg_file.where('build', 'flavor')}: kit demo trains its Horovod example, and flavor "
+                       f"{build.flavor} has no Horovod", hint="run kit demo without that kit.yaml (or with flavor cpu); "
+                       "on a cluster of the tf image, `kit run --launcher tf examples/tf_multiworker.py`")
     identity = Identity(cfg.name)
     timings: list[tuple[str, float]] = []
     with _timed("image", timings):
-        _ensure_image(connect(), make_recipe(build_config(cfg_file, {})), verbose)
+        _ensure_image(connect(), make_recipe(build), verbose)
     try:
         with _timed("up", timings):
             _bring_up(cfg_file, cfg, None, nodes, dry_run=False)

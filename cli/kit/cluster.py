@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 
 from kit import state as st
 from kit.commands.docker import ContainerSpec, command, network_remove_argv, remove_argv
-from kit.config import KIT_ROOT, ClusterConfig
+from kit.config import KIT_ROOT, ClusterConfig, framework, uses_gpus
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.identity import Identity
@@ -121,7 +121,7 @@ class Up:
         fan_out(what, nodes, one, _name)
 
     def _preflight(self, nodes: list[Node]) -> None:
-        gpu = self.flavor == "gpu"
+        gpu = uses_gpus(self.flavor)
         self._step("connecting", nodes, lambda n: preflight.gather(n, self.cfg, self.image.tag), "connecting")
         self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu,
                                                                  nodes[0].address), "checking")
@@ -134,7 +134,7 @@ class Up:
             before = old.host(n.name) if old else None
             hosts.append(st.HostState(
                 name=n.name, address=n.address, place=n.place, user=n.host.user, port=n.host.port,
-                slots=preflight.slots(n, self.cfg, self.flavor == "gpu"),
+                slots=preflight.slots(n, self.cfg, uses_gpus(self.flavor)),
                 primary=n.host.primary, local=n.host.local,
                 made_workspace=(before.made_workspace if before else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
@@ -146,7 +146,7 @@ class Up:
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
             workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
-            storage=s.mode, nfs_server=s.nfs_server))
+            storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor))
 
     def _makes_workspace(self, n: Node) -> bool:
         """A host without the workspace folder makes it; the local cluster's one folder is the primary's to
@@ -209,7 +209,7 @@ class Up:
         def start(n: Node) -> None:
             # On the host's network the container takes the host's name, which must resolve (Gloo).
             names = ((n.facts.hostname, n.address),) if n.facts.hostname and not n.place.private else ()
-            spec = ContainerSpec(self.cfg, n.place, self.image.tag, self.image.id, gpus=self.flavor == "gpu",
+            spec = ContainerSpec(self.cfg, n.place, self.image.tag, self.image.id, gpus=uses_gpus(self.flavor),
                                  memlock=n.facts.memlock, add_hosts=names)
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
@@ -225,8 +225,8 @@ class Up:
             check.shared_workspace(nodes[0], nodes[1:], self.cfg.workspace_path)
         state = st.load(self.identity.folder)
         if state.checked_image_id != self.image.id:  # the answer depends on the image alone
-            self.progress.status(nodes[0].name, "horovodrun --check-build")
-            check.check_build(nodes[0], self.flavor)
+            self.progress.status(nodes[0].name, check.FRAMEWORK_CHECK[framework(self.flavor)])
+            check.check_framework(nodes[0], self.flavor)
             state.checked_image_id = self.image.id
             st.save(self.identity.folder, state)
         for n in nodes:

@@ -32,6 +32,7 @@ FLAVOR_DEFAULTS: dict[str, dict[str, Any]] = {
         "python": "3.11",
         "torch": "2.13.0",
         "torch_index_url": "https://download.pytorch.org/whl/cpu",
+        "horovod_version": "0.28.1",
     },
     "gpu": {
         "base_image": "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04",
@@ -39,8 +40,42 @@ FLAVOR_DEFAULTS: dict[str, dict[str, Any]] = {
         "python": "3.10",
         "torch": "2.5.1",
         "torch_index_url": "https://download.pytorch.org/whl/cu124",
+        "horovod_version": "0.28.1",
+    },
+    # TensorFlow's own multi-worker strategy: no torch, no Horovod. tensorflow[and-cuda] brings
+    # the CUDA libraries it was built with as wheels, so the GPU image needs no CUDA base.
+    "tf-cpu": {
+        "image": "kit-tensorflow",
+        "base_image": "debian:bookworm-slim",
+        "python": "3.11",
+        "tensorflow": "2.21.0",
+    },
+    "tf-gpu": {
+        "image": "kit-tensorflow",
+        "base_image": "debian:bookworm-slim",
+        "python": "3.11",
+        "tensorflow": "2.21.0",
     },
 }
+
+# What each flavor's image runs: torch + Horovod (horovodrun, torchrun) or TensorFlow (its
+# MultiWorkerMirroredStrategy), and whether it is for NVIDIA GPUs.
+FLAVORS: dict[str, tuple[str, bool]] = {
+    "cpu": ("horovod", False), "gpu": ("horovod", True), "tf-cpu": ("tensorflow", False), "tf-gpu": ("tensorflow", True),
+}
+
+
+def framework(flavor: str) -> str:
+    return FLAVORS[flavor][0]
+
+
+def uses_gpus(flavor: str) -> bool:
+    return FLAVORS[flavor][1]
+
+
+# The settings that only one framework's image reads.
+ONLY_FOR = {"torch": "horovod", "torch_index_url": "horovod", "horovod_version": "horovod",
+            "horovod_source": "horovod", "with_mpi": "horovod", "tensorflow": "tensorflow"}
 
 # An image reference: optional registry host[:port]/, path components, optional :tag, optional @digest.
 _IMAGE_REF = re.compile(
@@ -55,7 +90,7 @@ _URL = re.compile(r"^(?:https?|file)://\S+$")
 
 # The fix shown for a bad value of each setting: the expected form, with an example.
 HINTS: dict[str, str] = {
-    "flavor": "use one of: cpu, gpu",
+    "flavor": "use one of: cpu, gpu, tf-cpu, tf-gpu",
     "image": "use a lower-case repository name without a tag, e.g. kit-horovod or registry:5000/team/kit",
     "base_image": "use an image reference, e.g. debian:bookworm-slim",
     "builder_image": "use an image reference, e.g. nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04",
@@ -66,6 +101,7 @@ HINTS: dict[str, str] = {
     "wheelhouse": "pass a folder that holds .whl files",
     "ca_bundle": "pass a readable PEM file of CA certificates, e.g. /etc/ssl/certs/ca-certificates.crt",
     "horovod_version": "use a Horovod release such as 0.28.1",
+    "tensorflow": "use a TensorFlow release such as 2.21.0",
     "horovod_source": "use a pip requirement URL, e.g. git+https://github.com/horovod/horovod@<commit>",
     "pip_packages": "use pip requirement specifiers, e.g. numpy or 'tqdm>=4'",
     "apt_packages": "use Debian package names, e.g. htop or vim=2:9.0.1378-2",
@@ -78,17 +114,18 @@ class BuildConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    flavor: Literal["cpu", "gpu"] = "cpu"
+    flavor: Literal["cpu", "gpu", "tf-cpu", "tf-gpu"] = "cpu"
     image: str = "kit-horovod"
     base_image: str
     builder_image: str | None = None
     python: str
-    torch: str
+    torch: str | None = None
     torch_index_url: str | None = None
+    tensorflow: str | None = None
     pip_index_urls: tuple[str, ...] = ()
     wheelhouse: Path | None = None
     ca_bundle: Path | None = None
-    horovod_version: str = "0.28.1"
+    horovod_version: str | None = None
     horovod_source: str | None = None
     pip_packages: tuple[str, ...] = ()
     apt_packages: tuple[str, ...] = ()
@@ -123,10 +160,19 @@ class BuildConfig(BaseModel):
             raise ValueError(f"'{v}' is not a Python minor version")
         return v
 
-    @field_validator("torch", "horovod_version")
+    @field_validator(*ONLY_FOR, mode="before")
     @classmethod
-    def _version(cls, v: str) -> str:
-        if not _VERSION.match(v):
+    def _for_the_flavor(cls, v: Any, info: ValidationInfo) -> Any:
+        flavor = info.data.get("flavor")
+        if flavor and v and framework(flavor) != ONLY_FOR[info.field_name]:
+            raise ValueError(f"does not apply to flavor {flavor} (its image has "
+                             f"{'TensorFlow, not torch or Horovod' if framework(flavor) == 'tensorflow' else 'no TensorFlow'})")
+        return v
+
+    @field_validator("torch", "horovod_version", "tensorflow")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None and not _VERSION.match(v):
             raise ValueError(f"'{v}' is not a version")
         return v
 
@@ -204,6 +250,14 @@ class BuildConfig(BaseModel):
     @property
     def tag_prefix(self) -> str:
         return f"{self.image}:{self.flavor}"
+
+    @property
+    def framework(self) -> str:
+        return framework(self.flavor)
+
+    @property
+    def gpu(self) -> bool:
+        return uses_gpus(self.flavor)
 
 
 _NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
@@ -414,6 +468,8 @@ def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, sect
     where = origin.get(key) or (f"{cfg.where(section)}: {section}" if cfg.path else f"{section} settings")
     msg = err["msg"].removeprefix("Value error, ")
     hint = HINTS.get(key, f"see the README for the settings of {section}")
+    if msg.startswith("does not apply to flavor"):
+        hint = f"remove {key}, or use a flavor whose image has it"
     if err["type"] == "extra_forbidden":
         msg, hint = "unknown setting", f"settings of {section} are: {', '.join(SECTIONS[section].model_fields)}"
     elif err["type"] == "literal_error":

@@ -19,9 +19,14 @@ import jinja2
 
 from kit import __version__
 from kit.config import BuildConfig
+from kit.errors import BadInput
 
-# Assets from images/ that every image carries, and where they go in the context.
-ASSETS = ("sshd_config", "ssh_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py")
+# Per framework: the Dockerfile template, and the files from images/ its context carries (in kit/).
+TEMPLATES = {"horovod": "Dockerfile.j2", "tensorflow": "Dockerfile.tf.j2"}
+ASSETS = {
+    "horovod": ("sshd_config", "ssh_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py"),
+    "tensorflow": ("sshd_config", "ssh_config", "entrypoint.sh", "tf_check.py"),
+}
 
 # What `horovodrun --check-build` must show for each flavor: (frameworks, controllers, operations).
 EXPECTED_BUILD = {
@@ -113,12 +118,15 @@ def horovod_spec(config: BuildConfig) -> str:
 
 
 def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, wheelhouse: bool = False) -> str:
-    return _template_env().get_template("Dockerfile.j2").render(
+    if single_stage and config.framework != "horovod":
+        raise BadInput(f"--single-stage: the {config.flavor} image compiles nothing, so it has one way to build",
+                       hint="drop --single-stage (it compares Horovod builds)")
+    return _template_env().get_template(TEMPLATES[config.framework]).render(
         c=config,
         kit_version=__version__,
         single_stage=single_stage,
         wheelhouse=wheelhouse,
-        horovod_spec=horovod_spec(config),
+        horovod_spec=horovod_spec(config) if config.framework == "horovod" else None,
     )
 
 
@@ -126,7 +134,8 @@ def make_recipe(config: BuildConfig, *, single_stage: bool = False) -> Recipe:
     wheels = tuple(sorted(p.name for p in config.wheelhouse.iterdir() if p.suffix == ".whl")) \
         if config.wheelhouse else ()
     ctx = [ContextFile("Dockerfile", text=render_dockerfile(config, single_stage=single_stage, wheelhouse=bool(wheels)))]
-    ctx += [ContextFile(f"kit/{name}", text=files("kit.images").joinpath(name).read_text()) for name in ASSETS]
+    ctx += [ContextFile(f"kit/{name}", text=files("kit.images").joinpath(name).read_text())
+            for name in ASSETS[config.framework]]
     # Sources are resolved: a symlinked wheel must reach the context as the file, not the link.
     ctx += [ContextFile(f"wheelhouse/{name}", source=(config.wheelhouse / name).resolve())  # type: ignore[operator]
             for name in wheels]

@@ -41,9 +41,10 @@ class ClusterState:
     ssh_port: int
     workspace: str
     hosts: list[HostState] = field(default_factory=list)
-    checked_image_id: str = ""  # `horovodrun --check-build` passed in this image: no need to run it again
+    checked_image_id: str = ""  # the framework check passed in this image: no need to run it again
     storage: str = "copy"       # cluster.storage: copy, sshfs or nfs
     nfs_server: str = ""
+    flavor: str = "cpu"         # the image's flavor: which launchers it can run
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)

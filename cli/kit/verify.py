@@ -1,9 +1,11 @@
-"""Does a built image really train with Horovod? Checked in a throwaway container.
+"""Does a built image really train across processes? Checked in a throwaway container.
 
-Three facts, each parsed from the image's own output: `horovodrun
+Each fact is parsed from the image's own output. Horovod flavors: `horovodrun
 --check-build` lists the frameworks, controllers and tensor operations the
-flavor needs; a 2-process allreduce returns the right sum; and the Python,
-torch and Horovod versions for the summary.
+flavor needs, and a 2-process Horovod allreduce returns the right sum.
+TensorFlow flavors: two MultiWorkerMirroredStrategy workers all-reduce the
+right sum, and a tf-gpu image's TensorFlow is a CUDA build. Then the versions
+for the summary.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
+from kit.config import framework, uses_gpus
 from kit.errors import VerifyFailed
 from kit.recipe import EXPECTED_BUILD
 
@@ -28,8 +31,13 @@ _ENTRY = re.compile(r"^\s*\[(X| )\]\s+(\S.*?)\s*$")
 _VERSION = re.compile(r"^Horovod v(\S+?):?\s*$")
 _ALLREDUCE = re.compile(r"kit-allreduce rank=(\d+) size=(\d+) sum=(\S+) expected=(\S+) (ok|WRONG)")
 
-VERSIONS_PY = ("import json, platform, torch, horovod; print(json.dumps({'python': platform.python_version(), "
-               "'torch': torch.__version__, 'horovod': horovod.__version__}))")
+# Per framework: the versions an image reports (a JSON object, in the order shown).
+VERSIONS_PY = {
+    "horovod": "import json, platform, torch, horovod; print(json.dumps({'Python': platform.python_version(), "
+               "'torch': torch.__version__, 'Horovod': horovod.__version__}))",
+    "tensorflow": "import json, platform, tensorflow as tf; print(json.dumps({'Python': platform.python_version(), "
+                  "'TensorFlow': tf.__version__, 'cuda_build': str(tf.test.is_built_with_cuda())}))",
+}
 
 
 @dataclass(frozen=True)
@@ -86,19 +94,20 @@ class ImageReport:
     tag: str
     image_id: str
     size_bytes: int
-    python: str
-    torch: str
-    horovod: str
-    check: CheckBuild
+    versions: dict[str, str]
+    check: CheckBuild | None      # Horovod flavors: what --check-build listed
     allreduce: tuple[AllreduceRank, ...]
 
 
-def allreduce_argv(ranks: int) -> list[str]:
+def allreduce_argv(framework: str, ranks: int) -> list[str]:
+    if framework == "tensorflow":
+        return ["python", "/opt/kit/tf_check.py", str(ranks)]
     return ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}",
             "python", "/opt/kit/allreduce_check.py"]
 
 
 def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int = 2) -> ImageReport:
+    kind = framework(flavor)
     image = client.images.get(tag)
     # No network: the check proves the image alone and sends nothing anywhere. Gloo binds to
     # the address of the hostname, so the hostname must resolve (to loopback) or ranks crash.
@@ -106,27 +115,33 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
                                 hostname=VERIFY_HOST, extra_hosts={VERIFY_HOST: "127.0.0.1"}, shm_size="256m",
                                 name=f"kit-verify-{uuid.uuid4().hex[:8]}", labels={"io.kit.role": "verify"})
     try:
-        check = parse_check_build(_run(box, ["horovodrun", "--check-build"], tag))
-        if missing := check.missing(flavor):
-            raise VerifyFailed(f"image {tag} was built without {', '.join(missing)}",
-                               command="horovodrun --check-build",
-                               hint="the Horovod build did not find them; see the builder step with --verbose")
-        allreduce = parse_allreduce(_run(box, allreduce_argv(ranks), tag))
-        _check_allreduce(allreduce, ranks, tag)
-        versions = json.loads(_run(box, ["python", "-c", VERSIONS_PY], tag).strip().splitlines()[-1])
+        check = None
+        if kind == "horovod":
+            check = parse_check_build(_run(box, ["horovodrun", "--check-build"], tag))
+            if missing := check.missing(flavor):
+                raise VerifyFailed(f"image {tag} was built without {', '.join(missing)}",
+                                   command="horovodrun --check-build",
+                                   hint="the Horovod build did not find them; see the builder step with --verbose")
+        allreduce = parse_allreduce(_run(box, allreduce_argv(kind, ranks), tag))
+        _check_allreduce(allreduce, kind, ranks, tag)
+        versions = json.loads(_run(box, ["python", "-c", VERSIONS_PY[kind]], tag).strip().splitlines()[-1])
     finally:
         box.remove(force=True)
-    return ImageReport(tag=tag, image_id=image.id, size_bytes=image.attrs["Size"], check=check,
-                       allreduce=tuple(allreduce), **versions)
+    if versions.pop("cuda_build", None) == "False" and uses_gpus(flavor):
+        raise VerifyFailed(f"image {tag}: its TensorFlow {versions['TensorFlow']} is not built with CUDA",
+                           command=VERSIONS_PY[kind], hint="the GPU flavor needs tensorflow[and-cuda], not tensorflow-cpu")
+    return ImageReport(tag=tag, image_id=image.id, size_bytes=image.attrs["Size"], versions=versions, check=check,
+                       allreduce=tuple(allreduce))
 
 
-def _check_allreduce(ranks_seen: list[AllreduceRank], ranks: int, tag: str) -> None:
+def _check_allreduce(ranks_seen: list[AllreduceRank], kind: str, ranks: int, tag: str) -> None:
     wrong = [r for r in ranks_seen if not r.ok or r.size != ranks]
     if len(ranks_seen) != ranks or wrong:
         got = ", ".join(f"rank {r.rank}: {r.total:g} (expected {r.expected:g})" for r in ranks_seen) or "no rank"
+        what = "Horovod" if kind == "horovod" else "TensorFlow's MultiWorkerMirroredStrategy"
         raise VerifyFailed(f"image {tag}: the {ranks}-process allreduce is wrong ({got})",
-                           command=shlex.join(allreduce_argv(ranks)),
-                           hint="the image's Horovod cannot allreduce; rebuild with --verbose and read the builder step")
+                           command=shlex.join(allreduce_argv(kind, ranks)),
+                           hint=f"the image's {what} cannot allreduce; rebuild with --verbose and read the failing step")
 
 
 def _run(box, argv: list[str], tag: str) -> str:

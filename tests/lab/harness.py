@@ -49,6 +49,11 @@ def cpu_build_settings(workdir: Path) -> dict[str, str]:
             "torch": torch_version, "python": f"{py_major}.{py_minor}", "torch_index_url": ""}
 
 
+def tf_build_settings() -> dict[str, str]:
+    """kit.yaml `build:` settings for the tf-cpu image: TensorFlow comes from pip's index, through the CA bundle."""
+    return {"flavor": "tf-cpu", "base_image": BASE_IMAGE, "ca_bundle": ca_bundle()}
+
+
 def cpu_build_flags(workdir: Path) -> list[str]:
     """The same settings as `kit build` flags."""
     return [arg for key, value in cpu_build_settings(workdir).items() for arg in ("--" + key.replace("_", "-"), value)]
@@ -278,13 +283,15 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
 
 
-def make_project(folder: Path, lab: Lab, cluster: str) -> Path:
-    """A user's project folder for the lab: kit.yaml with the lab's build inputs, hosts.txt, the image built."""
+def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None, **settings) -> Path:
+    """A user's project folder for the lab: kit.yaml with the lab's build inputs (the CPU image's unless `build`
+    says otherwise) and the cluster's settings, hosts.txt, the image built."""
     import yaml
     from helpers import run_kit
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kit.yaml").write_text(yaml.safe_dump({"build": cpu_build_settings(folder), "cluster": {"name": cluster}}))
+    (folder / "kit.yaml").write_text(yaml.safe_dump({"build": build or cpu_build_settings(folder),
+                                                     "cluster": {"name": cluster, **settings}}))
     lab.hosts_file(folder / "hosts.txt")
     r = run_kit("build", "--no-verify", cwd=folder, env=lab.env, timeout=40 * 60)
     if r.returncode != 0:

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from helpers import run_kit
-from harness import BASE_IMAGE, cpu_build_flags
+from harness import BASE_IMAGE, cpu_build_flags, tf_build_settings
 from kit.verify import parse_allreduce, parse_check_build
 
 pytestmark = pytest.mark.lab
@@ -126,3 +126,25 @@ def test_horovodrun_in_the_image_checks_host_keys(built):
     r = docker_run(tag_of(built.stdout), "-c", "grep -rh 'StrictHostKeyChecking' /opt/venv/lib/python3*/site-packages/"
                                                "horovod/runner/", entrypoint="sh")
     assert "StrictHostKeyChecking=yes" in r.stdout and "StrictHostKeyChecking=no" not in r.stdout
+
+
+def test_tf_cpu_image_is_built_on_the_same_base_and_verified_with_tensorflow_workers(built, client, tmp_path):
+    """The tf-cpu flavor: TensorFlow (Keras 2 as tf.keras), no torch or Horovod, verified by two
+    MultiWorkerMirroredStrategy workers; its base stage is the CPU image's, so Docker reuses it."""
+    flags = [arg for key, value in tf_build_settings().items() for arg in ("--" + key.replace("_", "-"), value)]
+    r = run_kit("build", *flags, cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    tag = re.search(r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})", out)[1]
+    assert "✓ verified" in out
+    assert re.search(r"versions\s+Python 3\.\d+\.\d+, TensorFlow 2\.21\.0\s*$", out, re.M), out
+    assert re.search(r"allreduce\s+2 processes, sum rank 0 = 3, rank 1 = 3 \(expected 3\)", out)
+    assert "frameworks" not in out
+    if "building" in out:  # a fresh build: the base stage came from the CPU image's
+        assert re.search(r"^\s+cached\s+\d+/\d+ RUN \(! command -v update-ca-certificates", out, re.M), out
+    probe = docker_run(tag, "-c", "python -c 'import tensorflow as tf; print(tf.keras.__name__)'; "
+                                  "python -c 'import torch' 2>/dev/null || echo no-torch; "
+                                  "command -v horovodrun || echo no-horovodrun", entrypoint="sh")
+    assert probe.stdout.split() == ["tf_keras.api._v2.keras", "no-torch", "no-horovodrun"], probe.stdout + probe.stderr
+    assert set(client.images.get(tag).attrs["RootFS"]["Layers"][:4]) <= \
+           set(client.images.get(tag_of(built.stdout)).attrs["RootFS"]["Layers"])

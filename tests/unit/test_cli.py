@@ -21,10 +21,20 @@ def test_gpu_dry_run_prints_dockerfile_and_plan_without_docker(in_tmp):
     assert "tag      kit-horovod:gpu-" in r.stdout
 
 
+def test_tf_gpu_dry_run_renders_the_tensorflow_recipe_and_its_check(in_tmp):
+    r = kit("build", "--flavor", "tf-gpu", "--dry-run", cwd=in_tmp)
+    assert r.returncode == 0, r.stderr
+    assert 'pip install --no-cache-dir "tensorflow[and-cuda]==2.21.0" "tf-keras==2.21.*"' in r.stdout
+    assert "tag      kit-tensorflow:tf-gpu-" in r.stdout
+    assert "context  kit/tf_check.py" in r.stdout and "build_horovod.sh" not in r.stdout
+    assert ("verify   a 2-worker MultiWorkerMirroredStrategy allreduce sums to 3; TensorFlow is a CUDA build"
+            in r.stdout)
+
+
 def test_bad_input_is_one_error_line_and_one_fix_line(in_tmp):
     r = kit("build", "--flavor", "tpu", cwd=in_tmp)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == ["error: --flavor: 'tpu' is not allowed", "fix: use one of: cpu, gpu"]
+    assert r.stderr.splitlines() == ["error: --flavor: 'tpu' is not allowed", "fix: use one of: cpu, gpu, tf-cpu, tf-gpu"]
     assert r.stdout == ""
 
 
@@ -75,3 +85,26 @@ def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
     for options, lines in cases.items():
         r = kit("run", *options, "train.py", cwd=in_tmp)
         assert (r.returncode, r.stderr.splitlines()) == (2, lines), options
+
+
+def test_a_launcher_the_clusters_image_cannot_run_is_refused_before_any_host_is_contacted(in_tmp):
+    """A recorded cluster of the tf-cpu image on an address nothing answers on: refusing needs no host."""
+    from kit import state as st
+    from kit.config import ClusterConfig
+
+    home = in_tmp / "home"
+    (home / "kit").mkdir(parents=True)
+    (in_tmp / "train.py").write_text("print('hi')\n")
+    for flavor, launcher, has, fix in (
+            ("tf-cpu", "horovod", "TensorFlow, no torch or Horovod",
+             "use --launcher tf on it, or bring up a cluster of a cpu or gpu image (another --name) for this launcher"),
+            ("cpu", "tf", "torch and Horovod, no TensorFlow",
+             "use --launcher horovod or torchrun on it, or bring up a cluster of a tf-cpu or tf-gpu image "
+             "(another --name) for this launcher")):
+        host = st.HostState(name="192.0.2.1", address="192.0.2.1", place=ClusterConfig().host_place(), primary=True)
+        st.save(home / "kit", st.ClusterState(cluster="kit", image=f"img:{flavor}", image_id="sha256:0",
+                                                           ssh_port=12345, workspace="/ws", hosts=[host], flavor=flavor))
+        r = run_kit("run", "--launcher", launcher, "train.py", cwd=in_tmp,
+                    env={"KIT_HOME": str(home), "DOCKER_HOST": "unix:///nonexistent/kit-test.sock"})
+        assert (r.returncode, r.stderr.splitlines()) == (2, [
+            f"error: --launcher {launcher}: cluster kit runs img:{flavor}, a {flavor} image ({has})", f"fix: {fix}"])

@@ -30,6 +30,16 @@ def test_flags_win_over_kit_yaml_and_paths_are_relative_to_it(tmp_path, wheelhou
     assert c.pip_packages == ("tqdm",)
 
 
+def test_tf_flavors_have_tensorflow_and_no_torch_or_horovod():
+    for flavor in ("tf-cpu", "tf-gpu"):
+        c = build_config(ConfigFile(), {"flavor": flavor})
+        assert (c.framework, c.image, c.tensorflow, c.torch, c.horovod_version) == \
+               ("tensorflow", "kit-tensorflow", "2.21.0", None, None)
+        assert c.gpu == (flavor == "tf-gpu")
+    cpu = build_config(ConfigFile(), {})
+    assert (cpu.framework, cpu.gpu, cpu.tensorflow, cpu.horovod_version) == ("horovod", False, None, "0.28.1")
+
+
 def test_empty_torch_index_turns_it_off():
     assert build_config(ConfigFile(), {"torch_index_url": ""}).torch_index_url is None
 
@@ -40,7 +50,13 @@ def test_missing_default_kit_yaml_is_no_config(in_tmp):
 
 # (kit.yaml text or None, flags, expected start of the message, a word the fix must contain)
 BAD = [
-    (None, {"flavor": "tpu"}, "--flavor: 'tpu' is not allowed", "cpu, gpu"),
+    (None, {"flavor": "tpu"}, "--flavor: 'tpu' is not allowed", "cpu, gpu, tf-cpu, tf-gpu"),
+    ("build:\n  flavor: tf-cpu\n  torch: 2.13.0\n", {}, "kit.yaml:3: build.torch: does not apply to flavor tf-cpu "
+     "(its image has TensorFlow, not torch or Horovod)", "remove torch"),
+    (None, {"flavor": "tf-gpu", "with_mpi": True}, "--with-mpi: does not apply to flavor tf-gpu", "remove with_mpi"),
+    ("build:\n  tensorflow: 2.21.0\n", {}, "kit.yaml:2: build.tensorflow: does not apply to flavor cpu (its image "
+     "has no TensorFlow)", "remove tensorflow"),
+    (None, {"flavor": "tf-cpu", "tensorflow": "latest"}, "--tensorflow: 'latest' is not a version", "2.21.0"),
     (None, {"wheelhouse": Path("/nonexistent/wheels")}, "--wheelhouse: folder /nonexistent/wheels does not exist", ".whl"),
     (None, {"ca_bundle": Path("/nonexistent/ca.pem")}, "--ca-bundle: file /nonexistent/ca.pem cannot be read", "PEM"),
     (None, {"image": "Kit:latest"}, "--image: 'Kit:latest' is not a repository name", "repository"),

@@ -14,7 +14,8 @@ def test_wheel_ships_templates_image_assets_and_examples(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("kit/app.py", "kit/templates/Dockerfile.j2", "kit/images/sshd_config",
                  "kit/images/entrypoint.sh", "kit/images/build_horovod.sh", "kit/images/allreduce_check.py",
-                 "kit/templates/ssh_config.j2", "kit/examples/cifar10_cnn_horovod.py", "kit/ansible/prepare.yml",
+                 "kit/images/tf_check.py", "kit/templates/Dockerfile.tf.j2", "kit/templates/macros.j2",
+                 "kit/examples/tf_multiworker.py", "kit/templates/ssh_config.j2", "kit/examples/cifar10_cnn_horovod.py", "kit/ansible/prepare.yml",
                  "kit/ansible/roles/nfs_server/tasks/main.yml", "kit/steps/keys.py", "kit/runners/ssh.py", "kit/commands/docker.py"):
         assert name in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -175,3 +175,42 @@ def test_container_ssh_client_reads_the_cluster_config():
     r = recipe()
     assert "COPY kit/ssh_config /etc/ssh/ssh_config.d/kit.conf" in stages(r.dockerfile)["final"][1]
     assert next(f.text for f in r.files if f.name == "kit/ssh_config").strip().endswith("Include /etc/kit/ssh/config")
+
+
+def test_tf_flavors_are_tensorflow_with_keras_2_and_no_torch_or_horovod():
+    for flavor, package in (("tf-cpu", '"tensorflow-cpu==2.21.0"'), ("tf-gpu", '"tensorflow[and-cuda]==2.21.0"')):
+        r = recipe(flavor=flavor)
+        st = stages(r.dockerfile)
+        assert list(st) == ["base", "venv", "final"] and chain(st, "final") == ["final", "base"]
+        assert st["base"][0] == "debian:bookworm-slim"
+        assert package in st["venv"][1] and '"tf-keras==2.21.*"' in st["venv"][1]
+        assert "ENV TF_USE_LEGACY_KERAS=1" in st["final"][1]
+        assert "COPY kit/entrypoint.sh kit/tf_check.py /opt/kit/" in st["final"][1]
+        assert not re.search(r"torch|horovod", r.dockerfile, re.I), r.dockerfile
+        assert {f.name for f in r.files} >= {"kit/tf_check.py", "kit/sshd_config", "kit/entrypoint.sh"}
+        assert not any("horovod" in f.name for f in r.files)
+        assert re.fullmatch(rf"kit-tensorflow:{flavor}-[0-9a-f]{{12}}", r.tag)
+    # tf-keras pins TensorFlow by name; the CPU wheel is another name, so tf-keras comes without its dependencies.
+    assert '--no-deps "tf-keras' in recipe(flavor="tf-cpu").dockerfile
+    assert "--no-deps" not in recipe(flavor="tf-gpu").dockerfile
+
+
+def test_tf_and_horovod_images_share_their_base_stage(ca_bundle):
+    """Same instructions, so Docker builds the base once and a host that has one image loads less of the other."""
+    for gpu in (False, True):
+        horovod = stages(recipe(flavor="cpu", ca_bundle=ca_bundle).dockerfile)["base"]
+        tf = stages(recipe(flavor="tf-gpu" if gpu else "tf-cpu", ca_bundle=ca_bundle).dockerfile)["base"]
+        assert tf == horovod
+
+
+def test_tf_user_packages_land_in_the_venv_stage():
+    st = stages(recipe(flavor="tf-cpu", pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
+    assert "pip install --no-cache-dir 'tqdm>=4'" in st["venv"][1] and "htop" in st["final"][1]
+
+
+def test_single_stage_is_refused_for_the_tf_flavors():
+    import pytest
+
+    from kit.errors import BadInput
+    with pytest.raises(BadInput, match="compiles nothing"):
+        make_recipe(build_config(ConfigFile(), {"flavor": "tf-cpu"}), single_stage=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from kit.commands.horovod import Slot
 
 LAUNCHERS = ("horovod", "torchrun", "tf")
+# What each image framework can run: torch + Horovod images horovodrun and torchrun; TensorFlow images tf.
+FRAMEWORK_LAUNCHERS = {"horovod": ("horovod", "torchrun"), "tensorflow": ("tf",)}
 # Variables of the primary's container that the commands on every host need (an SSH session starts
 # with sshd's environment, not the image's).
 FORWARDED = ("PATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "KIT_JOB")

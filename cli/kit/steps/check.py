@@ -1,5 +1,6 @@
 """The end of `kit up`: from the primary's container, SSH to every container on the
-cluster port with strict host-key checking, and `horovodrun --check-build`."""
+cluster port with strict host-key checking; the shared workspace; and the image's
+framework (`horovodrun --check-build`, or TensorFlow importing)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shlex
 import time
 
 from kit.commands.docker import command, exec_argv
-from kit.config import ClusterConfig
+from kit.config import ClusterConfig, framework
 from kit.errors import KitError
 from kit.fanout import fan_out
 from kit.runners import SSHD_READY_S, run_until_ok
@@ -54,9 +55,18 @@ def shared_workspace(primary: Node, others: list[Node], workspace: str) -> None:
         primary.runner.run(command(exec_argv(primary.place.container, ["rm", "-f", path])))
 
 
-def check_build(primary: Node, flavor: str) -> None:
-    r = primary.runner.run(command(exec_argv(primary.place.container, ["horovodrun", "--check-build"])))
-    r.check("horovodrun --check-build failed in the primary's container")
+# Per framework: what runs in the primary's container to show the image's framework works there.
+FRAMEWORK_CHECK = {"horovod": "horovodrun --check-build",
+                   "tensorflow": "python -c 'import tensorflow as tf; print(tf.__version__)'"}
+
+
+def check_framework(primary: Node, flavor: str) -> None:
+    kind = framework(flavor)
+    r = primary.runner.run(command(exec_argv(primary.place.container, shlex.split(FRAMEWORK_CHECK[kind]))))
+    r.check(f"`{FRAMEWORK_CHECK[kind]}` failed in the primary's container",
+            hint="rebuild the image with kit build (see its verification)")
+    if kind != "horovod":
+        return
     missing = parse_check_build(r.stdout).missing(flavor)
     if missing:
         raise KitError(f"the image lacks {', '.join(missing)}", host=primary.name, command=r.command,

@@ -17,6 +17,7 @@ import docker
 import docker.errors
 
 from kit.commands.docker import load_command
+from kit.config import FLAVORS
 from kit.errors import BadInput, KitError
 from kit.steps.node import Node
 
@@ -28,6 +29,7 @@ class LocalImage:
     tag: str
     id: str
     size: int
+    flavor: str | None = None  # what `kit build` labelled it with; None for an image kit did not build
 
 
 def local_image(client: docker.DockerClient, tag: str) -> LocalImage:
@@ -36,7 +38,8 @@ def local_image(client: docker.DockerClient, tag: str) -> LocalImage:
     except docker.errors.ImageNotFound:
         raise BadInput(f"image {tag} is not on this machine",
                        hint="run `kit build` first with the same kit.yaml, or set cluster.image_tag") from None
-    return LocalImage(tag, image.id, image.attrs["Size"])
+    flavor = (image.attrs["Config"].get("Labels") or {}).get("io.kit.flavor")
+    return LocalImage(tag, image.id, image.attrs["Size"], flavor if flavor in FLAVORS else None)
 
 
 def archive(client: docker.DockerClient, image: LocalImage, cache: Path) -> Path:
