@@ -1,4 +1,5 @@
-"""`kit run`, `kit logs`, `kit exec` on three lab hosts."""
+"""`kit run`, `kit logs`, `kit exec` on three lab hosts: horovodrun and torchrun on a cluster of the CPU image,
+TensorFlow workers on a cluster of the tf-cpu image brought up from the same hosts.txt."""
 
 import re
 import signal
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import make_project, tf_build_settings
 from helpers import REPO, run_kit
 
 pytestmark = pytest.mark.lab
@@ -24,8 +26,23 @@ def kit(project, lab, *args, timeout=900):
 def cluster(project, lab):
     r = kit(project, lab, "up", "--hosts", "hosts.txt")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    yield
+    yield project
     assert kit(project, lab, "down").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def tf_cluster(project, lab, tmp_path_factory):
+    """The TF image's cluster, on the same hosts at once: the Horovod project's hosts.txt, its own name and port."""
+    tf_project = make_project(tmp_path_factory.mktemp("tf-project"), lab, "tf", tf_build_settings(), ssh_port=12346)
+    r = kit(tf_project, lab, "up", "--hosts", str(project / "hosts.txt"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    yield tf_project
+    assert kit(tf_project, lab, "down").returncode == 0
+
+
+def cluster_for(request, launcher: str) -> Path:
+    """The project whose cluster runs the launcher: the TF image's for tf, the Horovod image's for the others."""
+    return request.getfixturevalue("tf_cluster" if launcher == "tf" else "cluster")
 
 
 def job_processes(lab, pattern: str) -> dict[str, list[int]]:
@@ -62,11 +79,13 @@ def rank0_losses(out: str) -> list[float]:
     return [float(x) for x in re.findall(r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)", out, re.M)]
 
 
-@pytest.mark.parametrize("example, options", [
-    ("mnist_horovod.py", ["--np", "3"]),
-    ("ddp_train.py", ["--launcher", "torchrun"]),
+@pytest.mark.parametrize("example, launcher, options", [
+    ("mnist_horovod.py", "horovod", ["--np", "3"]),
+    ("ddp_train.py", "torchrun", ["--launcher", "torchrun"]),
+    ("tf_multiworker.py", "tf", ["--launcher", "tf"]),
 ])
-def test_examples_train_on_three_hosts(project, lab, cluster, example, options):
+def test_examples_train_on_three_hosts(request, lab, example, launcher, options):
+    project = cluster_for(request, launcher)
     r = kit(project, lab, "run", *options, str(REPO / "examples" / example), "--", "--epochs", "3")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert rank_starts(r.stdout) == [(str(i), h.address, h.name) for i, h in enumerate(lab.hosts)], r.stdout[-3000:]
@@ -82,12 +101,14 @@ def test_exec_runs_in_the_named_hosts_container(project, lab, cluster):
     assert r.stdout.strip() == f"[{lab.hosts[1].address}] {lab.hosts[1].name}"
 
 
-# The same job through horovodrun and through torchrun (torch.distributed over Gloo).
-LAUNCHES = {"horovod": (["--np", "3"], []), "torchrun": (["--launcher", "torchrun"], ["--ddp"])}
+# The same job through horovodrun, through torchrun (torch.distributed over Gloo) and as TensorFlow workers.
+LAUNCHES = {"horovod": (["--np", "3"], []), "torchrun": (["--launcher", "torchrun"], ["--ddp"]),
+            "tf": (["--launcher", "tf"], ["--tf"])}
 
 
 @pytest.mark.parametrize("launcher", LAUNCHES)
-def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(project, lab, cluster, launcher):
+def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(request, lab, launcher):
+    project = cluster_for(request, launcher)
     run_options, job_options = LAUNCHES[launcher]
     started = time.monotonic()
     r = kit(project, lab, "run", LOOP, *run_options, "--", *job_options, "--fail-rank", "2", "--exit-code", "3",
@@ -104,7 +125,10 @@ def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", LOOP, *run_options, "--", *job_options,
                              "--seconds", "300"],
                             cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # As in a terminal, whatever started the tests: a shell's background job ignores
+                            # SIGINT, and its children would inherit that.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, deadline = [], time.monotonic() + 120
     while len([l for l in seen if "started rank" in l]) < 3:
         line = proc.stdout.readline()
@@ -131,10 +155,25 @@ def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster
 
 
 @pytest.mark.parametrize("launcher", LAUNCHES)
-def test_ctrl_c_stops_the_job_on_every_host(project, lab, cluster, launcher):
-    proc = start_loop(project, lab, launcher)
+def test_ctrl_c_stops_the_job_on_every_host(request, lab, launcher):
+    proc = start_loop(cluster_for(request, launcher), lab, launcher)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"kit run did not end within 30 s of Ctrl-C:\n{out[-3000:]}\n{err[-3000:]}")
     assert proc.returncode == 130, out[-2000:] + err
     assert "interrupted: job" in err and "stopped on every host" in err
     assert job_processes(lab, "allreduce_loop") == {}
+
+
+def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(project, lab, cluster, tf_cluster):
+    for where, launcher, has in ((tf_cluster, "horovod", "TensorFlow, no torch or Horovod"),
+                                 (project, "tf", "torch and Horovod, no TensorFlow")):
+        r = kit(where, lab, "run", "--launcher", launcher, LOOP)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"error: --launcher {launcher}: cluster " in r.stderr and has in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 2 and "fix: use --launcher" in r.stderr
+        assert "job " not in r.stdout
