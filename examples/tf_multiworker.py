@@ -101,10 +101,11 @@ class EpochLines(tf.keras.callbacks.Callback):
 
 def main() -> None:
     args = parse_args()
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     # The strategy reads TF_CONFIG and joins the other workers' collective ops; make it before anything else.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    workers, index = strategy.num_replicas_in_sync, task.get("index", 0)
+    workers = len(tf_config.get("cluster", {}).get("worker", [])) or 1  # a worker may hold several GPUs (replicas)
+    index = tf_config.get("task", {}).get("index", 0)
     chief = index == 0
     tf.keras.utils.set_random_seed(args.seed)
     gpus = tf.config.list_physical_devices("GPU")

@@ -25,7 +25,8 @@ from kit import __version__, shipped_folder
 from kit import state as st
 from kit.build import Step, build_image, check_base_images, connect, image_exists
 from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
-from kit.config import FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework, read_config
+from kit.config import (CONTENTS, FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework,
+                        read_config)
 from kit import jobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
@@ -474,6 +475,11 @@ def run(
         raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
                        hint="drop --np" + ("; --nproc-per-node sets the processes of each host"
                                            if launcher == "torchrun" else ""))
+    knobs = {"--fusion-threshold-mb": fusion_threshold_mb, "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
+             "--verbose-horovod": verbose_horovod or None}
+    if launcher != "horovod" and (given := [flag for flag, value in knobs.items() if value is not None]):
+        raise BadInput(f"{', '.join(given)}: Horovod's, and --launcher {launcher} does not start Horovod",
+                       hint=f"drop {', '.join(given)}, or run the job with --launcher horovod")
     if nproc_per_node is not None and (launcher != "torchrun" or not 1 <= nproc_per_node <= 256):
         raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                        else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
@@ -491,9 +497,8 @@ def _check_launcher(launcher: str, state: st.ClusterState) -> None:
     kind = framework(state.flavor)
     if launcher not in FRAMEWORK_LAUNCHERS[kind]:
         needs = [f for f in FLAVORS if launcher in FRAMEWORK_LAUNCHERS[framework(f)]]
-        has = "TensorFlow, no torch or Horovod" if kind == "tensorflow" else "torch and Horovod, no TensorFlow"
         raise BadInput(f"--launcher {launcher}: cluster {state.cluster} runs {state.image}, a {state.flavor} image "
-                       f"({has})", hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a "
+                       f"({CONTENTS[kind]})", hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a "
                                         f"cluster of a {' or '.join(needs)} image (another --name) for this launcher")
 
 

@@ -65,6 +65,10 @@ FLAVORS: dict[str, tuple[str, bool]] = {
 }
 
 
+# What an image of each framework has, in words for messages.
+CONTENTS = {"horovod": "torch and Horovod, no TensorFlow", "tensorflow": "TensorFlow, no torch or Horovod"}
+
+
 def framework(flavor: str) -> str:
     return FLAVORS[flavor][0]
 
@@ -165,8 +169,7 @@ class BuildConfig(BaseModel):
     def _for_the_flavor(cls, v: Any, info: ValidationInfo) -> Any:
         flavor = info.data.get("flavor")
         if flavor and v and framework(flavor) != ONLY_FOR[info.field_name]:
-            raise ValueError(f"does not apply to flavor {flavor} (its image has "
-                             f"{'TensorFlow, not torch or Horovod' if framework(flavor) == 'tensorflow' else 'no TensorFlow'})")
+            raise ValueError(f"does not apply to flavor {flavor} (its image has {CONTENTS[framework(flavor)]})")
         return v
 
     @field_validator("torch", "horovod_version", "tensorflow")

@@ -99,8 +99,9 @@ class ImageReport:
     allreduce: tuple[AllreduceRank, ...]
 
 
-def allreduce_argv(framework: str, ranks: int) -> list[str]:
-    if framework == "tensorflow":
+def allreduce_argv(kind: str, ranks: int) -> list[str]:
+    """The check of an image's framework (horovod or tensorflow) with `ranks` processes."""
+    if kind == "tensorflow":
         return ["python", "/opt/kit/tf_check.py", str(ranks)]
     return ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}",
             "python", "/opt/kit/allreduce_check.py"]

@@ -79,6 +79,9 @@ def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
              ("--launcher", "torchrun", "--np", "3"): [
                  "error: --np is horovodrun's; torchrun runs on every host",
                  "fix: drop --np; --nproc-per-node sets the processes of each host"],
+             ("--launcher", "tf", "--fusion-threshold-mb", "32", "--timeline", "t.json"): [
+                 "error: --fusion-threshold-mb, --timeline: Horovod's, and --launcher tf does not start Horovod",
+                 "fix: drop --fusion-threshold-mb, --timeline, or run the job with --launcher horovod"],
              ("--launcher", "tf", "--nproc-per-node", "2"): [
                  "error: --nproc-per-node: 2 is not for --launcher tf",
                  "fix: use it with --launcher torchrun, from 1 to 256 (default: each host's slots)"]}

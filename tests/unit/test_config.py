@@ -52,10 +52,10 @@ def test_missing_default_kit_yaml_is_no_config(in_tmp):
 BAD = [
     (None, {"flavor": "tpu"}, "--flavor: 'tpu' is not allowed", "cpu, gpu, tf-cpu, tf-gpu"),
     ("build:\n  flavor: tf-cpu\n  torch: 2.13.0\n", {}, "kit.yaml:3: build.torch: does not apply to flavor tf-cpu "
-     "(its image has TensorFlow, not torch or Horovod)", "remove torch"),
+     "(its image has TensorFlow, no torch or Horovod)", "remove torch"),
     (None, {"flavor": "tf-gpu", "with_mpi": True}, "--with-mpi: does not apply to flavor tf-gpu", "remove with_mpi"),
     ("build:\n  tensorflow: 2.21.0\n", {}, "kit.yaml:2: build.tensorflow: does not apply to flavor cpu (its image "
-     "has no TensorFlow)", "remove tensorflow"),
+     "has torch and Horovod, no TensorFlow)", "remove tensorflow"),
     (None, {"flavor": "tf-cpu", "tensorflow": "latest"}, "--tensorflow: 'latest' is not a version", "2.21.0"),
     (None, {"wheelhouse": Path("/nonexistent/wheels")}, "--wheelhouse: folder /nonexistent/wheels does not exist", ".whl"),
     (None, {"ca_bundle": Path("/nonexistent/ca.pem")}, "--ca-bundle: file /nonexistent/ca.pem cannot be read", "PEM"),
