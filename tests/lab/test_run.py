@@ -169,9 +169,10 @@ def test_ctrl_c_stops_the_job_on_every_host(request, lab, launcher):
     assert job_processes(lab, "allreduce_loop") == {}
 
 
-def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(project, lab, cluster, tf_cluster):
+def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(lab, cluster, tf_cluster):
+    """Which launchers a cluster runs comes from its image's own flavor label, recorded by kit up."""
     for where, launcher, has in ((tf_cluster, "horovod", "TensorFlow, no torch or Horovod"),
-                                 (project, "tf", "torch and Horovod, no TensorFlow")):
+                                 (cluster, "tf", "torch and Horovod, no TensorFlow")):
         r = kit(where, lab, "run", "--launcher", launcher, LOOP)
         assert r.returncode == 2, r.stdout + r.stderr
         assert f"error: --launcher {launcher}: cluster " in r.stderr and has in r.stderr, r.stderr

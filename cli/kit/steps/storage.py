@@ -123,7 +123,7 @@ def unexport_command(s: Storage, exports: str = EXPORTS) -> str:
 
 
 def mount_command(s: Storage, place: Place, primary_address: str) -> str:
-    q, ws = shlex.quote, s.workspace
+    ws = s.workspace
     if s.mode == "sshfs":
         keys = place.ssh_dir  # written by `kit up` before: the cluster's key and known_hosts
         options = [f"IdentityFile={keys}/id_ed25519", f"UserKnownHostsFile={keys}/known_hosts", *SSHFS_OPTIONS]
