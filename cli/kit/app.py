@@ -248,8 +248,8 @@ def _cluster_cfg(config: Optional[Path], flags: dict) -> tuple[ConfigFile, Clust
 
 
 def _image_tag(cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
-    """The image the cluster runs, and the flavor of kit.yaml's build section: the image's own label says which
-    flavor it is when it has one (an image set with image_tag may be of another)."""
+    """The image the cluster runs (cluster.image_tag, or the one `kit build` makes), and kit.yaml's build flavor:
+    what an image without kit's flavor label is taken to be."""
     build = build_config(cfg_file, {})
     return (cfg.image_tag or make_recipe(build).tag), build.flavor
 
@@ -498,8 +498,9 @@ def _check_launcher(launcher: str, state: st.ClusterState) -> None:
     if launcher not in FRAMEWORK_LAUNCHERS[kind]:
         needs = [f for f in FLAVORS if launcher in FRAMEWORK_LAUNCHERS[framework(f)]]
         raise BadInput(f"--launcher {launcher}: cluster {state.cluster} runs {state.image}, a {state.flavor} image "
-                       f"({CONTENTS[kind]})", hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a "
-                                        f"cluster of a {' or '.join(needs)} image (another --name) for this launcher")
+                       f"({CONTENTS[kind]})",
+                       hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a cluster "
+                            f"of a {' or '.join(needs)} image (another --name) for this launcher")
 
 
 def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],

@@ -130,7 +130,8 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
         box.remove(force=True)
     if versions.pop("cuda_build", None) == "False" and uses_gpus(flavor):
         raise VerifyFailed(f"image {tag}: its TensorFlow {versions['TensorFlow']} is not built with CUDA",
-                           command=VERSIONS_PY[kind], hint="the GPU flavor needs tensorflow[and-cuda], not tensorflow-cpu")
+                           command=VERSIONS_PY[kind],
+                           hint="the GPU flavor needs tensorflow[and-cuda], not tensorflow-cpu")
     return ImageReport(tag=tag, image_id=image.id, size_bytes=image.attrs["Size"], versions=versions, check=check,
                        allreduce=tuple(allreduce))
 
