@@ -294,7 +294,10 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
         plan.append((f"rmdir {q(state.workspace)} 2>/dev/null || echo kept",
                      f"removed {state.workspace}"))
     if h.made_kit_dir and f.kit_dir_exists:
-        folders = [Path(p.kit_dir), *(d for d in Path(p.kit_dir).parents if d.is_relative_to(KIT_ROOT))]
+        # Up to, never including, KIT_ROOT: it is every cluster's, and may be a mountpoint. Removing a folder that
+        # another mount namespace mounts something on detaches that mount there (Linux >= 3.18).
+        folders = [Path(p.kit_dir), *(d for d in Path(p.kit_dir).parents
+                                      if d.is_relative_to(KIT_ROOT) and d != Path(KIT_ROOT))]
         plan.append(("".join(f"rmdir {q(str(d))} 2>/dev/null; " for d in folders) + "true", f"removed {p.kit_dir}"))
     if h.primary and f.network is not None and f.network.cluster == state.cluster:  # the primary goes last
         plan.append((command(network_remove_argv(p.network)), f"removed network {p.network}"))

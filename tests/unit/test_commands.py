@@ -1,5 +1,6 @@
 """Command lines kit runs on hosts, by exact equality."""
 
+import re
 from dataclasses import replace
 from ipaddress import IPv4Network
 
@@ -97,7 +98,7 @@ def test_down_removes_what_up_made():
         "docker rm -f kit-lab",
         "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
         "rmdir /var/lib/kit/lab/workspace 2>/dev/null || echo kept",
-        "rmdir /var/lib/kit/lab 2>/dev/null; rmdir /var/lib/kit 2>/dev/null; true"]
+        "rmdir /var/lib/kit/lab 2>/dev/null; true"]
 
 
 def test_down_of_the_local_cluster_removes_the_network_with_the_primary():
@@ -111,14 +112,24 @@ def test_down_of_the_local_cluster_removes_the_network_with_the_primary():
     assert [c for c, _ in removal_commands(facts, other, state)] == [
         "docker rm -f kit-demo-2",
         "rm -rf /var/lib/kit/demo/local-2/ssh /var/lib/kit/demo/local-2/jobs",
-        "rmdir /var/lib/kit/demo/local-2 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; "
-        "rmdir /var/lib/kit 2>/dev/null; true"]
+        "rmdir /var/lib/kit/demo/local-2 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; true"]
     assert [c for c, _ in removal_commands(facts, primary, state)][-2:] == [
-        "rmdir /var/lib/kit/demo/local-1 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; "
-        "rmdir /var/lib/kit 2>/dev/null; true",
+        "rmdir /var/lib/kit/demo/local-1 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; true",
         "docker network rm kit-demo"]
     foreign = replace(facts, network=NetworkFacts("another", ("10.213.4.0/24",)))
     assert "docker network rm kit-demo" not in [c for c, _ in removal_commands(foreign, primary, state)]
+
+
+def test_down_never_removes_kits_root_folder():
+    """/var/lib/kit is every cluster's and may be a mountpoint, in this or another mount namespace. Removing it
+    detached the mounts of every lab host (each its own /var/lib/kit in its namespace): after a local cluster's
+    `kit down` on a fresh machine, the hosts shared one folder, and each served the host key written last."""
+    facts = HostFacts(uid=0, docker_version="24.0", kit_dir_exists=True)
+    for state, host in ((STATE, HostState("a", "10.0.0.1", PLACE, made_kit_dir=True)),
+                        (ClusterState("demo", "img:1", "sha256:abc", 12345, LOCAL_CFG.workspace_path),
+                         HostState("local-2", "10.213.4.3", LOCAL_PLACES["local-2"], local=True, made_kit_dir=True))):
+        commands = " ".join(c for c, _ in removal_commands(facts, host, state))
+        assert "rmdir /var/lib/kit/" in commands and not re.search(r"rmdir /var/lib/kit(?!/)", commands), commands
 
 
 def test_down_leaves_what_it_did_not_make():
