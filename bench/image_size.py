@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/image_size.py [kit build flags]
 
-Without flags it uses the lab's inputs (tests/lab/harness.py: the debootstrapped
-base, the CPU torch wheel, this machine's CA). Both images are built with
-`kit build` (cached ones are reused) and measured with the Docker engine. Prints
-figures and their ratio; never passes or fails on them.
+Without flags it builds kit's defaults from what this machine has (as
+cli/demo does). Both images are built with `kit build` (cached ones are reused)
+and measured with the Docker engine. Prints figures and their ratio; never
+passes or fails on them.
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ from pathlib import Path
 
 import docker
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "lab"))
-from harness import cpu_build_flags  # noqa: E402
-
 COMPILERS = "for c in cc gcc g++ c++ clang cmake; do command -v $c; done; true"
 
 
-def build(flags: list[str]) -> str:
-    r = subprocess.run([sys.executable, "-m", "kit", "build", *flags, "--no-verify"],
+def build(flags: list[str], work: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "kit", "build", *flags, "--no-verify"], cwd=work,
                        capture_output=True, text=True, timeout=60 * 60)
     if r.returncode != 0:
         sys.exit(f"kit build {' '.join(flags)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -34,12 +30,12 @@ def build(flags: list[str]) -> str:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work:
-        flags = sys.argv[1:] or cpu_build_flags(Path(work))
+    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work:  # no kit.yaml there: kit's defaults
+        flags = sys.argv[1:]
         client = docker.from_env(timeout=600)
         rows = []
         for name, extra in (("multi-stage (kit)", []), ("single-stage", ["--single-stage"])):
-            tag = build(flags + extra)
+            tag = build(flags + extra, work)
             size = client.images.get(tag).attrs["Size"]
             found = client.containers.run(tag, ["-c", COMPILERS], entrypoint="sh", network_mode="none",
                                           remove=True).decode().split()

@@ -1,18 +1,20 @@
 #!/bin/sh
-# Build a Horovod wheel from a pip requirement (a PyPI release or a source URL)
-# against the torch in the active venv, with two fixes:
+# Build a Horovod wheel from its source archive (the sdist of a release, or an
+# archive of a source URL, resolved by kit on the building machine) against the
+# torch in the active venv, offline, with two fixes:
 # - Horovod 0.28.1 hard-codes C++14, which torch >= 2.1 headers reject; upstream
 #   switched to C++17 after the release, so the same switch is applied here.
 # - horovodrun starts remote ranks with ssh host-key checking switched off, which
 #   overrides kit's pinned known_hosts: anyone could impersonate a worker. It is
 #   turned back on; kit's known_hosts holds every container's key.
 # Sources that already have either fix are unchanged.
-#   usage: build_horovod.sh REQUIREMENT OUTPUT_DIR
+#   usage: build_horovod.sh ARCHIVE OUTPUT_DIR
 set -eu
-spec=$1 out=$2
+[ "$#" -eq 2 ] && [ -f "$1" ] || { echo "build_horovod.sh: usage: build_horovod.sh ARCHIVE OUTPUT_DIR (got: $*)" >&2; exit 2; }
+archive=$1 out=$2
+spec=$(basename "$archive")
 work=$(mktemp -d)
-pip download --no-cache-dir --no-deps --no-binary :all: --no-build-isolation -d "$work/sdist" "$spec"
-python -c 'import shutil, sys; shutil.unpack_archive(sys.argv[1], sys.argv[2])' "$work"/sdist/* "$work/src"
+python -c 'import shutil, sys; shutil.unpack_archive(sys.argv[1], sys.argv[2])' "$archive" "$work/src"
 src=$(find "$work/src" -mindepth 1 -maxdepth 1 -type d | head -n 1)
 for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
@@ -26,5 +28,5 @@ if grep -rn 'StrictHostKeyChecking=no' "$src/horovod" --include='*.py' | grep -v
     echo "build_horovod.sh: $spec turns host-key checking off (lines above); kit will not ship that" >&2
     exit 1
 fi
-pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$out" "$src"
+pip wheel --no-cache-dir --no-index --no-deps --no-build-isolation -w "$out" "$src"
 rm -rf "$work"

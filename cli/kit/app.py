@@ -23,7 +23,8 @@ from rich.text import Text
 
 from kit import __version__, shipped_folder
 from kit import state as st
-from kit.build import Step, build_image, check_base_images, connect, image_exists
+from kit import pipconfig
+from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch
 from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
 from kit.config import (CONTENTS, FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework,
                         read_config)
@@ -126,15 +127,15 @@ def build(
                  torch=torch, torch_index_url=torch_index_url, pip_index_urls=tuple(index_url),
                  wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version, tensorflow=tensorflow,
                  horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi)
-    recipe = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
+    plan = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
     if dry_run:
-        _print_plan(recipe, verify)
+        _print_plan(plan, verify)
         return
     client = connect()
-    _ensure_image(client, recipe, verbose)
+    tag = _ensure_image(client, plan, verbose)
     if verify:
-        with console.status(f"verifying: {VERIFIES[recipe.config.framework]}"):
-            report = verify_image(client, recipe.tag, recipe.config.flavor)
+        with console.status(f"verifying: {VERIFIES[plan.config.framework]}"):
+            report = verify_image(client, tag, plan.config.flavor)
         _print_report(report)
 
 
@@ -143,17 +144,32 @@ VERIFIES = {"horovod": "horovodrun --check-build and a 2-process Horovod allredu
             "tensorflow": "a 2-worker MultiWorkerMirroredStrategy allreduce"}
 
 
-def _ensure_image(client, recipe: Recipe, verbose: bool) -> None:
-    """Build the recipe's image unless an image with its tag (a hash of its inputs) is already here."""
-    check_base_images(client, recipe)
-    if image_exists(client, recipe.tag):
-        console.print(f"[green]✓[/] {recipe.tag} is up to date (built before from the same inputs)")
-        return
-    console.print(f"building {recipe.tag} ({recipe.config.flavor}, {len(recipe.files)} files in the context)")
-    with console.status("starting the build") as status:
-        build_image(client, recipe, on_step=functools.partial(_show_step, status),
-                    on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
+def _ensure_image(client, plan: Recipe, verbose: bool) -> str:
+    """The image of these settings: the one built before from them (its key), else resolved and built now. Its tag."""
+    built = find_built(client, plan)
+    if built:
+        console.print(f"[green]✓[/] {built} is up to date (built before from the same settings)")
+        return built
+    with tempfile.TemporaryDirectory(prefix="kit-build-", dir=scratch()) as work:
+        with console.status("finding the base image and the Python packages") as status:
+            sources = resolve_sources(client, plan.config, Path(work), on_status=status.update)
+        _print_rows("sources", sources.lines())
+        recipe = make_recipe(plan.config, single_stage=plan.single_stage, base=sources.base.ref,
+                             builder=sources.builder.ref if sources.builder else None,
+                             wheelhouse=sources.wheelhouse, ca_bundle=sources.ca_bundle)
+        console.print(f"building {recipe.tag} ({recipe.config.flavor}, {len(recipe.files)} files in the context)")
+        with console.status("starting the build") as status:
+            build_image(client, recipe, on_step=functools.partial(_show_step, status),
+                        on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
     console.print(f"[green]✓[/] built {recipe.tag}")
+    return recipe.tag
+
+
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
+    """A titled list of `name  value` lines, each whole (soft-wrapped: URLs and paths stay copyable)."""
+    console.print(f"[bold]{title}[/]")
+    for key, value in rows:
+        console.print(f"  {key:<8}  {escape(value)}")
 
 
 def _show_step(status, step: Step) -> None:
@@ -166,9 +182,13 @@ def _show_step(status, step: Step) -> None:
 
 def _print_plan(recipe: Recipe, verify: bool) -> None:
     console.print(recipe.dockerfile, markup=False)
-    console.print("[bold]plan[/] (dry run: no Docker engine was contacted)")
-    console.print(f"  tag      {recipe.tag}")
-    console.print(f"  bases    {', '.join(recipe.base_images)} (must exist locally or in a registry)")
+    console.print("[bold]plan[/] (dry run: no Docker engine or package index was contacted)")
+    console.print(f"  key      {recipe.key} (the image of these settings carries it as io.kit.key)")
+    bases = [b for b in (recipe.config.base_image, recipe.config.builder_image) if b]
+    console.print(f"  bases    {', '.join(bases)} (this machine's, else its registry's; debian and ubuntu "
+                  "are made from this machine's apt mirror when no registry answers)")
+    console.print(f"  wheels   resolved with this machine's pip for the image's Python: "
+                  f"{'; '.join(pipconfig.read().describe())}")
     for f in recipe.files:
         console.print(f"  context  {f.name} ({f.size():,} bytes)")
     if verify and recipe.config.framework == "horovod":
@@ -247,11 +267,16 @@ def _cluster_cfg(config: Optional[Path], flags: dict) -> tuple[ConfigFile, Clust
     return cfg_file, cluster_config(cfg_file, flags)
 
 
-def _image_tag(cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
-    """The image the cluster runs (cluster.image_tag, or the one `kit build` makes), and kit.yaml's build flavor:
-    what an image without kit's flavor label is taken to be."""
+def _image_tag(client, cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
+    """The image the cluster runs (cluster.image_tag, or the one `kit build` made from kit.yaml's settings), and
+    kit.yaml's build flavor: what an image without kit's flavor label is taken to be."""
     build = build_config(cfg_file, {})
-    return (cfg.image_tag or make_recipe(build).tag), build.flavor
+    tag = cfg.image_tag or find_built(client, make_recipe(build))
+    if tag is None:
+        raise BadInput(f"no image built from the build settings of {cfg_file.path or 'the defaults (no kit.yaml)'} "
+                       "is on this machine", hint="run `kit build` first with the same kit.yaml, or set "
+                                                 "cluster.image_tag")
+    return tag, build.flavor
 
 
 def _print_changes(nodes: list[Node], dry_run: bool) -> None:
@@ -302,7 +327,7 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
             cfg = cfg.model_copy(update={"storage": "copy", "nfs_server": None})
     else:
         places = {h.name: cfg.host_place() for h in inventory}
-    tag, flavor = _image_tag(cfg_file, cfg)
+    tag, flavor = _image_tag(client, cfg_file, cfg)
     image = local_image(client, tag)
     flavor = image.flavor or flavor
     identity = Identity(cfg.name, persist=not dry_run)

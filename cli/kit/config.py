@@ -18,6 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kit.errors import BadInput
+from kit.pipconfig import has_credentials, redact, redact_text
 from kit.place import Place
 
 DEFAULT_CONFIG = Path("kit.yaml")
@@ -91,6 +92,10 @@ _APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
 _PYTHON = re.compile(r"^3\.\d{1,2}$")
 _VERSION = re.compile(r"^\d+(?:\.\d+){1,2}(?:[a-z]+\d*)?(?:\+[a-z0-9.]+)?$")
 _URL = re.compile(r"^(?:https?|file)://\S+$")
+
+# Settings are written into the image (its labels, its history): a credential goes in pip's own configuration.
+NO_CREDENTIALS = ("settings end up in the image's labels and history; keep it in pip's configuration "
+                  "(pip.conf, ~/.netrc or a keyring), which kit uses on this machine only")
 
 # The fix shown for a bad value of each setting: the expected form, with an example.
 HINTS: dict[str, str] = {
@@ -198,6 +203,8 @@ class BuildConfig(BaseModel):
     @field_validator("horovod_source")
     @classmethod
     def _source(cls, v: str | None) -> str | None:
+        if v is not None and has_credentials(v.removeprefix("git+")):
+            raise ValueError(f"'{redact(v)}' holds a user or token: {NO_CREDENTIALS}")
         if v is not None and (not _URL.match(v.removeprefix("git+")) or any(c in v for c in "'\"`$;")):
             raise ValueError(f"'{v}' is not a requirement URL")
         return v
@@ -212,6 +219,9 @@ class BuildConfig(BaseModel):
                 raise ValueError(f"'{spec}' is not a pip requirement") from None
             if any(c in spec for c in "'\"`$;\\"):
                 raise ValueError(f"'{spec}' contains shell characters")
+            url = Requirement(spec).url
+            if url and has_credentials(url.removeprefix("git+")):
+                raise ValueError(f"'{spec.replace(url, redact(url))}' holds a user or token: {NO_CREDENTIALS}")
         return v
 
     @field_validator("apt_packages")
@@ -473,6 +483,8 @@ def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, sect
     hint = HINTS.get(key, f"see the README for the settings of {section}")
     if msg.startswith("does not apply to flavor"):
         hint = f"remove {key}, or use a flavor whose image has it"
+    if NO_CREDENTIALS in msg:
+        msg, hint = msg.replace(f": {NO_CREDENTIALS}", ""), f"remove it from the URL: {NO_CREDENTIALS}"
     if err["type"] == "extra_forbidden":
         msg, hint = "unknown setting", f"settings of {section} are: {', '.join(SECTIONS[section].model_fields)}"
     elif err["type"] == "literal_error":
@@ -481,4 +493,4 @@ def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, sect
         msg = f"should be a list, e.g. [{err.get('input')}] (got {err.get('input')!r})"
     elif err["type"] in ("string_type", "bool_parsing", "bool_type", "int_parsing", "int_type", "missing"):
         msg = f"{msg.lower()} (got {err.get('input')!r})"
-    return BadInput(f"{where}: {msg}", hint=hint)
+    return BadInput(redact_text(f"{where}: {msg}"), hint=hint)

@@ -110,3 +110,16 @@ def test_unreadable_ca_bundle_is_bad_input(tmp_path):
 def test_unreadable_config_file_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="cannot read the config file"):
         read_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("flags, shown", [
+    ({"horovod_source": "git+https://me:ghp_s3cret@github.com/horovod/horovod@3a31d93"},
+     "--horovod-source: 'git+https://****@github.com/horovod/horovod@3a31d93' holds a user or token"),
+    ({"pip_packages": ("mypkg @ https://u:s3cret@pkgs.lab/mypkg-1.0-py3-none-any.whl",)},
+     "--pip-packages: 'mypkg @ https://****@pkgs.lab/mypkg-1.0-py3-none-any.whl' holds a user or token"),
+    ({"pip_index_urls": "https://u:s3cret@pypi.lab/simple"}, "--pip-index-urls: should be a list"),
+])
+def test_a_credential_in_a_setting_that_reaches_the_image_is_refused_and_never_shown(flags, shown):
+    with pytest.raises(BadInput) as e:
+        build_config(ConfigFile(), flags)
+    assert str(e.value).startswith(shown) and "s3cret" not in str(e.value) + (e.value.hint or "")

@@ -4,6 +4,7 @@ import re
 from importlib.resources import files
 
 from kit.config import ConfigFile, build_config
+from kit import wheels
 from kit.recipe import make_recipe
 
 
@@ -46,9 +47,8 @@ def test_gpu_horovod_gets_nccl_gpu_operations_and_gloo():
     for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_GLOO=1", "HOROVOD_WITH_PYTORCH=1",
                     "HOROVOD_WITHOUT_MPI=1", "HOROVOD_CUDA_HOME=/usr/local/cuda"):
         assert setting in builder
-    assert 'build_horovod.sh "horovod==0.28.1"' in builder
-    assert "torch==2.5.1" in recipe(flavor="gpu").dockerfile
-    assert "--extra-index-url https://download.pytorch.org/whl/cu124" in recipe(flavor="gpu").dockerfile
+    assert "build_horovod.sh /opt/kit/wheelhouse/horovod/* /opt/kit/dist" in builder  # only the archive: .resolved is hidden
+    assert '"torch==2.5.1"' in recipe(flavor="gpu").dockerfile
 
 
 def test_open_mpi_is_optional():
@@ -89,14 +89,15 @@ def test_sshd_is_set_up_key_only_without_baked_host_keys():
     assert 'sshd -D -e -p "${KIT_SSH_PORT:-12345}"' in entrypoint
 
 
-def test_compilers_and_wheelhouse_stay_out_of_the_final_image(wheelhouse):
-    st = stages(recipe(wheelhouse=wheelhouse).dockerfile)
+def test_compilers_and_wheelhouse_stay_out_of_the_final_image():
+    st = stages(recipe().dockerfile)
     final_chain = chain(st, "final")
     for name in final_chain:
         assert not re.search(r"\b(g\+\+|gcc|cmake|-dev)\b", st[name][1]), name
         assert "wheelhouse" not in st[name][1], name
     assert "g++" in st["builder"][1]
-    assert "COPY wheelhouse/ /opt/kit/wheelhouse/" in st["torch"][1]
+    assert "COPY wheelhouse/torch/ /opt/kit/wheelhouse/torch/" in st["torch"][1]
+    assert "COPY wheelhouse/build/ /opt/kit/wheelhouse/build/" in st["builder"][1]
     assert "COPY --from=builder /opt/kit/dist/" in st["final"][1]
     assert "pip install --no-cache-dir --no-deps /opt/kit/dist/*.whl" in st["final"][1]
 
@@ -120,40 +121,83 @@ def test_ca_bundle_and_indexes_are_trusted_before_anything_is_fetched(ca_bundle)
 
 def test_extra_packages_are_quoted_and_land_after_horovod():
     st = stages(recipe(pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
-    assert "pip install --no-cache-dir 'tqdm>=4'" in st["venv"][1]
+    assert ("pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/torch "
+            "--find-links /opt/kit/wheelhouse/user 'tqdm>=4'") in st["venv"][1]
     assert "htop" in st["final"][1]
     assert "tqdm" not in st["builder"][1]
 
 
 def test_horovod_source_replaces_the_release():
     r = recipe(horovod_source="git+https://github.com/horovod/horovod@3a31d93")
-    assert 'build_horovod.sh "git+https://github.com/horovod/horovod@3a31d93"' in r.dockerfile
+    assert "Horovod from git+https://github.com/horovod/horovod@3a31d93 built into a wheel" in r.dockerfile
+    assert wheels.groups(r.config)[2] == wheels.Group("horovod", ("git+https://github.com/horovod/horovod@3a31d93",),
+                                                     no_deps=True, sdist=True)
+
+
+def resolved(folder):
+    """A wheelhouse as kit.wheels.resolve leaves it: the torch group's files."""
+    return wheels.Wheelhouse(folder, {"torch": sorted(folder.iterdir())})
 
 
 def test_same_inputs_give_the_same_tag(wheelhouse, ca_bundle):
-    a = recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
-    b = recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle)
-    assert a.tag == b.tag
+    a = make_recipe(build_config(ConfigFile(), {}), wheelhouse=resolved(wheelhouse), ca_bundle=ca_bundle)
+    b = make_recipe(build_config(ConfigFile(), {}), wheelhouse=resolved(wheelhouse), ca_bundle=ca_bundle)
+    assert a.tag == b.tag and a.key == b.key
     assert re.fullmatch(r"kit-horovod:cpu-[0-9a-f]{12}", a.tag)
 
 
 def test_any_changed_input_gives_a_new_tag(wheelhouse, ca_bundle):
-    base = recipe(wheelhouse=wheelhouse).tag
-    assert recipe(wheelhouse=wheelhouse, pip_packages=("six",)).tag != base
-    assert recipe(wheelhouse=wheelhouse, torch="2.12.0").tag != base
-    assert recipe(wheelhouse=wheelhouse, ca_bundle=ca_bundle).tag != base
-    assert recipe().tag != base
+    def tag(flags=None, **inputs):
+        return make_recipe(build_config(ConfigFile(), flags or {}), wheelhouse=resolved(wheelhouse), **inputs).tag
+    base = tag()
+    assert tag({"pip_packages": ("six",)}) != base
+    assert tag({"torch": "2.12.0"}) != base
+    assert tag(ca_bundle=ca_bundle) != base
+    assert tag(base="kit-base/debian:bookworm") != base
+    assert recipe().tag != base  # no wheels
     (wheelhouse / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"another build")
-    assert recipe(wheelhouse=wheelhouse).tag != base  # same file name, other content
+    assert tag() != base  # same file name, other content
+
+
+def test_the_key_follows_the_settings_not_what_was_resolved(wheelhouse, ca_bundle, tmp_path):
+    """An image is found again by its settings alone (kit up, a second kit build): nothing is resolved for that."""
+    config = build_config(ConfigFile(), {})
+    key = make_recipe(config).key
+    assert make_recipe(config, wheelhouse=resolved(wheelhouse), base="kit-base/debian:bookworm").key == key
+    assert recipe(pip_packages=("six",)).key != key
+    assert recipe(flavor="tf-cpu").key != key
+    assert make_recipe(config, single_stage=True).key != key
+    assert recipe(ca_bundle=ca_bundle).key != key
+    with_house = recipe(wheelhouse=wheelhouse).key
+    assert with_house != key
+    (wheelhouse / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"a wheel more")  # the user's own wheelhouse grew
+    assert recipe(wheelhouse=wheelhouse).key != with_house
+
+
+def test_the_key_changes_with_what_kit_renders_and_never_holds_a_password(monkeypatch):
+    config = build_config(ConfigFile(), {})
+    key = make_recipe(config).key
+    monkeypatch.setattr(wheels, "HOROVOD_RUNTIME", wheels.HOROVOD_RUNTIME + ("scipy",))  # a kit that installs more
+    assert make_recipe(config).key != key
+    monkeypatch.undo()
+    a = recipe(pip_index_urls=("https://u:first@pypi.lab/simple",)).key
+    assert recipe(pip_index_urls=("https://u:second@pypi.lab/simple",)).key == a  # the password is not in it
+
+
+def test_a_direct_url_package_is_installed_by_name_from_the_wheelhouse():
+    st = stages(recipe(pip_packages=("mypkg[extra] @ https://pkgs.lab/mypkg-1.0-py3-none-any.whl", "tqdm>=4")).dockerfile)
+    assert "--find-links /opt/kit/wheelhouse/user 'mypkg[extra]' 'tqdm>=4'" in st["venv"][1]
+    assert "https://pkgs.lab" not in st["venv"][1]
 
 
 def test_context_is_written_as_hashed(tmp_path, wheelhouse):
-    r = recipe(wheelhouse=wheelhouse)
+    r = make_recipe(build_config(ConfigFile(), {}), wheelhouse=resolved(wheelhouse))
     out = tmp_path / "ctx"
     out.mkdir()
     r.write(out)
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(f.name for f in r.files)
+    assert "wheelhouse/torch/.resolved" in written
     assert (out / "kit/entrypoint.sh").stat().st_mode & 0o111
 
 
@@ -162,12 +206,13 @@ def test_symlinked_wheels_reach_the_context_as_files(tmp_path, wheelhouse):
     linked.mkdir()
     for wheel in wheelhouse.iterdir():
         (linked / wheel.name).symlink_to(wheel)
-    r = recipe(wheelhouse=linked)
-    assert r.tag == recipe(wheelhouse=wheelhouse).tag
+    config = build_config(ConfigFile(), {})
+    r = make_recipe(config, wheelhouse=resolved(linked))
+    assert r.tag == make_recipe(config, wheelhouse=resolved(wheelhouse)).tag
     out = tmp_path / "ctx"
     out.mkdir()
     r.write(out)
-    written = next((out / "wheelhouse").iterdir())
+    written = out / "wheelhouse" / "torch" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
     assert not written.is_symlink() and written.read_bytes() == b"wheel one"
 
 
@@ -205,7 +250,8 @@ def test_tf_and_horovod_images_share_their_base_stage(ca_bundle):
 
 def test_tf_user_packages_land_in_the_venv_stage():
     st = stages(recipe(flavor="tf-cpu", pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
-    assert "pip install --no-cache-dir 'tqdm>=4'" in st["venv"][1] and "htop" in st["final"][1]
+    assert ("pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/tf "
+            "--find-links /opt/kit/wheelhouse/user 'tqdm>=4'") in st["venv"][1] and "htop" in st["final"][1]
 
 
 def test_single_stage_is_refused_for_the_tf_flavors():

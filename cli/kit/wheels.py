@@ -1,0 +1,231 @@
+"""The image's Python packages, resolved on this machine with its own pip into the build's wheelhouse.
+
+Each stage of the image installs one group of files with `pip install --no-index`,
+so the build needs no network and no credential ever reaches it. A group is
+resolved for the image's Python and platform (`pip download --python-version
+--platform --only-binary=:all:`), not this machine's. Groups follow the stages, so
+that a change of the user's extra packages leaves torch's and Horovod's layers as
+they were.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from kit.config import BuildConfig
+from kit.errors import KitError
+from kit.pipconfig import PipSettings, run_env
+
+RESOLVE_TIMEOUT_S = 3600  # a bound on one pip run; multi-GB CUDA wheels over a slow proxy take long
+TAIL_LINES = 15
+
+# What the torch stage installs besides torch: Horovod's runtime needs, and numpy.
+HOROVOD_RUNTIME = ("cloudpickle", "psutil", "pyyaml", "packaging", "numpy")
+# What Horovod's build needs besides torch (setup_requires asks for cffi when it builds the torch extension).
+HOROVOD_BUILD = ("setuptools", "wheel", "cffi")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One pip run: requirements resolved into the wheelhouse folder `folder`."""
+
+    folder: str
+    requirements: tuple[str, ...]
+    no_deps: bool = False
+    sdist: bool = False            # a source archive (Horovod's), not wheels
+    along: tuple[str, ...] = ()    # resolved together with these (a lower stage's), whose files are not repeated
+
+
+def torch_requirement(config: BuildConfig) -> str:
+    """torch pinned; the cpu flavor asks for the +cpu build, so a CUDA build of several GB is never taken by chance."""
+    version = config.torch or ""
+    if config.flavor == "cpu" and "+" not in version:
+        version += "+cpu"
+    return f"torch=={version}"
+
+
+def horovod_requirement(config: BuildConfig) -> str:
+    return config.horovod_source or f"horovod=={config.horovod_version}"
+
+
+def tensorflow_requirements(config: BuildConfig) -> tuple[str, str]:
+    """(TensorFlow, tf-keras of the same minor). tf-cpu's tf-keras goes in without deps: it asks for `tensorflow`."""
+    minor = ".".join((config.tensorflow or "").split(".")[:2])
+    tf = f"tensorflow[and-cuda]=={config.tensorflow}" if config.gpu else f"tensorflow-cpu=={config.tensorflow}"
+    return tf, f"tf-keras=={minor}.*"
+
+
+def groups(config: BuildConfig) -> list[Group]:
+    """The pip runs of a recipe, lowest stage first."""
+    user = config.pip_packages
+    if config.framework == "tensorflow":
+        tf, keras = tensorflow_requirements(config)
+        found = [Group("tf", (tf, keras))] if config.gpu else [Group("tf", (tf,)), Group("tf", (keras,), no_deps=True)]
+        base = (tf, keras) if config.gpu else (tf,)
+    else:
+        base = (torch_requirement(config), *HOROVOD_RUNTIME)
+        found = [Group("torch", base), Group("build", HOROVOD_BUILD),
+                 Group("horovod", (horovod_requirement(config),), no_deps=True, sdist=True)]
+    if user:
+        found.append(Group("user", user, along=base))
+    return found
+
+
+@dataclass(frozen=True)
+class Target:
+    """The image's Python and platform, for which wheels are chosen."""
+
+    python: str          # "3.11"
+    machine: str         # x86_64, aarch64
+    glibc: tuple[int, int]
+
+    def pip_options(self) -> list[str]:
+        major, minor = self.python.split(".")
+        tags = [f"manylinux_2_{m}_{self.machine}" for m in range(self.glibc[1], 4, -1)] if self.glibc[0] == 2 else []
+        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        tags += [f"{name}_{self.machine}" for m, name in legacy.items() if self.glibc >= (2, m)]
+        tags.append(f"linux_{self.machine}")
+        return ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp",
+                "--abi", f"cp{major}{minor}", *(arg for tag in tags for arg in ("--platform", tag))]
+
+    def describe(self) -> str:
+        return f"CPython {self.python}, glibc {self.glibc[0]}.{self.glibc[1]}, {self.machine}"
+
+
+_GLIBC = re.compile(r"^ldd .*?(\d+)\.(\d+)\s*$", re.M)
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def parse_glibc(ldd_version: str) -> tuple[int, int] | None:
+    """The glibc version from `ldd --version` (its first line ends with it)."""
+    m = _GLIBC.search(ldd_version)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def download_argv(python: str, group: Group, target: Target, dest: Path) -> list[str]:
+    """The pip run of one group. Pure: tested by exact equality."""
+    argv = [python, "-m", "pip", "download", "--no-input", "--progress-bar", "off", "--dest", str(dest)]
+    if group.sdist:
+        # No build isolation: pip would start a second pip for setuptools, with the indexes (and their
+        # credentials) on its command line, and need setuptools as a source archive too. kit's own setuptools
+        # (a dependency of kit) prepares the archive's metadata instead.
+        argv += ["--no-binary", ":all:", "--no-build-isolation"]
+    else:
+        argv += target.pip_options()
+    if group.no_deps:
+        argv.append("--no-deps")
+    return argv + list(group.along) + list(group.requirements)
+
+
+@dataclass
+class Wheelhouse:
+    """The resolved files, per folder of the build context's wheelhouse."""
+
+    root: Path
+    files: dict[str, list[Path]]
+    seconds: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return sum(f.stat().st_size for fs in self.files.values() for f in fs)
+
+    def count(self) -> int:
+        return sum(len(fs) for fs in self.files.values())
+
+    def find(self, prefix: str) -> Path | None:
+        return next((f for fs in self.files.values() for f in fs if f.name.lower().startswith(prefix)), None)
+
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Path, *,
+            env: Mapping[str, str] | None = None, python: str = sys.executable, run: Run = subprocess.run,
+            on_status: Callable[[str], None] = lambda s: None) -> Wheelhouse:
+    """Every group's files into root/<folder>, with this machine's pip and the given settings."""
+    env = dict(os.environ if env is None else env)
+    started = time.monotonic()
+    files: dict[str, list[Path]] = {}
+    with tempfile.TemporaryDirectory(prefix="kit-pip-") as tmp:
+        conf = Path(tmp) / "pip.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold an index's credentials
+        with os.fdopen(fd, "w") as f:
+            f.write(settings.config_file())
+        pip_env = run_env(env, conf)
+        for group in groups(config):
+            on_status(f"resolving {group.folder}: {' '.join(group.requirements)}")
+            dest = root / group.folder
+            dest.mkdir(parents=True, exist_ok=True)
+            # Files of the groups this one is resolved along with are already there: pip skips them.
+            along = [f for g in files.values() for f in g] if group.along else []
+            scratch = root / ".along" if along else dest
+            if along:
+                scratch.mkdir(exist_ok=True)
+                for f in along:
+                    _link(f, scratch / f.name)
+            before = set(scratch.iterdir())
+            _pip(download_argv(python, group, target, scratch), pip_env, run, group)
+            new = sorted(set(scratch.iterdir()) - before)
+            if along:
+                for f in new:
+                    f.rename(dest / f.name)
+                new = [dest / f.name for f in new]
+            files.setdefault(group.folder, []).extend(new)
+        _remove_tree(root / ".along")
+    return Wheelhouse(root, files, time.monotonic() - started)
+
+
+def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise KitError(f"resolving {' '.join(group.requirements)} with pip took over {RESOLVE_TIMEOUT_S} s",
+                       command=" ".join(argv), hint="check the speed of your package index or proxy") from None
+    if done.returncode != 0:
+        raise KitError(f"pip could not resolve {' '.join(group.requirements)} for the image",
+                       command=" ".join(argv), output_tail=_tail(done.stderr or done.stdout),
+                       hint=_hint(done.stderr + done.stdout, group))
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.splitlines() if not line.startswith("WARNING: Location ")]
+    return "\n".join(lines[-TAIL_LINES:])
+
+
+def _hint(output: str, group: Group) -> str:
+    # With a constraint file (pip's configuration may have one) a missing package reads as a conflict.
+    if not any(words in output for words in ("No matching distribution", "Could not find a version",
+                                              "ResolutionImpossible")):
+        return "the tail above says why; `pip config list` shows the sources kit used"
+    if any(r.startswith("torch==") and r.endswith("+cpu") for r in group.requirements) and "torch" in output:
+        return ("torch's CPU build (+cpu) is on PyTorch's own index, not on PyPI or its mirrors: make "
+                "https://download.pytorch.org/whl/cpu reachable, set build.torch_index_url to a mirror of it, or "
+                "put the torch-*+cpu wheel in a folder and name it as build.wheelhouse")
+    if group.sdist:
+        return ("none of this machine's pip sources has its source archive: add an index or find-links folder "
+                "that has it (pip.conf, or build.wheelhouse in kit.yaml)")
+    return ("none of this machine's pip sources has a wheel of it for the image's Python and platform: "
+            "add an index or find-links folder that has one (pip.conf, or build.wheelhouse in kit.yaml)")
+
+
+def _link(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def _remove_tree(path: Path) -> None:
+    if path.exists():
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()

@@ -1,0 +1,163 @@
+"""The image's wheels: which groups each flavor resolves, the exact pip runs, and a real offline resolution
+with this machine's pip into per-stage folders."""
+
+import base64
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kit import wheels
+from kit.config import ConfigFile, build_config
+from kit.errors import KitError
+from kit.pipconfig import PipSettings
+from kit.wheels import Group, Target
+
+TARGET = Target("3.11", "x86_64", (2, 36))
+
+
+def config(**flags):
+    return build_config(ConfigFile(), flags)
+
+
+def test_cpu_groups_follow_the_stages_and_ask_for_the_cpu_build_of_torch():
+    assert wheels.groups(config()) == [
+        Group("torch", ("torch==2.13.0+cpu", "cloudpickle", "psutil", "pyyaml", "packaging", "numpy")),
+        Group("build", ("setuptools", "wheel", "cffi")),
+        Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True),
+    ]
+    assert wheels.torch_requirement(config(torch="2.12.0+cpu")) == "torch==2.12.0+cpu"
+    assert wheels.torch_requirement(config(flavor="gpu")) == "torch==2.5.1"
+
+
+def test_user_packages_are_resolved_along_with_the_stage_below():
+    user = wheels.groups(config(pip_packages=("tqdm>=4",)))[-1]
+    assert user == Group("user", ("tqdm>=4",), along=wheels.groups(config())[0].requirements)
+    tf_user = wheels.groups(config(flavor="tf-cpu", pip_packages=("six",)))[-1]
+    assert tf_user == Group("user", ("six",), along=("tensorflow-cpu==2.21.0",))
+
+
+def test_tf_keras_comes_without_dependencies_beside_tensorflow_cpu():
+    assert wheels.groups(config(flavor="tf-cpu")) == [
+        Group("tf", ("tensorflow-cpu==2.21.0",)), Group("tf", ("tf-keras==2.21.*",), no_deps=True)]
+    assert wheels.groups(config(flavor="tf-gpu")) == [Group("tf", ("tensorflow[and-cuda]==2.21.0", "tf-keras==2.21.*"))]
+
+
+def test_target_platform_options_cover_every_manylinux_level_up_to_the_bases_glibc():
+    opts = Target("3.12", "aarch64", (2, 28)).pip_options()
+    assert opts[:7] == ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+    platforms = opts[8::2]
+    assert platforms[0] == "manylinux_2_28_aarch64" and "manylinux_2_5_aarch64" in platforms
+    assert "manylinux_2_29_aarch64" not in platforms
+    assert platforms[-4:] == ["manylinux2014_aarch64", "manylinux2010_aarch64", "manylinux1_aarch64", "linux_aarch64"]
+
+
+def test_download_argv_is_exact():
+    assert wheels.download_argv("py", Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True), TARGET,
+                                Path("/w/horovod")) == \
+        ["py", "-m", "pip", "download", "--no-input", "--progress-bar", "off", "--dest", "/w/horovod",
+         "--no-binary", ":all:", "--no-build-isolation", "--no-deps", "horovod==0.28.1"]
+    argv = wheels.download_argv("py", Group("user", ("six",), along=("numpy",)), TARGET, Path("/w/x"))
+    assert argv[:8] == ["py", "-m", "pip", "download", "--no-input", "--progress-bar", "off", "--dest"]
+    assert argv[9:] == TARGET.pip_options() + ["numpy", "six"]
+
+
+@pytest.mark.parametrize("text, version", [
+    ("ldd (Debian GLIBC 2.36-9+deb12u10) 2.36\nCopyright (C) 2022 Free Software Foundation, Inc.\n", (2, 36)),
+    ("ldd (Ubuntu GLIBC 2.39-0ubuntu8.4) 2.39\nCopyright (C) 2024 Free Software Foundation, Inc.\n", (2, 39)),
+    ("musl libc (x86_64)\nVersion 1.2.4\n", None),
+])
+def test_glibc_version_from_ldd(text, version):
+    assert wheels.parse_glibc(text) == version
+
+
+# ---------------------------------------------------------------- a real resolution, offline
+
+def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), tag: str = "py3-none-any") -> Path:
+    """A minimal valid wheel, so that the real pip resolves it with nothing but this folder."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {f"{name.replace('-', '_')}/__init__.py": b"",
+             f"{dist}.dist-info/METADATA": ("Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"
+                                            + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
+             f"{dist}.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: kit-test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()}
+    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+                     for n, d in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    path = folder / f"{dist}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in files.items():
+            z.writestr(n, d)
+        z.writestr(f"{dist}.dist-info/RECORD", record)
+    return path
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No index, a find-links folder of tiny wheels: tf-cpu's groups resolve for real without a network."""
+    links = tmp_path / "links"
+    links.mkdir()
+    make_wheel(links, "tensorflow-cpu", "2.21.0", ("numpy>=1.26",), tag="cp311-cp311-manylinux_2_17_x86_64")
+    make_wheel(links, "numpy", "2.4.6", tag="cp311-cp311-manylinux_2_27_x86_64")
+    make_wheel(links, "numpy", "2.5.0", tag="cp311-cp311-manylinux_2_39_x86_64")  # too new a glibc for the base
+    make_wheel(links, "tf-keras", "2.21.0", ("tensorflow<2.22",))
+    make_wheel(links, "tqdm", "4.67.1", ("numpy",))
+    return PipSettings({"no-index": "1", "find-links": str(links)})
+
+
+def test_real_resolution_fills_each_stages_folder_for_the_images_platform(offline, tmp_path):
+    found = wheels.resolve(config(flavor="tf-cpu", pip_packages=("tqdm",)), TARGET, offline, tmp_path / "out",
+                           env={"PATH": "/usr/bin:/bin"})
+    names = {folder: sorted(f.name for f in files) for folder, files in found.files.items()}
+    assert names == {
+        "tf": ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl",  # not 2.5.0: it needs glibc 2.39
+               "tensorflow_cpu-2.21.0-cp311-cp311-manylinux_2_17_x86_64.whl",
+               "tf_keras-2.21.0-py3-none-any.whl"],  # without its `tensorflow` dependency
+        "user": ["tqdm-4.67.1-py3-none-any.whl"],  # numpy is the tf stage's, not repeated
+    }
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tf", "user"]
+
+
+def test_a_package_no_source_has_is_named_with_the_fix(offline, tmp_path):
+    with pytest.raises(KitError, match="pip could not resolve no-such-package") as e:
+        wheels.resolve(config(flavor="tf-cpu", pip_packages=("no-such-package",)), TARGET, offline,
+                       tmp_path / "out", env={"PATH": "/usr/bin:/bin"})
+    assert "No matching distribution found for no-such-package" in e.value.output_tail
+    assert "find-links" in e.value.hint and e.value.command.startswith(sys.executable)
+
+
+def make_sdist(folder: Path, name: str, version: str) -> Path:
+    """A source archive with a setup.py, as Horovod's (a legacy sdist, no pyproject.toml)."""
+    import tarfile
+    src = folder / f"src-{name}"
+    (src / f"{name}-{version}").mkdir(parents=True)
+    (src / f"{name}-{version}" / "setup.py").write_text(f"from setuptools import setup\nsetup(name='{name}', "
+                                                        f"version='{version}', install_requires=['cffi'])\n")
+    path = folder / f"{name}-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as t:
+        t.add(src / f"{name}-{version}", arcname=f"{name}-{version}")
+    return path
+
+
+def test_horovods_source_archive_comes_from_a_folder_of_wheels_and_archives_alone(tmp_path):
+    """An air-gapped lab's wheelhouse: no index at all, setuptools only as a wheel. The archive's metadata is
+    prepared by kit's own setuptools (no second pip, which would need setuptools' source and get the indexes,
+    credentials and all, on its command line)."""
+    links = tmp_path / "links"
+    links.mkdir()
+    make_sdist(links, "horovod", "0.28.1")
+    group = Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True)
+    dest = tmp_path / "out"
+    conf = tmp_path / "pip.conf"
+    conf.write_text(PipSettings({"no-index": "1", "find-links": str(links)}).config_file())
+    env = {"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": str(conf)}
+    wheels._pip(wheels.download_argv(sys.executable, group, TARGET, dest), env, subprocess.run, group)
+    assert [p.name for p in dest.iterdir()] == ["horovod-0.28.1.tar.gz"]
+
+
+def test_the_cpu_torch_missing_from_a_plain_index_says_where_it_is(offline, tmp_path):
+    with pytest.raises(KitError) as e:
+        wheels.resolve(config(), TARGET, offline, tmp_path / "out", env={"PATH": "/usr/bin:/bin"})
+    assert "torch==2.13.0+cpu" in e.value.output_tail
+    assert "https://download.pytorch.org/whl/cpu" in e.value.hint and "build.wheelhouse" in e.value.hint
