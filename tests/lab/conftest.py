@@ -5,19 +5,14 @@ from pathlib import Path
 import docker
 import pytest
 
-from harness import BASE_IMAGE, Lab, make_project
+from harness import Lab, make_project
 
 LAB_HOSTS = 3
 
 
 @pytest.fixture(scope="session")
 def client() -> docker.DockerClient:
-    c = docker.from_env(timeout=300)
-    try:
-        c.images.get(BASE_IMAGE)
-    except docker.errors.ImageNotFound:
-        pytest.fail(f"the lab base image {BASE_IMAGE} is missing: tests/run makes it")
-    return c
+    return docker.from_env(timeout=300)
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +21,25 @@ def lab(tmp_path_factory):
         yield lab
 
 
+@pytest.fixture(scope="module", autouse=True)
+def clean_lab(request, lab):
+    """Each module starts on lab hosts with no cluster on them, and leaves them so: what a module left (beyond a
+    workspace that holds files, which kit down keeps on purpose) fails that module, and is removed before the
+    next one starts."""
+    for cluster in lab.clusters():
+        lab.remove_cluster(cluster)
+    yield
+    left = {cluster: found for cluster in lab.clusters() if (found := lab.leftovers(cluster, strict=False))}
+    for cluster in lab.clusters():
+        lab.remove_cluster(cluster)
+    if left:
+        pytest.fail(f"{request.module.__name__} left clusters on the lab hosts: {left}")
+    if shared := [h.name for h in lab.hosts if not h.own_kit_dir()]:
+        pytest.fail(f"after {request.module.__name__}, {', '.join(shared)} no longer have a /var/lib/kit of their "
+                    "own: the lab's hosts now share one folder (keys, workspaces); the lab must be made again")
+
+
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, client, lab) -> Path:
-    """A user's project folder: kit.yaml with the lab's build inputs, hosts.txt, and the image built."""
+    """A user's project folder: kit.yaml with the cluster's name, hosts.txt, and kit's default image built."""
     return make_project(tmp_path_factory.mktemp("project"), lab, "lab")

@@ -1,63 +1,23 @@
-"""The lab's build inputs, shared by tests/lab and bench/.
+"""The lab: hosts for tests/lab and bench/, and a user's project folder on them.
 
-On the CI machine there is no registry: the base is a Debian image made with
-debootstrap (tests/run makes it), torch is the CPU wheel in pip's find-links
-folder (never the multi-GB CUDA build from the index) and pip inside the image
-trusts this machine's CA bundle.
+Images are built by kit itself from its defaults, exactly as a new user's
+`kit build` does on this machine: the base from a registry or, when none
+answers, from the machine's Debian mirror; the wheels with the machine's own
+pip configuration (torch's CPU wheel from pip's find-links folder, never the
+multi-GB CUDA build).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-
-BASE_IMAGE = os.environ.get("KIT_TEST_BASE_IMAGE", "kit-lab/debian:bookworm")
-
-
-class LabMissing(RuntimeError):
-    pass
-
-
-def torch_wheel() -> Path:
-    folder = os.environ.get("KIT_TEST_WHEELHOUSE") or subprocess.run(
-        [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
-        capture_output=True, text=True).stdout.strip() or os.environ.get("PIP_FIND_LINKS", "")
-    wheels = sorted(Path(folder).glob("torch-*+cpu-*.whl")) if folder else []
-    if not wheels:
-        raise LabMissing(f"no CPU torch wheel (torch-*+cpu-*.whl) in '{folder}': "
-                         "set KIT_TEST_WHEELHOUSE to a folder holding one")
-    return wheels[-1]
-
-
-def ca_bundle() -> str:
-    return os.environ.get("KIT_TEST_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE") \
-        or "/etc/ssl/certs/ca-certificates.crt"
-
-
-def cpu_build_settings(workdir: Path) -> dict[str, str]:
-    """kit.yaml `build:` settings for the CPU image from the lab's inputs; workdir gets a one-wheel wheelhouse."""
-    wheel = torch_wheel()
-    torch_version, py_major, py_minor = re.match(r"torch-([^-]+)-cp(\d)(\d+)-", wheel.name).groups()
-    house = workdir / "wheelhouse"  # only torch: other wheels in the folder would change the tag
-    house.mkdir(parents=True, exist_ok=True)
-    if not (house / wheel.name).exists():
-        (house / wheel.name).symlink_to(wheel)
-    return {"flavor": "cpu", "base_image": BASE_IMAGE, "wheelhouse": str(house), "ca_bundle": ca_bundle(),
-            "torch": torch_version, "python": f"{py_major}.{py_minor}", "torch_index_url": ""}
-
-
-def tf_build_settings() -> dict[str, str]:
-    """kit.yaml `build:` settings for the tf-cpu image: TensorFlow comes from pip's index, through the CA bundle."""
-    return {"flavor": "tf-cpu", "base_image": BASE_IMAGE, "ca_bundle": ca_bundle()}
-
-
-def cpu_build_flags(workdir: Path) -> list[str]:
-    """The same settings as `kit build` flags."""
-    return [arg for key, value in cpu_build_settings(workdir).items() for arg in ("--" + key.replace("_", "-"), value)]
-
 
 # ---------------------------------------------------------------- lab hosts
 #
@@ -67,10 +27,6 @@ def cpu_build_flags(workdir: Path) -> list[str]:
 # 22) and its own dockerd. The root namespace plays the user's workstation.
 # Everything is named with PREFIX, so leftovers of a killed run are findable,
 # and removed by the next run before it starts.
-
-import shutil
-import signal
-import time
 
 PREFIX = "kitlab"
 SUBNET = "10.231.77"
@@ -126,6 +82,12 @@ class LabHost:
             except OSError:
                 continue
         return found
+
+    def own_kit_dir(self) -> bool:
+        """Its /var/lib/kit is still its own folder (the lab's bind mount in its mount namespace), not the one
+        every namespace shares. Removing /var/lib/kit anywhere detaches that mount (Linux >= 3.18)."""
+        source = self.run_in("findmnt", "-n", "-o", "SOURCE", "--mountpoint", "/var/lib/kit", check=False).stdout
+        return source.strip().endswith(f"[{self.data}/kit]")
 
     def kit_files(self) -> list[str]:
         """Everything under /var/lib/kit as this host sees it."""
@@ -259,6 +221,56 @@ Subsystem sftp /usr/lib/openssh/sftp-server
                 "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3",
                 "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={self.home}/.ssh/known_hosts -o StrictHostKeyChecking=yes"}
 
+    def leftovers(self, cluster: str, port: int = 12345, *, strict: bool = True) -> dict[str, list[str]]:
+        """What of a cluster is still on the lab: per host its containers, networks, kit's folders and processes
+        (sshd on the cluster port, sshfs of its workspace); and its state folder here. Not strict: a workspace
+        that holds files is not counted (kit down keeps it on purpose)."""
+        found: dict[str, list[str]] = {}
+        label = f"label=io.kit.cluster={cluster}"
+        for h in self.hosts:
+            folder = f"/var/lib/kit/{cluster}"
+            kept = h.run_in("find", folder, "-mindepth", "1", "-maxdepth", "1", check=False).stdout.split()
+            if not strict and h.run_in("sh", "-c", f"ls -A {folder}/workspace | grep -q .", check=False).returncode == 0:
+                kept.remove(f"{folder}/workspace")
+            things = [f"container {n}" for n in h.docker("ps", "-aq", "--filter", label, "--format", "{{.Names}}",
+                                                            check=False).stdout.split()]
+            things += [f"network {n}" for n in h.docker("network", "ls", "-q", "--filter", label, "--format",
+                                                       "{{.Name}}", check=False).stdout.split()]
+            things += [f"folder {f}" for f in kept]
+            things += [f"process {pid}" for pid in h.processes(rf"sshd .*-p {port}\b|^sshfs .*{folder}")]
+            if things:
+                found[h.name] = things
+        if (self.home / ".kit" / cluster).exists():
+            found["control machine"] = [f"folder {self.home / '.kit' / cluster}"]
+        return found
+
+    def remove_cluster(self, cluster: str) -> None:
+        """Whatever of a cluster is left on the lab hosts and in the lab user's state, removed by force."""
+        label = f"label=io.kit.cluster={cluster}"
+        for h in self.hosts:
+            names = h.docker("ps", "-aq", "--filter", label, check=False).stdout.split()
+            if names:
+                h.docker("rm", "-f", *names, check=False)
+            networks = h.docker("network", "ls", "-q", "--filter", label, check=False).stdout.split()
+            if networks:
+                h.docker("network", "rm", *networks, check=False)
+            folder = f"/var/lib/kit/{cluster}"
+            h.run_in("sh", "-c", f"grep -o ' {folder}[^ ]*' /proc/mounts | xargs -r -n1 umount -l; rm -rf {folder}",
+                     check=False)
+        shutil.rmtree(self.home / ".kit" / cluster, ignore_errors=True)
+
+    def clusters(self) -> set[str]:
+        """Every cluster that has a container, a network or a folder on a lab host."""
+        names = set()
+        for h in self.hosts:
+            for kind in (["ps", "-a"], ["network", "ls"]):
+                out = h.docker(*kind, "--filter", "label=io.kit.cluster",
+                               "--format", '{{.Label "io.kit.cluster"}}', check=False).stdout
+                names.update(out.split())
+            names.update(Path(f).name for f in h.run_in("find", "/var/lib/kit", "-mindepth", "1", "-maxdepth", "1",
+                                                        check=False).stdout.split())
+        return names
+
     def hosts_file(self, path: Path, hosts: list[LabHost] | None = None) -> Path:
         path.write_text("".join(f"{h.address}\n" for h in hosts or self.hosts))
         return path
@@ -283,17 +295,48 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
 
 
+class ClusterUpFailed(AssertionError):
+    """`kit up` of a test's cluster failed; its output is the message."""
+
+
+class LeftBehind(AssertionError):
+    """`kit down` did not remove everything of a cluster from the lab hosts (the lab removed it)."""
+
+
+@contextlib.contextmanager
+def lab_cluster(lab: "Lab", project: Path, name: str, *up_args: str, port: int = 12345):
+    """A test module's cluster: `kit up` in the project, the block, then `kit down`, also when up failed half-way or
+    the block raised. What kit down leaves on a host is removed by the lab, and is a failure of its own (LeftBehind),
+    so no module ever inherits another's containers, keys or ports."""
+    from helpers import run_kit
+
+    up = run_kit("up", *up_args, cwd=project, env=lab.env, timeout=900)
+    try:
+        if up.returncode != 0:
+            raise ClusterUpFailed(f"kit up {' '.join(up_args)} failed:\n{up.stdout[-3000:]}{up.stderr[-3000:]}")
+        yield up
+    finally:
+        down = run_kit("down", cwd=project, env=lab.env, timeout=600)
+        left = lab.leftovers(name, port, strict=False)  # a workspace holding the jobs' files is kept on purpose
+        lab.remove_cluster(name)
+        problems = [f"kit down failed:\n{down.stdout[-2000:]}{down.stderr[-2000:]}"] if down.returncode else []
+        problems += [f"left on the lab after kit down: {left}"] if left else []
+        if problems:
+            raise LeftBehind("\n".join(problems))
+
+
 def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None, **settings) -> Path:
-    """A user's project folder for the lab: kit.yaml with the lab's build inputs (the CPU image's unless `build`
-    says otherwise) and the cluster's settings, hosts.txt, the image built."""
+    """A user's project folder for the lab: kit.yaml with the cluster's settings (and `build` settings when given:
+    else kit's defaults, the image cli/demo builds), hosts.txt, the image built. The build runs as the machine's
+    own user would run it (its home, its pip configuration); the lab's user only matters for the hosts."""
     import yaml
     from helpers import run_kit
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kit.yaml").write_text(yaml.safe_dump({"build": build or cpu_build_settings(folder),
+    (folder / "kit.yaml").write_text(yaml.safe_dump({**({"build": build} if build else {}),
                                                      "cluster": {"name": cluster, **settings}}))
     lab.hosts_file(folder / "hosts.txt")
-    r = run_kit("build", "--no-verify", cwd=folder, env=lab.env, timeout=40 * 60)
+    r = run_kit("build", "--no-verify", cwd=folder, timeout=40 * 60)
     if r.returncode != 0:
         raise RuntimeError(f"kit build failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     return folder

@@ -1,22 +1,24 @@
-"""`kit build` on the real Docker engine: the CPU image is built, trains with Horovod,
-is reused when nothing changed, and bad bases or broken steps are reported."""
+"""`kit build` on the real Docker engine, with kit's defaults and nothing else, as a new user runs it: the
+CPU image is built from what this machine has, trains with Horovod, is reused when nothing changed; bad
+bases, broken steps and silent package sources are reported."""
 
+import base64
+import http.server
 import re
+import socket
 import subprocess
+import threading
+import time
+import urllib.parse
+from pathlib import Path
 
 import pytest
 
 from helpers import run_kit
-from harness import BASE_IMAGE, cpu_build_flags, tf_build_settings
 from kit.verify import parse_allreduce, parse_check_build
 
 pytestmark = pytest.mark.lab
 BUILD_TIMEOUT_S = 40 * 60
-
-
-@pytest.fixture(scope="session")
-def cpu_flags(tmp_path_factory, client) -> list[str]:
-    return cpu_build_flags(tmp_path_factory.mktemp("inputs"))
 
 
 def tag_of(output: str) -> str:
@@ -24,8 +26,9 @@ def tag_of(output: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def built(cpu_flags, tmp_path_factory) -> subprocess.CompletedProcess:
-    r = run_kit("build", *cpu_flags, cwd=tmp_path_factory.mktemp("work"), timeout=BUILD_TIMEOUT_S)
+def built(tmp_path_factory, client) -> subprocess.CompletedProcess:
+    """`kit build` in a folder without kit.yaml: the image cli/demo and the lab's clusters use."""
+    r = run_kit("build", cwd=tmp_path_factory.mktemp("work"), timeout=BUILD_TIMEOUT_S)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
@@ -75,21 +78,33 @@ def test_container_sshd_config_is_valid_and_refuses_to_start_without_keys(built)
     assert settings["kbdinteractiveauthentication"] == "no"
 
 
-def test_same_inputs_reuse_the_image(built, cpu_flags, client, tmp_path):
+def test_same_inputs_reuse_the_image(built, client, tmp_path):
     tag = tag_of(built.stdout)
     before = client.images.get(tag).id
-    again = run_kit("build", *cpu_flags, "--no-verify", cwd=tmp_path, timeout=600)
+    again = run_kit("build", "--no-verify", cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr
-    assert f"✓ {tag} is up to date" in again.stdout
-    assert "building" not in again.stdout
+    assert f"✓ {tag} is up to date (built before from the same settings)" in again.stdout
+    assert "building" not in again.stdout and "sources" not in again.stdout  # nothing resolved again
     assert client.images.get(tag).id == before
 
 
-def test_changed_input_gets_a_new_tag_without_recompiling_horovod(built, cpu_flags, client, tmp_path):
-    r = run_kit("build", *cpu_flags, "--pip", "six", "--no-verify", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
+def sources(out: str) -> dict[str, str]:
+    """The `sources` table kit prints before it builds: name -> what it says."""
+    table = out[out.index("sources\n"):out.index("building ")]
+    return {m[1]: m[2] for m in re.finditer(r"^  (\w+) +(.*)$", table, re.M)}
+
+
+def test_changed_input_gets_a_new_tag_without_recompiling_horovod(built, client, tmp_path):
+    r = run_kit("build", "--pip", "six", "--no-verify", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     new_tag = tag_of(r.stdout)
     try:
+        # It says what it used: the base (a registry's, or made from this machine's mirror), pip's own sources,
+        # and wheels for the image's Python whose torch is the CPU build.
+        found = sources(r.stdout)
+        assert re.match(r"(debian:bookworm-slim|kit-base/debian:bookworm): ", found["base"]), found
+        assert found["pip"].startswith("index ") and "torch-2.13.0+cpu-cp311" in found["wheels"], found
+        assert re.search(r"for CPython 3\.11, glibc 2\.\d+, x86_64", found["wheels"]), found
         assert new_tag != tag_of(built.stdout)
         steps = r.stdout.splitlines()
         copy_script = next(i for i, line in enumerate(steps) if "COPY kit/build_horovod.sh" in line)
@@ -100,9 +115,9 @@ def test_changed_input_gets_a_new_tag_without_recompiling_horovod(built, cpu_fla
         client.images.remove(new_tag, force=True)
 
 
-def test_failed_step_is_named_with_the_tail_of_its_log(built, cpu_flags, client, tmp_path):
+def test_failed_step_is_named_with_the_tail_of_its_log(built, client, tmp_path):
     images_before = {i.id for i in client.images.list()}
-    r = run_kit("build", *cpu_flags, "--apt", "kit-no-such-package", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
+    r = run_kit("build", "--apt", "kit-no-such-package", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
     assert r.returncode == 1
     assert re.search(r"^error: image build failed at step \d+/\d+ RUN .*apt-get install .*kit-no-such-package",
                      r.stderr, re.M), r.stderr
@@ -111,11 +126,10 @@ def test_failed_step_is_named_with_the_tail_of_its_log(built, cpu_flags, client,
     assert {i.id for i in client.images.list()} == images_before
 
 
-def test_base_image_that_does_not_exist_is_bad_input(cpu_flags, client, tmp_path):
+def test_base_image_that_does_not_exist_is_bad_input(client, tmp_path):
     # A registry on a closed loopback port: the engine asks it and gets no answer, nothing leaves the machine.
-    flags = [f if f != BASE_IMAGE else "127.0.0.1:9/kit-test/missing:1" for f in cpu_flags]
     images_before = {i.id for i in client.images.list()}
-    r = run_kit("build", *flags, cwd=tmp_path)
+    r = run_kit("build", "--base-image", "127.0.0.1:9/kit-test/missing:1", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.startswith("error: base image '127.0.0.1:9/kit-test/missing:1' is not on this machine")
     assert "fix: check the name" in r.stderr
@@ -131,8 +145,7 @@ def test_horovodrun_in_the_image_checks_host_keys(built):
 def test_tf_cpu_image_is_built_on_the_same_base_and_verified_with_tensorflow_workers(built, client, tmp_path):
     """The tf-cpu flavor: TensorFlow (Keras 2 as tf.keras), no torch or Horovod, verified by two
     MultiWorkerMirroredStrategy workers; its base stage is the CPU image's, so Docker reuses it."""
-    flags = [arg for key, value in tf_build_settings().items() for arg in ("--" + key.replace("_", "-"), value)]
-    r = run_kit("build", *flags, cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
+    r = run_kit("build", "--flavor", "tf-cpu", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     tag = re.search(r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})", out)[1]
@@ -148,3 +161,116 @@ def test_tf_cpu_image_is_built_on_the_same_base_and_verified_with_tensorflow_wor
     assert probe.stdout.split() == ["tf_keras.api._v2.keras", "no-torch", "no-horovodrun"], probe.stdout + probe.stderr
     assert set(client.images.get(tag).attrs["RootFS"]["Layers"][:4]) <= \
            set(client.images.get(tag_of(built.stdout)).attrs["RootFS"]["Layers"])
+
+
+# ---------------------------------------------------------------- package sources
+
+class AuthIndex(http.server.BaseHTTPRequestHandler):
+    """A PEP 503 index of one folder that wants a user and password (Basic), as private indexes do."""
+
+    folder: Path
+    seen: list[str] = []
+
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"kit:s3cret").decode():
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="kit-test"')
+            self.end_headers()
+            return
+        AuthIndex.seen.append(self.path)
+        parts = [urllib.parse.unquote(p) for p in self.path.strip("/").split("/")]
+        if parts[0] == "simple" and len(parts) == 2:
+            files = [f.name for f in sorted(self.folder.iterdir()) if project_of(f.name) == parts[1]]
+            body = "".join(f'<a href="/files/{name}">{name}</a>\n' for name in files).encode()
+            self._send(200 if files else 404, body, "text/html")
+        elif parts[0] == "files" and (self.folder / parts[-1]).is_file():
+            self._send(200, (self.folder / parts[-1]).read_bytes(), "application/octet-stream")
+        else:
+            self._send(404, b"", "text/plain")
+
+    def _send(self, code, body, kind):
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def project_of(filename: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.match(r"^(.+?)-\d", filename)[1]).lower()
+
+
+@pytest.fixture
+def private_index(client, tmp_path):
+    """What the default image and `six` need, resolved with this machine's pip, behind a password on loopback."""
+    from kit import baseimage, pipconfig, wheels
+    from kit.build import image_target
+    from kit.config import ConfigFile, build_config
+
+    config = build_config(ConfigFile(), {"pip_packages": ("six",)})
+    target = image_target(client, baseimage.ensure(client, config.base_image).ref, config.python)
+    found = wheels.resolve(config, target, pipconfig.read(), tmp_path / "resolved")
+    folder = tmp_path / "index"
+    folder.mkdir()
+    for f in (f for files in found.files.values() for f in files):
+        f.rename(folder / f.name)
+    AuthIndex.folder, AuthIndex.seen = folder, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AuthIndex)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://kit:s3cret@127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_index_password_reaches_no_layer_env_or_history_of_the_image(built, client, private_index, tmp_path):
+    r = run_kit("build", "--index-url", private_index, "--pip", "six", "--no-verify", cwd=tmp_path,
+                timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "s3cret" not in r.stdout + r.stderr
+    shown = private_index.replace("kit:s3cret", "****")
+    assert sources(r.stdout)["pip"].startswith(f"index {shown}; "), sources(r.stdout)
+    assert "/simple/six/" in AuthIndex.seen  # pip really resolved through the private index
+    tag = tag_of(r.stdout)
+    try:
+        for argv in (["docker", "history", "--no-trunc", tag], ["docker", "inspect", tag]):
+            out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            assert "s3cret" not in out and "PIP_INDEX_URL" not in out, argv
+        layers = subprocess.run(f"docker save {tag} | grep -a -c s3cret", shell=True, capture_output=True, text=True)
+        assert layers.stdout.strip() == "0", "an image layer holds the password"
+    finally:
+        client.images.remove(tag, force=True)
+
+
+@pytest.fixture
+def silent_port():
+    """A loopback port that takes connections and never answers: a hung index or a black-holing proxy."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+@pytest.mark.parametrize("kind", ["refused", "silent"])
+def test_a_package_source_that_does_not_answer_stops_the_build_at_once_naming_it(built, kind, silent_port, tmp_path):
+    port, why = (closed_port(), "the connection was refused") if kind == "refused" else (silent_port, "no answer within 10 s")
+    started = time.monotonic()
+    r = run_kit("build", "--index-url", f"http://127.0.0.1:{port}/simple", "--pip", "six", cwd=tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr
+    assert time.monotonic() - started < 60
+    assert r.stderr.splitlines() == [
+        f"error: the package source http://127.0.0.1:{port}/simple does not answer: {why}",
+        "fix: check the network or proxy to it, or remove it from kit.yaml's build.pip_index_urls "
+        "(`pip config list` shows pip's sources)"]
+    assert "building" not in r.stdout

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from harness import ClusterUpFailed, lab_cluster
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
@@ -214,3 +215,21 @@ def test_changed_setting_replaces_only_the_containers(project, lab, down_after):
     assert plan.returncode == 0 and "dry run: nothing was removed" in plan.stdout
     assert f"{lab.hosts[0].address}: docker rm -f kit-lab" in plan.stdout
     assert all(len(containers(h)) == 1 for h in lab.hosts)
+
+
+def test_a_modules_cluster_whose_up_fails_half_way_leaves_nothing_on_any_host(project, lab):
+    """The lab's cluster fixture when `kit up` stops at its last step (the SSH check from the primary's container,
+    after keys, image, workspaces and containers are in place on every host): kit down removes it all, and the
+    fixture raises the up failure itself, not a LeftBehind."""
+    h3 = lab.hosts[2]
+    drop = ["INPUT", "-p", "tcp", "--dport", str(PORT), "-j", "DROP"]  # h3's firewall drops the cluster port
+    h3.run_in("iptables", "-I", *drop)
+    try:
+        with pytest.raises(ClusterUpFailed) as failed:
+            with lab_cluster(lab, project, "lab", "--hosts", "hosts.txt"):
+                pytest.fail("kit up succeeded although h3 drops the cluster port")
+    finally:
+        h3.run_in("iptables", "-D", *drop, check=False)
+    assert f"SSH from the primary's container failed on 1 host: {h3.address}" in str(failed.value), failed.value
+    assert lab.leftovers("lab") == {}
+    assert_nothing_on_hosts(lab, project)

@@ -19,9 +19,11 @@ def compose(image: str, *args: str, timeout: int = 300) -> subprocess.CompletedP
 
 
 @pytest.fixture
-def image(project, lab) -> str:
-    plan = run_kit("build", "--dry-run", cwd=project, env=lab.env)
-    return re.search(r"^  tag +(\S+)$", plan.stdout, re.M)[1]
+def image(project) -> str:
+    """The tag of the project's image (built already: kit says it is up to date)."""
+    r = run_kit("build", "--no-verify", cwd=project)
+    assert r.returncode == 0, r.stderr
+    return re.search(r"✓ (kit-horovod:cpu-[0-9a-f]{12}) is up to date", r.stdout)[1]
 
 
 def test_horovodrun_across_the_three_compose_containers(image):

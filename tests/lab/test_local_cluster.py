@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,27 +22,71 @@ def clean():
     remove_local_clusters()
 
 
-def test_main_job_trains_across_three_local_containers_and_leaves_nothing(project, lab, clean):
-    """README's main-job command, with the lab's build inputs instead of a registry's."""
-    r = run_kit_demo(project, lab, "--config", str(project / "kit.yaml"), "--name", "kitlab-demo",
-                     "--epochs", "3", "--samples", "1536")
+DEMO_STATE = Path.home() / ".kit" / "demo"
+DEMO_DIR = Path("/var/lib/kit/demo")
+
+
+def demo_leftovers() -> dict[str, list[str]]:
+    """The demo cluster's containers, network and state on this machine, as `cli/demo` makes them for its user."""
+    def names(*argv: str) -> list[str]:
+        out = subprocess.run(argv, capture_output=True, text=True).stdout.split()
+        return [n for n in out if n == "kit-demo" or n.startswith("kit-demo-")]
+    return {"containers": names("docker", "ps", "-a", "--format", "{{.Names}}"),
+            "networks": names("docker", "network", "ls", "--format", "{{.Name}}"),
+            "state": [str(DEMO_STATE)] if DEMO_STATE.exists() else []}
+
+
+@pytest.fixture
+def new_user(tmp_path):
+    """README's main job runs as this machine's user runs it: their home, their pip configuration, their engine.
+    A demo cluster of theirs is never touched; what the test's own run leaves is removed."""
+    if DEMO_STATE.exists() or any(demo_leftovers().values()):
+        pytest.fail(f"a demo cluster of this machine's user exists ({demo_leftovers()}): `kit down --name demo` "
+                    "first; this test runs cli/demo as that user and would take it over")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTEST_", "COLUMNS"))}
+    yield tmp_path, env
+    left = demo_leftovers()
+    for kind, argv in (("containers", ["docker", "rm", "-f"]), ("networks", ["docker", "network", "rm"])):
+        if left[kind]:
+            subprocess.run(argv + left[kind], capture_output=True)
+    shutil.rmtree(DEMO_STATE, ignore_errors=True)
+    shutil.rmtree(DEMO_DIR, ignore_errors=True)
+    assert not any(left.values()), f"cli/demo left {left}"
+
+
+def test_readme_main_job_exactly_as_written_trains_and_leaves_nothing(new_user):
+    """`cli/demo`, no arguments, no kit.yaml, no variable a new user would not have: the image from what this
+    machine has (no registry here), three local containers, the CIFAR-10 example across them, a summary."""
+    folder, env = new_user
+    r = subprocess.run([str(REPO / "cli" / "demo")], cwd=folder, capture_output=True, text=True, env=env, timeout=2400)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     starts = re.findall(r"^\[(local-\d) rank (\d)\] rank \2/3 \(local 0\) on ([\d.]+) \((local-\d)\)", r.stdout, re.M)
     assert sorted((rank, host, name) for host, rank, _, name in starts) == \
-           [("0", "local-1", "local-1"), ("1", "local-2", "local-2"), ("2", "local-3", "local-3")]
+           [("0", "local-1", "local-1"), ("1", "local-2", "local-2"), ("2", "local-3", "local-3")], r.stdout[-3000:]
     assert len({address for *_, address, _ in starts}) == 3
     summary = r.stdout[r.stdout.index("summary"):]
     assert re.search(r"loss +[\d.]+ -> [\d.]+ \(fell\)", summary), summary
-    checkpoint = "/var/lib/kit/kitlab-demo/workspace/checkpoints/cifar10_cnn.pt"
+    checkpoint = DEMO_DIR / "workspace/checkpoints/cifar10_cnn.pt"
     assert re.search(rf"checkpoint +{checkpoint}", summary), summary
-    assert Path(checkpoint).stat().st_size > 0
-    assert not any(local_leftovers().values())
-    assert not (lab.home / ".kit" / "kitlab-demo").exists()
+    assert checkpoint.stat().st_size > 0
+    assert "the cluster is down" in summary
+    assert not any(demo_leftovers().values())
 
 
-def run_kit_demo(project, lab, *args):
-    return subprocess.run([str(REPO / "cli" / "demo"), *args], cwd=project, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200", **lab.env}, timeout=1200)
+def test_down_of_a_local_cluster_leaves_kits_root_folder_to_the_lab_hosts(project, lab, clean):
+    """The fresh-machine failure of the lab's clusters: this machine's /var/lib/kit, empty but for a local
+    cluster, was removed by its `kit down`, which detached every lab host's own /var/lib/kit; the hosts then
+    shared one folder, and each container served the SSH host key written last."""
+    kit_root = Path("/var/lib/kit")
+    others = [p.name for p in kit_root.iterdir()]  # on a fresh machine: none, as when it failed
+    assert all(h.own_kit_dir() for h in lab.hosts)
+    up = run_kit("up", "--nodes", "1", "--name", "kitlab-root", cwd=project, env=lab.env, timeout=600)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    down = run_kit("down", "--name", "kitlab-root", cwd=project, env=lab.env, timeout=600)
+    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+    assert "removed /var/lib/kit/kitlab-root/local-1" in down.stdout
+    assert kit_root.is_dir() and sorted(p.name for p in kit_root.iterdir()) == sorted(others)
+    assert [h.name for h in lab.hosts if not h.own_kit_dir()] == []
 
 
 def test_local_cluster_is_idempotent_and_runs_commands_in_each_container(project, lab, clean):

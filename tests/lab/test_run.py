@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import make_project, tf_build_settings
+from harness import lab_cluster, make_project
 from helpers import REPO, run_kit
 
 pytestmark = pytest.mark.lab
@@ -24,20 +24,17 @@ def kit(project, lab, *args, timeout=900):
 
 @pytest.fixture(scope="module")
 def cluster(project, lab):
-    r = kit(project, lab, "up", "--hosts", "hosts.txt")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    yield project
-    assert kit(project, lab, "down").returncode == 0
+    with lab_cluster(lab, project, "lab", "--hosts", "hosts.txt"):
+        yield project
 
 
 @pytest.fixture(scope="module")
 def tf_cluster(project, lab, tmp_path_factory):
     """The TF image's cluster, on the same hosts at once: the Horovod project's hosts.txt, its own name and port."""
-    tf_project = make_project(tmp_path_factory.mktemp("tf-project"), lab, "tf", tf_build_settings(), ssh_port=12346)
-    r = kit(tf_project, lab, "up", "--hosts", str(project / "hosts.txt"))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    yield tf_project
-    assert kit(tf_project, lab, "down").returncode == 0
+    tf_project = make_project(tmp_path_factory.mktemp("tf-project"), lab, "tf", {"flavor": "tf-cpu"},
+                              ssh_port=12346)
+    with lab_cluster(lab, tf_project, "tf", "--hosts", str(project / "hosts.txt"), port=12346):
+        yield tf_project
 
 
 def cluster_for(request, launcher: str) -> Path:
