@@ -109,11 +109,23 @@ def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
 
 
+def reap_script(job_id: str) -> str:
+    """Kill every process of the job; print how many. The job's processes carry KIT_JOB=<id>; their descendants
+    belong to it too, whatever their environment (a rank may start children with `env -i`)."""
+    return (
+        f"job=KIT_JOB={job_id}; pids=' '; "
+        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"$job\" && pids=\"$pids${p#/proc/} \"; done; "
+        # descendants, generation by generation (bounded: each round adds a process, or ends)
+        "while :; do more=''; for p in /proc/[0-9]*; do pid=${p#/proc/}; case \"$pids\" in *\" $pid \"*) continue;; esac; "
+        "ppid=$(sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null); "
+        "case \"$pids\" in *\" $ppid \"*) more=\"$more$pid \";; esac; done; "
+        "[ -z \"$more\" ] && break; pids=\"$pids$more\"; done; "
+        "n=0; for pid in $pids; do kill -9 $pid 2>/dev/null && n=$((n+1)); done; echo $n")
+
+
 def reap_command(container: str, job_id: str) -> str:
     """Kill every process in the container that belongs to the job; print how many."""
-    script = (f"n=0; for p in /proc/[0-9]*; do if tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx KIT_JOB={job_id}; "
-              "then kill -9 ${p#/proc/} 2>/dev/null && n=$((n+1)); fi; done; echo $n")
-    return command(["docker", "exec", container, "sh", "-c", script])
+    return command(["docker", "exec", container, "sh", "-c", reap_script(job_id)])
 
 
 @dataclass
@@ -150,10 +162,7 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
 
     def one(source: str) -> int:
         names, targets = plan[source]
-        data = workspace.fetch(by_name[source], state.workspace, names)
-        fan_out(f"copying what the job wrote on {source}", [by_name[t] for t in targets],
-                lambda n: workspace.untar(n, state.workspace, data, f"what the job wrote on {source}"),
-                lambda n: n.name)
+        workspace.spread(by_name[source], state.workspace, names, [by_name[t].address for t in targets])
         return len(names)
     return sum(fan_out("copying what the job wrote", list(plan), one))
 

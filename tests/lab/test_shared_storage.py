@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness import lab_cluster
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
@@ -67,3 +68,30 @@ def test_rank_outputs_are_readable_by_every_rank_at_the_same_path(project, lab, 
             assert not [f for f in h.kit_files() if f.startswith(f"/var/lib/kit/{name}")], h.name
     for h in lab.hosts:  # the workspaces that hold the job's files are kept by `kit down`, on purpose
         h.run_in("rm", "-rf", f"/var/lib/kit/{name}")
+
+
+def digests(host, folder: str) -> dict[str, str]:
+    out = host.run_in("sh", "-c", f"cd {folder} && sha256sum * 2>/dev/null", check=False).stdout
+    return dict(reversed(line.split(None, 1)) for line in out.splitlines())
+
+
+def test_a_hostile_job_writes_nothing_outside_the_workspace(project, lab, tmp_path):
+    """Copy storage spreads what the ranks wrote: kit must never follow a link the job made, in either direction."""
+    name, ssh_dir = "hostile", "/var/lib/kit/hostile/ssh"
+    config = yaml.safe_load((project / "kit.yaml").read_text())
+    config["cluster"] = {"name": name, "storage": "copy"}
+    (tmp_path / "job").mkdir()
+    (tmp_path / "kit.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "hosts.txt").write_text((project / "hosts.txt").read_text())
+    (tmp_path / "job" / "hostile.py").write_text((JOBS / "hostile.py").read_text())
+    with lab_cluster(lab, tmp_path, name, "--hosts", "hosts.txt"):
+        before = {h.name: digests(h, ssh_dir) for h in lab.hosts}
+        assert all(len(d) == 6 for d in before.values()), before
+        r = run_kit("run", "job/hostile.py", "--np", "3", "--", ssh_dir, cwd=tmp_path, env=lab.env, timeout=600)
+        assert "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+        assert r.stdout.count("planted its part") == 3, r.stdout[-3000:] + r.stderr[-3000:]
+        assert {h.name: digests(h, ssh_dir) for h in lab.hosts} == before  # kit's keys untouched everywhere
+        for h in lab.hosts[:1] + lab.hosts[2:]:  # the job's link to the host's /etc/shadow carried nothing over
+            assert h.run_in("test", "-e", f"/var/lib/kit/{name}/workspace/shadow-copy", check=False).returncode != 0
+        again = run_kit("exec", lab.hosts[1].address, "--", "true", cwd=tmp_path, env=lab.env)  # cluster SSH works
+        assert again.returncode == 0, again.stderr

@@ -62,3 +62,29 @@ def test_the_first_failure_stops_the_others_and_names_the_rank(tmp_path):
     for line in r.stdout.splitlines():
         failures.feed(*split_rank(line))
     assert failures.first() == (1, 3)
+
+
+def test_the_reaper_finds_a_jobs_children_that_dropped_its_environment():
+    """A rank's child started with `env -i` has no KIT_JOB: it is found as a descendant. Run for real here."""
+    import os
+    import secrets
+    import subprocess
+    import time
+
+    from kit.jobs import reap_script
+    job = f"test-{secrets.token_hex(4)}"
+    rank = subprocess.Popen(["env", f"KIT_JOB={job}", "sh", "-c", "env -i sleep 300 & sleep 300 & wait"],
+                            start_new_session=True)
+    try:
+        time.sleep(0.5)
+        r = subprocess.run(["sh", "-c", reap_script(job)], capture_output=True, text=True, timeout=60)
+        assert r.stdout.strip() == "3", r.stdout + r.stderr  # the rank's shell, its sleep, and the env -i sleep
+        rank.wait(timeout=10)
+        time.sleep(0.5)
+        states = subprocess.run(["ps", "-o", "stat=", "-s", str(rank.pid)], capture_output=True, text=True).stdout
+        assert [s for s in states.split() if not s.startswith("Z")] == []  # killed (zombies wait for init)
+    finally:
+        try:
+            os.killpg(rank.pid, 9)
+        except ProcessLookupError:
+            pass

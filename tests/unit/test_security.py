@@ -27,3 +27,54 @@ def test_no_file_disables_host_key_checking():
 def test_the_scan_sees_the_product():
     names = {f.name for f in product_files()}
     assert {"ssh.py", "ssh_config.j2", "sshd_config"} <= names
+
+
+def test_every_jump_host_is_checked_like_the_host_itself(tmp_path, monkeypatch):
+    """fabric makes ProxyJump hops with AutoAddPolicy (any key accepted) and no timeout; kit's runner does not."""
+    import paramiko
+    from fabric import Connection
+
+    from kit.inventory import Host
+    from kit.runners.ssh import SshRunner
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host target\n    ProxyJump root@hop2,root@hop1\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    runner = SshRunner(Host("target"), connect_timeout=7)
+    assert runner.via == ["hop1", "hop2"]  # in the order fabric goes through them, the target's nearest last
+    hop = runner.conn
+    while isinstance(hop, Connection):
+        assert isinstance(hop.client._policy, paramiko.RejectPolicy) and hop.connect_timeout == 7, hop.host
+        hop = hop.gateway
+
+
+def test_a_timed_out_ssh_command_reads_as_timed_out_not_a_thread_traceback():
+    import socket
+    import threading
+
+    from kit.runners.ssh import SshRunner
+
+    class Silent:
+        """A paramiko channel whose host says nothing: every read times out."""
+
+        def makefile(self, mode):
+            return self
+
+        makefile_stderr = makefile
+
+        def read(self):
+            raise socket.timeout("timed out")
+
+        def recv_exit_status(self):
+            return -1
+
+        def close(self):
+            pass
+    seen = []
+    old, threading.excepthook = threading.excepthook, lambda args: seen.append(args.exc_type)
+    try:
+        runner = SshRunner.__new__(SshRunner)
+        runner.host = "h2"
+        r = runner._finish(Silent(), "sleep 600")
+    finally:
+        threading.excepthook = old
+    assert (r.exit_code, r.stderr) == (124, "timed out") and seen == []

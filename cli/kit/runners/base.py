@@ -44,7 +44,7 @@ class Runner(Protocol):
             changes: bool = False) -> Result: ...
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True) -> Result: ...
+                  changes: bool = True, timeout: float | None = None) -> Result: ...
 
     def stream_out(self, command: str, on_line: Callable[[str], None]) -> int: ...
 
@@ -52,6 +52,7 @@ class Runner(Protocol):
 
 
 RETRY_EVERY_S = 0.5
+STALL_S = 300  # a stream whose far end takes nothing and says nothing this long has failed
 SSHD_READY_S = 30  # a container's sshd starts in well under a second; allow for a loaded host
 HOST_KEY_FAILED = "Host key verification failed"
 
@@ -97,8 +98,8 @@ class DryRunner:
         return Result(self.host, command, 0)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True) -> Result:
-        self.planned.append(f"{command}  <<< the image, streamed")
+                  changes: bool = True, timeout: float | None = None) -> Result:
+        self.planned.append(f"{command}  <<< streamed")
         return Result(self.host, command, 0)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import threading
 from typing import Callable, Iterable
 
-from kit.runners.base import Result
+from kit.runners.base import STALL_S, Result
 
 
 def _session() -> dict:
@@ -44,7 +44,9 @@ class LocalRunner:
                       done.stderr.decode(errors="replace"))
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True) -> Result:
+                  changes: bool = True, timeout: float | None = STALL_S) -> Result:
+        """timeout: how long the command may go on after its input has ended (this machine takes input as fast
+        as it can write it)."""
         proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out: dict[str, bytes] = {}
         readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)
@@ -62,7 +64,12 @@ class LocalRunner:
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-        code = proc.wait()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return Result(self.host, command, 124, "", f"timed out: still running {timeout:g} s after its input")
         for r in readers:
             r.join()
         return Result(self.host, command, code, out.get("out", b"").decode(errors="replace"),

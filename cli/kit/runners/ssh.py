@@ -7,6 +7,7 @@ Fabric's own default would accept any key, so the policy is set here.
 
 from __future__ import annotations
 
+import re
 import shlex
 import socket
 import threading
@@ -18,27 +19,34 @@ from fabric import Config, Connection
 
 from kit.errors import KitError
 from kit.inventory import Host
-from kit.runners.base import Result
+from kit.runners.base import STALL_S, Result
 
 
-def connection_error(host: str, port: int, timeout: int, e: Exception) -> KitError:
-    """What went wrong while connecting, in the user's words, with the fix."""
+def connection_error(host: str, port: int, timeout: int, e: Exception, via: list[str] = ()) -> KitError:
+    """What went wrong while connecting (directly, or through the jump hosts `via`), in the user's words, with
+    the fix. A host key is named by the machine whose key it is: the host's, or a jump host's."""
+    through = f" (through jump host {', '.join(via)})" if via else ""
     if isinstance(e, paramiko.BadHostKeyException):
-        return KitError(f"the SSH host key of {host} does not match your known_hosts: someone may be "
+        whose = e.hostname.strip("[]").split("]:")[0] if getattr(e, "hostname", None) else host
+        role = "" if whose == host else f", the jump host on the way to {host},"
+        return KitError(f"the SSH host key of {whose}{role} does not match your known_hosts: someone may be "
                         f"impersonating it, or it was reinstalled", host=host,
-                        hint=f"if it was reinstalled, check its new fingerprint, then `ssh-keygen -R {host}` "
-                             f"and `ssh {host}` once")
+                        hint=f"if it was reinstalled, check its new fingerprint, then `ssh-keygen -R {whose}` "
+                             f"and `ssh {whose}` once")
     if isinstance(e, paramiko.AuthenticationException):
         return KitError("it refused your SSH keys", host=host,
                         hint=f"make `ssh {host}` work without a password (ssh-copy-id, or load your key in an agent)")
     if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
-        return KitError("its SSH host key is not in your known_hosts, so it cannot be verified", host=host,
-                        hint=f"run `ssh {host}` once and check the fingerprint it shows")
+        m = re.search(r"Server '\[?([^]' ]+)", str(e))
+        whose = m[1] if m else host
+        what = "its SSH host key" if whose == host else f"the SSH host key of {whose}, the jump host on the way,"
+        return KitError(f"{what} is not in your known_hosts, so it cannot be verified", host=host,
+                        hint=f"run `ssh {whose}` once and check the fingerprint it shows")
     if isinstance(e, (socket.timeout, TimeoutError)):
-        return KitError(f"no answer on SSH port {port} within {timeout} s", host=host,
+        return KitError(f"no answer on SSH port {port} within {timeout} s{through}", host=host,
                         hint="check that the host is up and that its firewall lets SSH in from here")
     if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, socket.gaierror)):
-        return KitError(f"cannot connect to SSH port {port} ({e})", host=host,
+        return KitError(f"cannot connect to SSH port {port}{through} ({e})", host=host,
                         hint="check the name or address in hosts.txt and that sshd runs there")
     return KitError(f"SSH failed: {e}", host=host, hint=f"check that `ssh {host}` works")
 
@@ -48,18 +56,31 @@ def ssh_hostname(host: Host) -> str:
     return Connection(host.name, config=Config()).host
 
 
+def _strict(conn: Connection) -> None:
+    """Host keys checked against the user's known_hosts (and the files their ssh config names), as ssh does;
+    fabric would accept any key."""
+    client = conn.client
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.load_system_host_keys()  # ~/.ssh/known_hosts
+    for path in conn.ssh_config.get("userknownhostsfile", "").split():
+        if Path(path).expanduser().is_file():
+            client.load_system_host_keys(str(Path(path).expanduser()))
+
+
 class SshRunner:
     def __init__(self, host: Host, connect_timeout: int = 10) -> None:
         self.host = host.name
         self.timeout = connect_timeout
         self.conn = Connection(host.name, user=host.user, port=host.port, connect_timeout=connect_timeout,
                                config=Config())
-        client = self.conn.client
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.load_system_host_keys()  # ~/.ssh/known_hosts
-        for path in self.conn.ssh_config.get("userknownhostsfile", "").split():
-            if Path(path).expanduser().is_file():
-                client.load_system_host_keys(str(Path(path).expanduser()))
+        self.via: list[str] = []  # ProxyJump hops, nearest last: each is checked like the host itself
+        hop = self.conn
+        while isinstance(hop, Connection):
+            _strict(hop)
+            hop.connect_timeout = connect_timeout
+            if hop is not self.conn:
+                self.via.insert(0, hop.host)
+            hop = hop.gateway
         self.sudo = False  # set once the login user is known not to be root
 
     def open(self) -> None:
@@ -67,12 +88,22 @@ class SshRunner:
             self.conn.open()
             self.conn.transport.set_keepalive(15)
         except Exception as e:  # noqa: BLE001 - every way to fail is turned into one clear KitError
-            raise connection_error(self.host, self.conn.port, self.timeout, e) from None
+            raise connection_error(self.host, self.conn.port, self.timeout, e, self.via) from None
 
     def peer_address(self) -> str:
-        """The address this connection reached: the host's address on the path from here."""
+        """The host's own address on the path from here, as the host sees it ($SSH_CONNECTION's server address):
+        through a jump host, the address from the last hop, not the jump host's (what getpeername gives)."""
         if not self.conn.is_connected:
             self.open()
+        chan = self.conn.transport.open_session(timeout=self.timeout)
+        chan.settimeout(self.timeout)
+        chan.exec_command("echo $SSH_CONNECTION")  # the login shell's: sudo would drop it
+        words = self._finish(chan, "echo $SSH_CONNECTION").stdout.split()
+        if len(words) == 4:
+            return words[2]
+        if self.via:
+            raise KitError("cannot learn the host's address ($SSH_CONNECTION is empty)", host=self.host,
+                           hint="let sshd set SSH_CONNECTION for the login user, or connect without a jump host")
         return self.conn.transport.getpeername()[0]
 
     def _wrap(self, command: str) -> str:
@@ -95,12 +126,16 @@ class SshRunner:
         return self._finish(chan, command)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True) -> Result:
-        chan = self._session(command, None)
+                  changes: bool = True, timeout: float | None = STALL_S) -> Result:
+        """timeout: how long the far end may take no byte and say nothing (each send and read), not the whole."""
+        chan = self._session(command, timeout)
         try:
             for chunk in chunks:
                 chan.sendall(chunk)
                 on_bytes(len(chunk))
+        except socket.timeout:
+            chan.close()
+            return Result(self.host, command, 124, "", f"timed out: the host took nothing for {timeout:g} s")
         except OSError:
             pass  # the far end stopped reading: its exit status and stderr say why
         chan.shutdown_write()
@@ -116,7 +151,13 @@ class SshRunner:
 
     def _finish(self, chan: paramiko.Channel, command: str) -> Result:
         err: list[bytes] = []
-        reader = threading.Thread(target=lambda: err.append(chan.makefile_stderr("rb").read()), daemon=True)
+
+        def read_stderr() -> None:
+            try:
+                err.append(chan.makefile_stderr("rb").read())
+            except (OSError, EOFError):  # a timeout or a closed channel: the main read says what happened
+                pass
+        reader = threading.Thread(target=read_stderr, daemon=True)
         reader.start()
         try:
             out = chan.makefile("rb").read()

@@ -3,19 +3,26 @@ sent. After the job, what its ranks wrote on each host is copied to every other 
 checkpoint and rank 2's log are at the same path everywhere.
 
 Nothing is deleted there: checkpoints and outputs that ranks wrote stay.
+
+What is in a workspace is the job's: untrusted. A rank can leave a symlink there (ckpt -> /root/.ssh), and
+a tar run as root on the host would follow it, reading or writing the host's files. So the workspace is
+only ever read and written inside the cluster's containers, which see the workspace and nothing of the
+host's; what the job wrote goes from one container to the others over the cluster's SSH, streamed.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import shlex
 import tarfile
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from kit.commands.docker import command, exec_argv
+from kit.steps.image import chunks, file_sha256
 from kit.steps.node import Node
+
+COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 
 SKIP = {".git", "__pycache__", ".venv", ".kit", ".pytest_cache"}
 
@@ -26,12 +33,26 @@ def manifest(folder: Path) -> dict[str, str]:
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
         if path.is_file() and not SKIP.intersection(rel.parts):
-            out[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[rel.as_posix()] = file_sha256(path)  # in blocks: a job's folder may hold GB files
     return out
 
 
-def remote_manifest_command(workspace: str) -> str:
-    return (f"cd {shlex.quote(workspace)} 2>/dev/null && find . -type f -print0 | xargs -0 -r sha256sum")
+def in_container(container: str, script: str, *, stdin: bool = False) -> str:
+    """A shell script run in the cluster's container (with stdin attached when it reads it)."""
+    return command(["docker", "exec", *(["-i"] if stdin else []), container, "sh", "-c", script])
+
+
+def remote_manifest_command(container: str, workspace: str) -> str:
+    # find does not follow symlinks: a link the job made is neither hashed nor copied through.
+    return in_container(container, f"cd {shlex.quote(workspace)} 2>/dev/null && find . -type f -print0 "
+                                   "| xargs -0 -r sha256sum")
+
+
+UNTAR = "mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner"
+
+
+def untar_command(container: str, workspace: str) -> str:
+    return in_container(container, UNTAR.format(ws=shlex.quote(workspace)), stdin=True)
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -47,22 +68,17 @@ def changed(local: dict[str, str], remote: dict[str, str]) -> list[str]:
     return [name for name, digest in local.items() if remote.get(name) != digest]
 
 
-def tarball(folder: Path, names: list[str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+def tarball(folder: Path, names: list[str], into: Path) -> Path:
+    """The files as a gzip'd tarball on disk (streamed from there: a job's folder may hold GBs)."""
+    with tarfile.open(into, mode="w:gz") as tar:
         for name in names:
             tar.add(folder / name, arcname=name, recursive=False)
-    return buf.getvalue()
+    return into
 
 
 def read_manifest(node: Node, workspace: str) -> dict[str, str]:
-    return parse_manifest(node.runner.run(remote_manifest_command(workspace)).stdout)
-
-
-def untar(node: Node, workspace: str, data: bytes, what: str) -> None:
-    q = shlex.quote(workspace)
-    node.runner.run(f"mkdir -p {q} && tar -xzf - -C {q}", stdin=data, changes=True).check(
-        f"cannot copy {what} to {workspace}", hint="check free disk space on the host")
+    r = node.runner.run(remote_manifest_command(node.place.container, workspace), timeout=COPY_TIMEOUT_S)
+    return parse_manifest(r.check(f"cannot list the workspace {workspace} in the container").stdout)
 
 
 def sync(node: Node, folder: Path, workspace: str, local: dict[str, str]) -> tuple[int, dict[str, str]]:
@@ -70,7 +86,11 @@ def sync(node: Node, folder: Path, workspace: str, local: dict[str, str]) -> tup
     remote = read_manifest(node, workspace)
     names = changed(local, remote)
     if names:
-        untar(node, workspace, tarball(folder, names), "the job's files")
+        with tempfile.TemporaryDirectory(prefix="kit-job-") as tmp:
+            path = tarball(folder, names, Path(tmp) / "job.tar.gz")
+            node.runner.stream_in(untar_command(node.place.container, workspace), chunks(path),
+                                  lambda n: None).check(
+                f"cannot copy the job's files to {workspace}", hint="check free disk space on the host")
     return len(names), {**remote, **local}
 
 
@@ -99,13 +119,20 @@ def spread_plan(before: dict[str, dict[str, str]], after: dict[str, dict[str, st
     return {source: (names[source], [h for h in after if h in lacking[source]]) for source in names}
 
 
-def pack_command(workspace: str, names: list[str]) -> str:
-    """The files as a base64 gzip tarball on stdout (the runners return text); fails as tar fails."""
-    return (f'tmp=$(mktemp) && tar -czf "$tmp" -C {shlex.quote(workspace)} -- {shlex.join(names)} '
-            '&& base64 -w0 "$tmp"; rc=$?; rm -f "$tmp"; exit $rc')
+def spread_script(workspace: str, names: list[str], targets: list[str]) -> str:
+    """In the source's container: the files packed once, then sent to each target's container over the cluster's
+    SSH and unpacked there. Names a target it could not copy to; fails when any copy failed."""
+    ws, q = shlex.quote(workspace), shlex.quote
+    unpack = q(UNTAR.format(ws=ws))
+    return ("tmp=$(mktemp) && trap 'rm -f \"$tmp\"' EXIT && "
+            f"printf '%s\\0' {shlex.join(names)} | tar -czf \"$tmp\" -C {ws} --null -T - && rc=0 && "
+            f"for t in {' '.join(q(t) for t in targets)}; do "
+            f"ssh \"$t\" {unpack} < \"$tmp\" || {{ echo \"kit: copying to $t failed\" >&2; rc=1; }}; done; exit $rc")
 
 
-def fetch(node: Node, workspace: str, names: list[str]) -> bytes:
-    r = node.runner.run(pack_command(workspace, names), timeout=None).check(
-        f"cannot read what the job wrote in {workspace}")
-    return base64.b64decode(r.stdout)
+def spread(node: Node, workspace: str, names: list[str], targets: list[str]) -> None:
+    """What the job wrote on node's host, to the targets' workspaces (addresses on the cluster network)."""
+    r = node.runner.run(command(exec_argv(node.place.container, ["sh", "-c", spread_script(workspace, names, targets)])),
+                        timeout=COPY_TIMEOUT_S)
+    r.check(f"cannot copy what the job wrote on {node.name} to the other hosts",
+            hint="check free disk space and the cluster's SSH (kit status), then run the job again")
