@@ -25,7 +25,8 @@ from kit import __version__, shipped_folder
 from kit import state as st
 from kit import pipconfig
 from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch
-from kit.cluster import HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status
+from kit.cluster import (HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status,
+                         what_may_remain)
 from kit.config import (CONTENTS, FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework,
                         read_config)
 from kit import jobs
@@ -38,6 +39,7 @@ from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
 from kit.demo import SCRIPT as DEMO_SCRIPT, Training
+from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
 from kit import prepare as prepare_hosts
 from kit.runners.local import LocalRunner
@@ -54,23 +56,36 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def reports_errors(command: Callable) -> Callable:
-    """Print a KitError as `error:` / output tail / `fix:` lines and exit with its code."""
+    """Print a KitError as `error:` / output tail / `fix:` lines and exit with its code. Anything else is a bug
+    of kit's: one line saying so, not a traceback (KIT_DEBUG=1 shows the traceback)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
         except KitError as e:
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}")
-            for host, failure in getattr(e, "failures", {}).items():
-                err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")
-                _details(failure, indent="    ", shown_hint=e.hint)
-            _details(e, indent="  ", shown_hint=e.hint)
-            if e.hint:
-                err_console.print(f"[bold]fix:[/] {escape(e.hint)}")
-            raise typer.Exit(e.exit_code) from None
+            _report(e)
+        except (KeyboardInterrupt, typer.Exit):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("KIT_DEBUG"):
+                raise
+            _report(KitError(f"kit failed unexpectedly: {type(e).__name__}: {pipconfig.redact_text(str(e))}",
+                             hint="this is a bug in kit: run the command again with KIT_DEBUG=1 for the traceback, "
+                                  "and report it"))
 
     return wrapper
+
+
+def _report(e: KitError) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(str(e))}")
+    for host, failure in getattr(e, "failures", {}).items():
+        err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")
+        _details(failure, indent="    ", shown_hint=e.hint)
+    _details(e, indent="  ", shown_hint=e.hint)
+    if e.hint:
+        err_console.print(f"[bold]fix:[/] {escape(e.hint)}")
+    raise typer.Exit(e.exit_code) from None
 
 
 def _details(e: KitError, indent: str, shown_hint: str | None) -> None:
@@ -312,12 +327,14 @@ def up(
     if hosts is not None and nodes is not None:
         raise BadInput("--nodes is for the local cluster; with --hosts, hosts.txt lists the hosts",
                        hint="drop --nodes, or drop --hosts to make a local cluster of N containers")
-    _bring_up(cfg_file, cfg, hosts, LOCAL_NODES if nodes is None else nodes, dry_run)
+    with cluster_lock(cfg.name):
+        _bring_up(cfg_file, cfg, hosts, LOCAL_NODES if nodes is None else nodes, dry_run)
 
 
 def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], count: int, dry_run: bool) -> None:
     inventory = read_hosts(hosts) if hosts is not None else None
     count = check_count(count)  # bad input is found before anything is contacted
+    st.load(Identity(cfg.name, persist=False).folder)  # a damaged record too
     client = connect()
     if inventory is None:
         inventory, places = local_cluster(cfg, count, _local_subnet(client, cfg))
@@ -332,17 +349,19 @@ def _bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], c
     flavor = image.flavor or flavor
     identity = Identity(cfg.name, persist=not dry_run)
     with _live() as bar:
-        workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / "images"),
+        workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / ".images"),
                       connect=_connect(cfg.connect_timeout), places=places, dry_run=dry_run,
                       progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
-    changed = any(n.changes for n in nodes) or dry_run
+    changed = any(n.changes for n in nodes + workflow.left) or dry_run
     where = "on this machine in " if hosts is None else "on "
     console.print(("[bold]plan[/] (dry run: nothing was changed)" if dry_run else
                    f"[green]✓[/] cluster {cfg.name} is up {where}{len(nodes)} {'containers' if hosts is None else 'hosts'}"
                    + ("" if changed else ": no change")))
     if changed:
         _print_changes(nodes, dry_run)
+    for n in workflow.left:
+        console.print(f"  {escape(n.name)} (no longer in hosts.txt): {escape('; '.join(n.changes) or 'nothing of the cluster was there')}")
     if workflow.copied and not dry_run:
         console.print(f"  {workflow.copied}")
     _print_notes(nodes)
@@ -393,6 +412,15 @@ def _print_notes(nodes: list[Node]) -> None:
         console.print(f"  [yellow]note[/] ({escape(', '.join(hosts))}): {escape(note)}")
 
 
+@contextlib.contextmanager
+def _locked(name: Optional[str], config: Optional[Path]):
+    """(cluster settings, identity, recorded state) read while holding the cluster's lock (kit.lock)."""
+    _, cfg = _cluster_cfg(config, dict(name=name))
+    with cluster_lock(cfg.name):
+        identity = Identity(cfg.name)
+        yield cfg, identity, st.load(identity.folder)
+
+
 def _recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig, Identity, st.ClusterState | None]:
     _, cfg = _cluster_cfg(config, dict(name=name))
     identity = Identity(cfg.name)
@@ -411,7 +439,7 @@ def status(
     if state is None:
         raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
                        hint="bring it up with `kit up --hosts hosts.txt`")
-    rows = cluster_status(state, _connect(cfg.connect_timeout))
+    rows = cluster_status(state, _connect(cfg.connect_timeout), identity.owner)
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
                                  "hosts": [r.as_dict() for r in rows]})
@@ -440,18 +468,25 @@ def down(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
     dry_run: bool = typer.Option(False, help="Print what would be removed; remove nothing."),
+    force: bool = typer.Option(False, help="Forget hosts that cannot be cleaned (gone for good), saying what "
+                                           "may be left there."),
 ) -> None:
     """Remove exactly what `kit up` made: containers, kit's folders and files. Safe to run twice."""
-    cfg, identity, state = _recorded(name, config)
-    if state is None:
-        console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
-        return
-    with _live() as bar:
-        nodes = down_cluster(state, identity, _connect(cfg.connect_timeout), dry_run=dry_run,
-                             progress=LiveProgress(bar))
+    with _locked(name, config) as (cfg, identity, state):
+        if state is None:
+            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
+            return
+        with _live() as bar:
+            done = down_cluster(state, identity, _connect(cfg.connect_timeout), dry_run=dry_run, force=force,
+                                progress=LiveProgress(bar))
     console.print("[bold]plan[/] (dry run: nothing was removed)" if dry_run else
-                  f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts")
-    _print_changes(nodes, dry_run)
+                  f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts"
+                  + (f", except on {len(done.forgotten)} forgotten" if done.forgotten else ""))
+    _print_changes([n for n in done.nodes if n.name not in done.forgotten], dry_run)
+    for host, why in done.forgotten.items():
+        err_console.print(f"[yellow]forgot[/] {escape(host)} ({escape(why.message)}): what kit made there may "
+                          f"remain: {escape(what_may_remain(state.host(host)))}; remove it by hand if "
+                          "the host comes back")
 
 
 # ---------------------------------------------------------------- jobs
@@ -509,12 +544,13 @@ def run(
         raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                        else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
                        hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
-    cfg, identity, state = _recorded(name, config)
-    state = _need_state(cfg, identity, state)
-    _check_launcher(launcher, state)
-    options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
-    _run_job(cfg, state, script, args or [], np, workdir, options,
-             (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_printer(launcher), launcher, nproc_per_node)
+    with _locked(name, config) as (cfg, identity, state):  # no up or down changes the cluster under the job
+        state = _need_state(cfg, identity, state)
+        _check_launcher(launcher, state)
+        options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
+        _run_job(cfg, state, script, args or [], np, workdir, options,
+                 (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_printer(launcher), launcher,
+                 nproc_per_node)
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:
@@ -598,6 +634,12 @@ def demo(
         raise BadInput(f"{cfg_file.where('build', 'flavor')}: kit demo trains its Horovod example, and flavor "
                        f"{build.flavor} has no Horovod", hint="run kit demo without that kit.yaml (or with flavor cpu); "
                        "on a cluster of the tf image, `kit run --launcher tf examples/tf_multiworker.py`")
+    with cluster_lock(cfg.name):
+        _demo(cfg_file, cfg, build, nodes, epochs, samples, keep, verbose)
+
+
+def _demo(cfg_file: ConfigFile, cfg: ClusterConfig, build, nodes: int, epochs: int, samples: int, keep: bool,
+          verbose: bool) -> None:
     identity = Identity(cfg.name)
     timings: list[tuple[str, float]] = []
     with _timed("image", timings):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -14,7 +14,7 @@ from kit.commands.docker import ContainerSpec, command, network_remove_argv, rem
 from kit.config import KIT_ROOT, ClusterConfig, framework, uses_gpus
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
-from kit.identity import Identity
+from kit.identity import Identity, Owner
 from kit.inventory import Host
 from kit.place import Place
 from kit.runners import DryRunner, Runner
@@ -80,12 +80,13 @@ class Up:
     flavor: str
     image: img.LocalImage
     identity: Identity
-    archive: Callable[[], Path]  # makes (or finds) the compressed image
+    archive: Callable[[], img.Archive]  # makes (or finds) the compressed image
     connect: Connect
     places: dict[str, Place]     # host name -> where its container lives
     dry_run: bool = False
     progress: Progress = NoProgress()
     copied: "Copied | None" = None  # what the image step sent, for the summary
+    left: list[Node] = field(default_factory=list)  # hosts no longer in hosts.txt, where kit removed the cluster
 
     @property
     def storage(self) -> Storage:
@@ -95,6 +96,7 @@ class Up:
         nodes = _nodes(hosts, self.places, self.connect, self.dry_run)
         try:
             self._preflight(nodes)
+            self._remove_left(hosts)
             if not self.dry_run:
                 self._record(nodes)
             self._keys(nodes)
@@ -124,7 +126,21 @@ class Up:
         gpu = uses_gpus(self.flavor)
         self._step("connecting", nodes, lambda n: preflight.gather(n, self.cfg, self.image.tag), "connecting")
         self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu,
-                                                                 nodes[0].address), "checking")
+                                                                 nodes[0].address, self.identity.owner), "checking")
+
+    def _remove_left(self, hosts: list[Host]) -> None:
+        """Hosts that the last up recorded and hosts.txt no longer lists: what kit made there goes first, while
+        the state still knows them (a host that cannot be cleaned stops up, named, and stays recorded)."""
+        old = st.load(self.identity.folder)
+        names = {h.name for h in hosts}
+        left = [h for h in old.hosts if h.name not in names] if old else []
+        if not left:
+            return
+        nodes = _nodes([h.host for h in left], {h.name: h.place for h in left}, self.connect, self.dry_run)
+        failures = remove_hosts(nodes, old, self.identity.owner, self.progress)
+        if failures:
+            raise HostsFailed("removing the cluster from hosts that left hosts.txt", failures)
+        self.left = nodes
 
     def _record(self, nodes: list[Node]) -> None:
         """Before the first change: what kit is about to make, so `down` can undo even a half-done up."""
@@ -132,15 +148,17 @@ class Up:
         hosts, s = [], self.storage
         for n in nodes:
             before = old.host(n.name) if old else None
+            # What kit made at another workspace path is not what it would make now (nor remove at down).
+            at_ws = before if old and old.workspace == self.cfg.workspace_path else None
             hosts.append(st.HostState(
                 name=n.name, address=n.address, place=n.place, user=n.host.user, port=n.host.port,
                 slots=preflight.slots(n, self.cfg, uses_gpus(self.flavor)),
                 primary=n.host.primary, local=n.host.local,
-                made_workspace=(before.made_workspace if before else False) or self._makes_workspace(n),
+                made_workspace=(at_ws.made_workspace if at_ws else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
-                made_mount=(before.made_mount if before else False) or (
+                made_mount=(at_ws.made_mount if at_ws else False) or (
                     s.mounts(n.host.primary) and not storage.mounted_here(s, n.facts.mount, nodes[0].address)),
-                made_export=(before.made_export if before else False) or (s.exports(n.host.primary) and not n.facts.export),
+                made_export=(at_ws.made_export if at_ws else False) or (s.exports(n.host.primary) and not n.facts.export),
                 interfaces=[list(i) for i in n.place.interfaces() or n.facts.ipv4]))
         self.identity.ensure_folder()
         st.save(self.identity.folder, st.ClusterState(
@@ -155,16 +173,16 @@ class Up:
 
     def _keys(self, nodes: list[Node]) -> None:
         files = keys.cluster_files(nodes, self.cfg, self.identity)
-        self._step("writing the cluster's SSH files", nodes, lambda n: keys.apply(n, files[n.name]),
-                   "writing keys")
+        self._step("writing the cluster's SSH files", nodes, lambda n: keys.apply(n, files[n.name],
+                                                                                  self.identity.owner), "writing keys")
 
     def _image(self, nodes: list[Node]) -> None:
         senders = [n for n in nodes if img.needs_image(n, self.image)]
         if senders:
             for n in senders:
                 self.progress.status(n.name, "waiting for the image archive")
-            path = Path("/dev/null") if self.dry_run else self.archive()
-            total = path.stat().st_size
+            archive = img.Archive(Path("/dev/null"), "") if self.dry_run else self.archive()
+            total = archive.size
             started = time.monotonic()
 
             def send(n: Node) -> None:
@@ -174,7 +192,7 @@ class Up:
                     nonlocal sent
                     sent += count
                     self.progress.transfer(n.name, sent, total)
-                img.send(n, self.image, path, on_bytes)
+                img.send(n, self.image, archive, on_bytes)
             self._step("copying the image", senders, send, "copying the image")
             self.copied = Copied(len(senders), total, self.image.size, time.monotonic() - started)
         img.check_same(nodes, self.image, self.dry_run)
@@ -186,7 +204,8 @@ class Up:
     def _networks(self, nodes: list[Node]) -> None:
         """Each private network once, before any container joins it."""
         first = list({n.place.network: n for n in reversed(nodes) if n.place.private}.values())
-        self._step("making networks", first, lambda n: containers.make_network(n, self.cfg.name), "network")
+        self._step("making networks", first, lambda n: containers.make_network(n, self.cfg.name, self.identity.owner),
+                   "network")
 
     def _export(self, nodes: list[Node]) -> None:
         """nfs from the primary: its /etc/exports line names every other host's address."""
@@ -210,7 +229,7 @@ class Up:
             # On the host's network the container takes the host's name, which must resolve (Gloo).
             names = ((n.facts.hostname, n.address),) if n.facts.hostname and not n.place.private else ()
             spec = ContainerSpec(self.cfg, n.place, self.image.tag, self.image.id, gpus=uses_gpus(self.flavor),
-                                 memlock=n.facts.memlock, add_hosts=names)
+                                 memlock=n.facts.memlock, add_hosts=names, owner=self.identity.owner)
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
                                "raise it (no CAP_SYS_RESOURCE); RDMA transports need it unlimited")
@@ -252,7 +271,7 @@ class HostStatus:
         return dict(self.__dict__)
 
 
-def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
+def status(state: st.ClusterState, connect: Connect, owner: Owner) -> list[HostStatus]:
     def one(h: st.HostState) -> HostStatus:
         runner = connect(h.host)
         try:
@@ -263,7 +282,8 @@ def status(state: st.ClusterState, connect: Connect) -> list[HostStatus]:
             return HostStatus(h.name, h.address, h.primary, reachable=False, error=e.message, slots=h.slots)
         finally:
             runner.close()
-        ours = f.container if f.container and f.container.cluster == state.cluster else None
+        mine = f.container and f.container.cluster == state.cluster and f.container.owner == owner
+        ours = f.container if mine else None
         return HostStatus(h.name, h.address, h.primary, True, container=ours.status if ours else "missing",
                           image_matches=f.image_id == state.image_id and (ours is None or ours.image_id == state.image_id),
                           port_listening=state.ssh_port in f.listening, gpus=f.gpus, slots=h.slots)
@@ -289,7 +309,7 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
     if h.made_export and f.export:
         plan.append((storage.unexport_command(s), f"removed the export of {state.workspace} from {storage.EXPORTS}"))
     if f.kit_files or f.kit_dir_exists:
-        plan.append((f"rm -rf {q(p.ssh_dir)} {q(p.jobs_dir)}", f"removed {p.ssh_dir} and jobs"))
+        plan.append((f"rm -rf {q(p.ssh_dir)} {q(p.jobs_dir)} {q(p.owner_file)}", f"removed {p.ssh_dir} and jobs"))
     if h.made_workspace and f.workspace_exists:
         plan.append((f"rmdir {q(state.workspace)} 2>/dev/null || echo kept",
                      f"removed {state.workspace}"))
@@ -304,32 +324,62 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
     return plan
 
 
-def down(state: st.ClusterState, identity: Identity, connect: Connect, *, dry_run: bool = False,
-         progress: Progress = NoProgress()) -> list[Node]:
-    nodes = _nodes([h.host for h in state.hosts], {h.name: h.place for h in state.hosts}, connect, dry_run)
-    cfg = _state_cfg(state)
+def remove_from(n: Node, state: st.ClusterState, owner: Owner, progress: Progress) -> None:
+    """Undo on one host what up made there for this cluster, decided from its facts."""
+    progress.status(n.name, "removing")
+    preflight.gather(n, _state_cfg(state), state.image)
+    if other := n.facts.foreign(state.cluster, owner):
+        n.changes.append(f"left alone: the cluster {state.cluster} here is {other}'s, not yours")
+        return
+    if n.facts.docker_version is None:  # kit would see no container, and the engine would bring it back
+        raise KitError(f"Docker does not answer ({n.facts.docker_error}), so kit cannot see or remove the "
+                       "cluster's container, which comes back when Docker starts", host=n.name,
+                       hint="start Docker on that host, then kit down again; if the host is gone for good, "
+                            "kit down --force forgets it")
+    for cmd, what in removal_commands(n.facts, state.host(n.name), state):
+        r = n.runner.run(cmd, changes=True).check(f"`{cmd}` failed")
+        n.changes.append(what if "kept" not in r.stdout else f"kept {state.workspace}: it holds files")
+    progress.status(n.name, "removed")
 
-    def remove(n: Node) -> None:
-        progress.status(n.name, "removing")
-        preflight.gather(n, cfg, state.image)
-        for cmd, what in removal_commands(n.facts, state.host(n.name), state):
-            r = n.runner.run(cmd, changes=True).check(f"`{cmd}` failed")
-            n.changes.append(what if "kept" not in r.stdout else f"kept {state.workspace}: it holds files")
-        progress.status(n.name, "removed")
+
+def remove_hosts(nodes: list[Node], state: st.ClusterState, owner: Owner, progress: Progress) -> dict[str, KitError]:
+    """remove_from on every node, the primary last (what the others use, the local cluster's network, goes
+    after them); closes the nodes. The failures, by host."""
     failures: dict[str, KitError] = {}
-    try:  # the primary last: what the others use (the local cluster's network) is undone after them
+    try:
         for group in ([n for n in nodes if not n.host.primary], [n for n in nodes if n.host.primary]):
             try:
-                fan_out("kit down", group, remove, _name)
+                fan_out("kit down", group, lambda n: remove_from(n, state, owner, progress), _name)
             except HostsFailed as e:
                 failures.update(e.failures)
     finally:
         _close(nodes)
-    if failures:
+    return failures
+
+
+@dataclass
+class Down:
+    nodes: list[Node]
+    forgotten: dict[str, KitError]  # --force: hosts kit could not clean and no longer knows
+
+
+def what_may_remain(h: st.HostState) -> str:
+    return (f"container {h.place.container} (restart unless-stopped, its sshd trusts the cluster's key) and "
+            f"{h.place.kit_dir} (the cluster's keys)")
+
+
+def down(state: st.ClusterState, identity: Identity, connect: Connect, *, dry_run: bool = False,
+         force: bool = False, progress: Progress = NoProgress()) -> Down:
+    """Remove what up made, host by host, from their facts. A host whose facts cannot be read (unreachable,
+    Docker not answering) fails and stays in the state, keys and all, so a later `down` can finish; with
+    force, such hosts are forgotten and said so."""
+    nodes = _nodes([h.host for h in state.hosts], {h.name: h.place for h in state.hosts}, connect, dry_run)
+    failures = remove_hosts(nodes, state, identity.owner, progress)
+    if failures and not force:
         if not dry_run:  # keep only the hosts still to do, so a second `down` finishes the job
             state.hosts = [h for h in state.hosts if h.name in failures]
             st.save(identity.folder, state)
         raise HostsFailed("kit down", failures)
     if not dry_run:
         identity.remove()
-    return nodes
+    return Down(nodes, failures)

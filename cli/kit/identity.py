@@ -8,8 +8,12 @@ Secrets are written 0600 in folders of 0700.
 
 from __future__ import annotations
 
+import getpass
 import os
+import secrets
 import shutil
+import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,40 @@ from kit.errors import KitError
 def state_root() -> Path:
     """Where kit keeps what it made: $KIT_HOME, else ~/.kit."""
     return Path(os.environ.get("KIT_HOME") or Path.home() / ".kit")
+
+
+LOCAL_OWNER_FILE = ".owner"  # in state_root(); a cluster name never starts with a dot
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who made a cluster: one id per user of a control machine (kept, so a new key after `down` is still the
+    same owner), and a name to tell people. What kit makes on a host carries both; kit touches no other's."""
+
+    id: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.name} (kit id {self.id[:12]})"
+
+    @classmethod
+    def parse(cls, text: str) -> "Owner | None":
+        id_, _, name = text.strip().partition(" ")
+        return cls(id_, name or "someone") if id_ else None
+
+
+def owner(root: Path | None = None, persist: bool = True) -> Owner:
+    """This user's owner id on this control machine: made once, then read."""
+    path = (root or state_root()) / LOCAL_OWNER_FILE
+    if path.exists():
+        found = Owner.parse(path.read_text())
+        if found:
+            return found
+    made = Owner(secrets.token_hex(16), f"{getpass.getuser()}@{socket.gethostname()}")
+    if persist:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.write_text(f"{made.id} {made.name}\n")
+    return made
 
 
 @dataclass(frozen=True)
@@ -44,12 +82,14 @@ def new_key(comment: str) -> KeyPair:
 def write_secret(path: Path, data: bytes) -> None:
     """Create or replace a file that only its owner can read, without a moment of wider modes."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, a name of its own
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _load_or_make(folder: Path, comment: str, persist: bool) -> KeyPair:
@@ -73,6 +113,7 @@ class Identity:
         self.folder = (root or state_root()) / cluster
         self.cluster = cluster
         self.persist = persist  # False for --dry-run: keys that do not exist yet are made in memory only
+        self.owner = owner(root, persist)
 
     def ensure_folder(self) -> None:
         if self.persist:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOST_NETWORK = "host"
+OWNER = "owner"  # the file in kit's folder on a host that says whose cluster it is
 PRIVATE_INTERFACE = "eth0"  # Docker's name for a container's only network
 
 
@@ -30,6 +31,11 @@ class Place:
     @property
     def jobs_dir(self) -> str:
         return f"{self.kit_dir}/jobs"
+
+    @property
+    def owner_file(self) -> str:
+        """Whose cluster kit's folder here is (see kit.identity.Owner)."""
+        return f"{self.kit_dir}/{OWNER}"
 
     @property
     def ssh_dir(self) -> str:

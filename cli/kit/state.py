@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kit.errors import BadInput
 from kit.identity import write_secret
 from kit.inventory import Host
 from kit.place import Place
@@ -65,12 +66,17 @@ def state_file(folder: Path) -> Path:
 
 
 def load(folder: Path) -> ClusterState | None:
+    path = state_file(folder)
     try:
-        data = json.loads(state_file(folder).read_text())
+        data = json.loads(path.read_text())
+        hosts = [HostState(**{**h, "place": Place(**h["place"])}) for h in data.pop("hosts")]
+        return ClusterState(**data, hosts=hosts)
     except FileNotFoundError:
         return None
-    hosts = [HostState(**{**h, "place": Place(**h["place"])}) for h in data.pop("hosts")]
-    return ClusterState(**data, hosts=hosts)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # empty, cut short, edited, another kit's
+        raise BadInput(f"{path}: kit's record of cluster {folder.name} is damaged ({type(e).__name__}: {e})",
+                       hint=f"restore it from a copy; else remove {folder} and, on each host, what kit made "
+                            f"there (docker rm -f kit-{folder.name}; rm -rf /var/lib/kit/{folder.name})") from None
 
 
 def save(folder: Path, state: ClusterState) -> None:

@@ -195,6 +195,15 @@ Subsystem sftp /usr/lib/openssh/sftp-server
                                     f"unix://{h.docker_sock}", "--iptables=false", "--ip-masq=false",
                                     "--bridge=none"])
 
+    def stop_dockerd(self, h: LabHost) -> None:
+        """The host's Docker engine stops (its containers with it), as `systemctl stop docker` does."""
+        _stop(h.run / "dockerd.process")
+        wait_for(f"{h.name} dockerd to stop", lambda: h.docker("version", check=False).returncode != 0)
+
+    def start_dockerd(self, h: LabHost) -> None:
+        self._dockerd(h)
+        wait_for(f"{h.name} dockerd", lambda: h.docker("version", check=False).returncode == 0)
+
     def _daemon(self, h: LabHost, name: str, argv: list[str]) -> None:
         log = open(h.data / f"{name}.log", "ab")
         proc = subprocess.Popen([*h.nsenter, *argv], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -274,6 +283,12 @@ Subsystem sftp /usr/lib/openssh/sftp-server
     def hosts_file(self, path: Path, hosts: list[LabHost] | None = None) -> Path:
         path.write_text("".join(f"{h.address}\n" for h in hosts or self.hosts))
         return path
+
+    def trust(self, h: LabHost) -> None:
+        """The lab user's known_hosts holds the host's current key again (after a rekey)."""
+        known = self.home / ".ssh" / "known_hosts"
+        lines = [line for line in known.read_text().splitlines() if not line.startswith(h.address + " ")]
+        known.write_text("\n".join(lines + [f"{h.address} {(h.run / 'host_key.pub').read_text().strip()}"]) + "\n")
 
     def rekey(self, h: LabHost) -> None:
         """Give the host's own sshd a new host key (a reinstalled host, or an impostor)."""

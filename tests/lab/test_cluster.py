@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -139,9 +141,7 @@ def test_changed_host_key_of_a_host_is_refused(project, lab):
         assert "ssh-keygen -R" in r.stderr
         assert_nothing_on_hosts(lab, project)
     finally:
-        known = lab.home / ".ssh" / "known_hosts"
-        lines = [line for line in known.read_text().splitlines() if not line.startswith(h2.address + " ")]
-        known.write_text("\n".join(lines + [f"{h2.address} {(h2.run / 'host_key.pub').read_text().strip()}"]) + "\n")
+        lab.trust(h2)
 
 
 def test_unreachable_host_fails_preflight_naming_it_and_changes_nothing(project, lab):
@@ -184,7 +184,7 @@ def test_image_load_killed_mid_way_is_named_and_a_rerun_completes(project, lab, 
     assert r.returncode == 1
     assert re.search(rf"^  {re.escape(h3.address)}: loading image kit-horovod:cpu-\w+ failed \(exit 137\)",
                      r.stderr, re.M), r.stderr
-    assert "command: gunzip -c | docker load" in r.stderr
+    assert "sha256sum -c --quiet - && gunzip -c \"$tmp\" | docker load" in r.stderr
     again = kit(project, lab, "up", "--hosts", "hosts.txt")
     assert again.returncode == 0, again.stderr
     assert f"{h3.address}: loaded image" in again.stdout
@@ -233,3 +233,129 @@ def test_a_modules_cluster_whose_up_fails_half_way_leaves_nothing_on_any_host(pr
     assert f"SSH from the primary's container failed on 1 host: {h3.address}" in str(failed.value), failed.value
     assert lab.leftovers("lab") == {}
     assert_nothing_on_hosts(lab, project)
+
+
+def test_down_with_docker_stopped_on_a_host_keeps_that_host_and_the_keys_and_names_it(project, lab):
+    """kit must not forget a container it could not see: with Docker back, it would run on with the cluster's key."""
+    assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
+    h2, state_file = lab.hosts[1], lab.home / ".kit" / "lab" / "state.json"
+    lab.stop_dockerd(h2)
+    try:
+        r = kit(project, lab, "down")
+    finally:
+        lab.start_dockerd(h2)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{h2.address}: Docker does not answer" in r.stderr and "kit down --force" in r.stderr
+    assert [h["name"] for h in json.loads(state_file.read_text())["hosts"]] == [h2.address]
+    assert (lab.home / ".kit" / "lab" / "client" / "id_ed25519").exists()
+    for h in (lab.hosts[0], lab.hosts[2]):
+        assert containers(h) == [] and h.kit_files() == [], h.name
+    deadline = time.monotonic() + 60  # the engine brings the container back: kit still knows it, and removes it
+    while time.monotonic() < deadline and [c["State"] for c in containers(h2)] != ["running"]:
+        time.sleep(1)
+    assert [c["State"] for c in containers(h2)] == ["running"]
+    again = kit(project, lab, "down")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_nothing_on_hosts(lab, project)
+
+
+def test_down_force_forgets_a_host_that_is_gone_saying_what_may_remain(project, lab):
+    assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
+    h3 = lab.hosts[2]
+    lab.block(h3)
+    try:
+        r = kit(project, lab, "down", "--force", timeout=120)
+    finally:
+        lab.unblock(h3)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"forgot {h3.address} (no answer on SSH port 22 within 10 s): what kit made there may remain: " \
+           "container kit-lab" in r.stderr
+    assert not (lab.home / ".kit" / "lab").exists()
+    assert [c["Names"] for c in containers(h3)] == ["kit-lab"]  # left, as said; the lab removes it
+    lab.remove_cluster("lab")
+
+
+def test_another_owners_cluster_of_the_same_name_is_left_alone(project, lab, tmp_path):
+    """Two people (or control machines) who both call their cluster `lab` on one host: the second is refused
+    before anything changes, named with the first's owner, and its down touches nothing of the first's."""
+    assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
+    try:
+        first = (lab.home / ".kit" / ".owner").read_text().split()
+        other = {**lab.env, "KIT_HOME": str(tmp_path / "other-kit")}  # the other user's kit, same hosts and name
+        before = {h.name: started_at(h) for h in lab.hosts}
+        r = run_kit("up", "--hosts", "hosts.txt", cwd=project, env=other, timeout=300)
+        assert r.returncode == 1, r.stdout + r.stderr
+        for h in lab.hosts:
+            assert f"{h.address}: a cluster named lab of {first[1]} (kit id {first[0][:12]}) is here" in r.stderr
+        assert "choose another cluster name" in r.stderr
+        assert {h.name: started_at(h) for h in lab.hosts} == before  # nothing changed
+        assert not (tmp_path / "other-kit" / "lab").exists()
+        assert run_kit("down", cwd=project, env=other).stdout.startswith("nothing to remove")
+        assert kit(project, lab, "status").returncode == 0
+    finally:
+        assert kit(project, lab, "down").returncode == 0
+    assert_nothing_on_hosts(lab, project)
+
+
+def test_a_host_that_leaves_hosts_txt_is_cleaned_by_the_next_up(project, lab, tmp_path):
+    assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
+    h3 = lab.hosts[2]
+    two = lab.hosts_file(tmp_path / "two.txt", lab.hosts[:2])
+    try:
+        r = kit(project, lab, "up", "--hosts", str(two))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{h3.address} (no longer in hosts.txt): removed container kit-lab" in r.stdout
+        assert containers(h3) == [] and h3.kit_files() == [] and not h3.listening(PORT)
+        state = json.loads((lab.home / ".kit" / "lab" / "state.json").read_text())
+        assert [h["name"] for h in state["hosts"]] == [h.address for h in lab.hosts[:2]]
+        for h in lab.hosts[:2]:  # the cluster's known_hosts no longer trusts the host that left
+            known = h.run_in("cat", "/var/lib/kit/lab/ssh/known_hosts").stdout
+            assert h3.address not in known and lab.hosts[1].address in known
+    finally:
+        assert kit(project, lab, "down").returncode == 0
+    assert_nothing_on_hosts(lab, project)
+
+
+def test_down_started_while_up_runs_is_refused_naming_the_up(project, lab):
+    lock = lab.home / ".kit" / ".locks" / "lab"
+    up = subprocess.Popen([sys.executable, "-m", "kit", "up", "--hosts", "hosts.txt"], cwd=project,
+                          env={**os.environ, **lab.env, "COLUMNS": "200"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text()):
+            time.sleep(0.1)
+        down = kit(project, lab, "down")
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert down.stderr.startswith(f"error: cluster lab is busy: `kit up --hosts hosts.txt` (pid {up.pid}, since ")
+        out, err = up.communicate(timeout=600)
+        assert up.returncode == 0, out[-3000:] + err[-3000:]  # the up went on undisturbed
+        assert kit(project, lab, "status").returncode == 0
+    finally:
+        up.kill()
+        assert kit(project, lab, "down").returncode == 0
+    assert_nothing_on_hosts(lab, project)
+
+
+def test_hosts_behind_a_jump_host_are_checked_and_reached_at_their_own_address(project, lab):
+    """ProxyJump in the user's ssh config: every hop's host key is checked as the host's own, and each host's
+    address is its own (the cluster's known_hosts, horovodrun's -H), not the jump host's."""
+    h1, h2, h3 = lab.hosts
+    config = lab.home / ".ssh" / "config"
+    config.write_text(f"Host {h2.address} {h3.address}\n    ProxyJump root@{h1.address}\n")
+    try:
+        r = kit(project, lab, "up", "--hosts", "hosts.txt")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        state = json.loads((lab.home / ".kit" / "lab" / "state.json").read_text())
+        assert [(h["name"], h["address"]) for h in state["hosts"]] == [(h.address, h.address) for h in lab.hosts]
+        assert kit(project, lab, "down").returncode == 0
+        lab.rekey(h1)  # the jump host now shows another key: nobody may pose as it on the way to h2 and h3
+        r = kit(project, lab, "up", "--hosts", "hosts.txt")
+        assert r.returncode == 1, r.stdout + r.stderr
+        for h in (h2, h3):
+            assert f"{h.address}: the SSH host key of {h1.address}, the jump host on the way to {h.address}, does " \
+                   "not match your known_hosts" in r.stderr, r.stderr
+        assert_nothing_on_hosts(lab, project)
+    finally:
+        config.unlink()
+        lab.trust(h1)

@@ -113,3 +113,26 @@ def test_a_launcher_the_clusters_image_cannot_run_is_refused_before_any_host_is_
                     env={"KIT_HOME": str(home), "DOCKER_HOST": "unix:///nonexistent/kit-test.sock"})
         assert (r.returncode, r.stderr.splitlines()) == (2, [
             f"error: --launcher {launcher}: cluster kit runs img:{flavor}, a {flavor} image ({has})", f"fix: {fix}"])
+
+
+def test_a_bug_is_one_line_not_a_traceback(capsys, monkeypatch):
+    """A fault kit did not foresee reads as one line that says it is a bug, credentials hidden; KIT_DEBUG=1 shows
+    the traceback."""
+    import pytest
+    import typer
+
+    from kit.app import reports_errors
+
+    @reports_errors
+    def broken():
+        raise ValueError("unexpected at https://u:s3cret@pypi.lab/simple")
+    monkeypatch.delenv("KIT_DEBUG", raising=False)
+    with pytest.raises(typer.Exit) as e:
+        broken()
+    assert e.value.exit_code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: kit failed unexpectedly: ValueError: unexpected at https://****@pypi.lab/simple",
+                   "fix: this is a bug in kit: run the command again with KIT_DEBUG=1 for the traceback, and report it"]
+    monkeypatch.setenv("KIT_DEBUG", "1")
+    with pytest.raises(ValueError):
+        broken()

@@ -2,6 +2,7 @@
 
 import re
 from dataclasses import replace
+from pathlib import Path
 from ipaddress import IPv4Network
 
 from kit.cluster import removal_commands
@@ -96,7 +97,7 @@ def test_down_removes_what_up_made():
     made = HostState("a", "10.0.0.1", PLACE, made_workspace=True, made_kit_dir=True)
     assert [c for c, _ in removal_commands(facts, made, STATE)] == [
         "docker rm -f kit-lab",
-        "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
+        "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner",
         "rmdir /var/lib/kit/lab/workspace 2>/dev/null || echo kept",
         "rmdir /var/lib/kit/lab 2>/dev/null; true"]
 
@@ -111,7 +112,7 @@ def test_down_of_the_local_cluster_removes_the_network_with_the_primary():
     other = HostState("local-2", "10.213.4.3", LOCAL_PLACES["local-2"], local=True, made_kit_dir=True)
     assert [c for c, _ in removal_commands(facts, other, state)] == [
         "docker rm -f kit-demo-2",
-        "rm -rf /var/lib/kit/demo/local-2/ssh /var/lib/kit/demo/local-2/jobs",
+        "rm -rf /var/lib/kit/demo/local-2/ssh /var/lib/kit/demo/local-2/jobs /var/lib/kit/demo/local-2/owner",
         "rmdir /var/lib/kit/demo/local-2 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; true"]
     assert [c for c, _ in removal_commands(facts, primary, state)][-2:] == [
         "rmdir /var/lib/kit/demo/local-1 2>/dev/null; rmdir /var/lib/kit/demo 2>/dev/null; true",
@@ -136,7 +137,7 @@ def test_down_leaves_what_it_did_not_make():
     foreign = ContainerFacts("running", "sha256:abc", "x", "another-cluster")
     facts = HostFacts(uid=0, docker_version="24.0", container=foreign, kit_dir_exists=True, workspace_exists=True)
     kept = HostState("a", "10.0.0.1", PLACE, made_workspace=False, made_kit_dir=False)
-    assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs",
+    assert removal_commands(facts, kept, STATE) == [("rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner",
                                                      "removed /var/lib/kit/lab/ssh and jobs")]
     assert removal_commands(HostFacts(uid=0, docker_version="24.0"), kept, STATE) == []
 
@@ -154,3 +155,25 @@ def test_slots_come_from_hosts_txt_then_gpus_then_one():
     assert slots(node(None, 8), ClusterConfig(), gpu=True) == 8
     assert slots(node(None, 8), ClusterConfig(gpus=2), gpu=True) == 2
     assert slots(node(None, 8), ClusterConfig(), gpu=False) == 1
+
+
+def test_a_damaged_image_transfer_is_never_loaded(tmp_path):
+    """The host's load checks the archive's checksum before docker sees it (docker replaced here by a recorder)."""
+    import gzip
+    import hashlib
+    import os
+    import subprocess
+
+    from kit.commands.docker import load_command
+    data = gzip.compress(b"an image")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\ncat > {tmp_path}/loaded\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    good = hashlib.sha256(data).hexdigest()
+    cut = subprocess.run(["sh", "-c", load_command(good)], input=data[:-3], env=env, capture_output=True)
+    assert cut.returncode != 0 and not (tmp_path / "loaded").exists()
+    ok = subprocess.run(["sh", "-c", load_command(good)], input=data, env=env, capture_output=True)
+    assert ok.returncode == 0 and (tmp_path / "loaded").read_bytes() == b"an image"
+    assert not list(Path("/var/tmp").glob("kit-image.*"))  # the staging file goes either way

@@ -44,3 +44,52 @@ def test_listening_ignores_other_states():
 def test_facts_command_quotes_what_it_is_given():
     cmd = facts_command("img:1", Place("kit-a", "/var/lib/kit/a b"), "/w", "a")
     assert "cd '/var/lib/kit/a b/ssh'" in cmd and "docker image inspect --format '{{.Id}}' img:1" in cmd
+
+
+def test_facts_cut_short_are_an_error_naming_the_host_not_a_guess():
+    """Half a facts script (a timeout, a killed shell) must not read as a host with nothing of the cluster."""
+    import pytest
+
+    from kit.config import ClusterConfig
+    from kit.errors import KitError
+    from kit.inventory import Host
+    from kit.runners.base import Result
+    from kit.steps.node import Node
+    from kit.steps.preflight import gather
+
+    class CutShort:
+        host, sudo = "h2", False
+
+        def run(self, command, **kw):
+            if command == "id -u":
+                return Result("h2", command, 0, "0\n")
+            return Result("h2", command, 124, "@@kit docker\n", "timed out")
+
+        def peer_address(self):
+            return "10.0.0.2"
+    cfg = ClusterConfig(name="lab")
+    node = Node(Host("h2"), CutShort(), cfg.host_place())
+    with pytest.raises(KitError, match=r"h2: cannot read the host's facts \(exit 124\)"):
+        gather(node, cfg, "img:1")
+
+
+def test_a_cluster_of_the_same_name_is_anothers_by_its_owner_not_its_name():
+    from kit.identity import Owner
+    from kit.steps.facts import ContainerFacts, HostFacts, NetworkFacts
+    me, alice = Owner("a" * 32, "me@ws"), Owner("b" * 32, "alice@ws-3")
+    base = HostFacts(uid=0, docker_version="24.0")
+    assert base.foreign("lab", me) is None
+    mine = ContainerFacts("running", "sha256:1", "x", "lab", me)
+    assert HostFacts(uid=0, docker_version="24.0", container=mine, kit_dir_owner=me).foreign("lab", me) is None
+    hers = ContainerFacts("running", "sha256:1", "x", "lab", alice)
+    assert HostFacts(uid=0, docker_version="24.0", container=hers).foreign("lab", me) == alice
+    assert HostFacts(uid=0, docker_version="24.0", network=NetworkFacts("lab", (), alice)).foreign("lab", me) == alice
+    assert HostFacts(uid=0, docker_version="24.0", kit_dir_owner=alice).foreign("lab", me) == alice
+    unlabelled = ContainerFacts("running", "sha256:1", "x", "lab")
+    assert HostFacts(uid=0, docker_version="24.0", container=unlabelled).foreign("lab", me).name.startswith("a kit")
+    other_cluster = ContainerFacts("running", "sha256:1", "x", "other", alice)  # not this name: not this check's
+    assert HostFacts(uid=0, docker_version="24.0", container=other_cluster).foreign("lab", me) is None
+    text = "@@kit owner\n" + "b" * 32 + " alice@ws-3\n@@kit container\n" \
+           '"running" "sha256:1" {"io.kit.cluster":"lab","io.kit.owner":"' + "b" * 32 + '","io.kit.owner-name":"alice@ws-3"}\n'
+    f = parse_facts(0, text)
+    assert f.kit_dir_owner == alice and f.container.owner == alice

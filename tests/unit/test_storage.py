@@ -140,11 +140,11 @@ def test_down_removes_what_up_added_and_nothing_else():
     server = HostState("gpu-1", PRIMARY, PLACE, primary=True, made_export=True)
     client = HostState("gpu-2", "10.0.0.2", PLACE, made_mount=True)
     assert [c for c, _ in removal_commands(f, client, state)] == [
-        f"umount {WS}", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs"]
+        f"umount {WS}", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner"]
     assert [c for c, _ in removal_commands(f, server, state)] == [
-        "sed -i '/ # kit-lab$/d' /etc/exports && exportfs -ra", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs"]
+        "sed -i '/ # kit-lab$/d' /etc/exports && exportfs -ra", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner"]
     prepared = HostState("gpu-2", "10.0.0.2", PLACE)  # mounted by `kit prepare` (fstab): kit up did not add it
-    assert [c for c, _ in removal_commands(f, prepared, state)] == ["rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs"]
+    assert [c for c, _ in removal_commands(f, prepared, state)] == ["rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner"]
 
 
 def test_nfs_server_setting_is_checked():

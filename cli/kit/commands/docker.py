@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass
 
 from kit.config import ClusterConfig
+from kit.identity import Owner
 from kit.place import Place
 
 CONTAINER_SSH_DIR = "/etc/kit/ssh"
@@ -22,6 +23,7 @@ class ContainerSpec:
     memlock: str = "-1:-1"  # NCCL / RDMA pin memory: unlimited unless the host cannot allow it
     # The host's name -> its cluster address. Gloo resolves its own hostname and crashes when that fails.
     add_hosts: tuple[tuple[str, str], ...] = ()
+    owner: Owner | None = None  # who made it: labelled, so no other control machine takes it for its own
 
     def options(self) -> list[str]:
         c, p = self.cluster, self.place
@@ -40,15 +42,19 @@ class ContainerSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def owner_labels(owner: Owner | None) -> list[str]:
+    return ["--label", f"io.kit.owner={owner.id}", "--label", f"io.kit.owner-name={owner.name}"] if owner else []
+
+
 def run_argv(spec: ContainerSpec) -> list[str]:
     return ["docker", "run", "-d", "--name", spec.place.container,
-            "--label", f"io.kit.cluster={spec.cluster.name}", "--label", f"io.kit.spec={spec.digest}",
-            *spec.options(), spec.image]
+            "--label", f"io.kit.cluster={spec.cluster.name}", *owner_labels(spec.owner),
+            "--label", f"io.kit.spec={spec.digest}", *spec.options(), spec.image]
 
 
-def network_create_argv(place: Place, cluster: str) -> list[str]:
+def network_create_argv(place: Place, cluster: str, owner: Owner | None = None) -> list[str]:
     return ["docker", "network", "create", "--driver", "bridge", "--subnet", place.subnet,
-            "--label", f"io.kit.cluster={cluster}", place.network]
+            "--label", f"io.kit.cluster={cluster}", *owner_labels(owner), place.network]
 
 
 def network_remove_argv(network: str) -> list[str]:
@@ -71,8 +77,11 @@ def exec_argv(name: str, argv: list[str]) -> list[str]:
     return ["docker", "exec", name, *argv]
 
 
-def load_command() -> str:
-    return "gunzip -c | docker load"
+def load_command(sha256: str) -> str:
+    """On the host: the archive kept in a file of its own, its checksum checked, then loaded: a transfer cut short
+    or damaged is never loaded (and the file goes, whatever happens)."""
+    return ('tmp=$(mktemp /var/tmp/kit-image.XXXXXX) && trap \'rm -f "$tmp"\' EXIT && cat > "$tmp" && '
+            f'echo "{sha256}  $tmp" | sha256sum -c --quiet - && gunzip -c "$tmp" | docker load')
 
 
 def command(argv: list[str]) -> str:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from kit.commands.docker import (ContainerSpec, command, network_create_argv, remove_argv, restart_argv, run_argv,
                                  start_argv)
 from kit.errors import KitError
+from kit.identity import Owner
 from kit.steps.node import Node
 
 
 def apply(node: Node, spec: ContainerSpec, *, restart: bool = False) -> None:
     """restart: the container must start again to see what is mounted now at a folder it mounts."""
     c, name, have = spec.cluster, spec.place.container, node.facts.container
-    if have is not None and have.cluster != c.name:
+    if have is not None and (have.cluster != c.name or (spec.owner and (have.owner is None
+                                                                        or have.owner.id != spec.owner.id))):
         raise KitError(f"a container named {name} exists that kit did not make for cluster {c.name}",
                        host=node.name, hint=f"remove or rename it (docker rm -f {name}), or pick another "
                                             "cluster.name")
@@ -36,7 +38,7 @@ def make_workspace(node: Node, path: str) -> None:
     node.changes.append(f"made {path}")
 
 
-def make_network(node: Node, cluster: str) -> None:
+def make_network(node: Node, cluster: str, owner: Owner | None = None) -> None:
     """The private network of the node's place, made once; preflight refused one kit did not make."""
     p, have = node.place, node.facts.network
     if have is not None and p.subnet in have.subnets:
@@ -44,7 +46,7 @@ def make_network(node: Node, cluster: str) -> None:
     if have is not None:
         raise KitError(f"the Docker network {p.network} has subnet {', '.join(have.subnets)}, not {p.subnet}",
                        host=node.name, hint="run kit down, then kit up again")
-    _run(node, network_create_argv(p, cluster), "cannot make the cluster's network")
+    _run(node, network_create_argv(p, cluster, owner), "cannot make the cluster's network")
     node.changes.append(f"made network {p.network} ({p.subnet})")
 
 

@@ -11,10 +11,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from kit.identity import Owner
 from kit.place import Place
 from kit.steps import storage
 
 MARK = "@@kit "
+END = "end"  # the last section: the script ran to its end
+FACTS_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -23,12 +26,14 @@ class ContainerFacts:
     image_id: str
     spec: str       # the io.kit.spec label: the hash of how it was started
     cluster: str    # the io.kit.cluster label
+    owner: Owner | None = None  # the io.kit.owner labels: who made it
 
 
 @dataclass(frozen=True)
 class NetworkFacts:
     cluster: str    # its io.kit.cluster label
     subnets: tuple[str, ...]
+    owner: Owner | None = None
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,22 @@ class HostFacts:
     runtimes: frozenset[str] = frozenset()
     hostname: str = ""
     network: NetworkFacts | None = None   # the private network of the container's place, when it exists
+    kit_dir_owner: Owner | None = None    # whose cluster kit's folder on the host is (its owner file)
     memlock_kb: int | None = None     # hard RLIMIT_MEMLOCK; None: unlimited
     can_raise_limits: bool = True     # CAP_SYS_RESOURCE in the bounding set
     mount: tuple[str, str] | None = None  # (fstype, source) mounted at the workspace path
     export: str = ""                  # this cluster's line in /etc/exports
     tools: frozenset[str] = frozenset()   # sshfs, exportfs, mount.nfs, fuse (/dev/fuse): what storage needs
+
+    def foreign(self, cluster: str, owner: Owner) -> Owner | None:
+        """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.
+        A container or network of the name without an owner is nobody's kit cluster of this version: foreign."""
+        for thing in (self.container, self.network):
+            if thing is not None and thing.cluster == cluster and (thing.owner is None or thing.owner.id != owner.id):
+                return thing.owner or Owner("?", "a kit that did not record its owner")
+        if self.kit_dir_owner is not None and self.kit_dir_owner.id != owner.id:
+            return self.kit_dir_owner
+        return None
 
     @property
     def memlock(self) -> str:
@@ -81,6 +97,7 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}container'; docker inspect --type container --format "
         f"'{{{{json .State.Status}}}} {{{{json .Image}}}} {{{{json .Config.Labels}}}}' {q(container)} 2>/dev/null",
         f"echo '{MARK}kitdir'; test -d {q(kit_dir)} && echo yes",
+        f"echo '{MARK}owner'; cat {q(place.owner_file)} 2>/dev/null",
         f"echo '{MARK}kitfiles'; cd {q(kit_dir + '/ssh')} 2>/dev/null && sha256sum -- * 2>/dev/null",
         f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
         f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
@@ -90,8 +107,12 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
         f"{{{{range .IPAM.Config}}}}{{{{.Subnet}}}} {{{{end}}}}' {q(place.network)} 2>/dev/null" if place.private else "",
         *storage.facts_script(cluster, workspace),
-        "true",
+        f"echo '{MARK}{END}'",
     ])
+
+
+def complete(text: str) -> bool:
+    return f"{MARK}{END}" in text.splitlines()
 
 
 def sections(text: str) -> dict[str, str]:
@@ -121,11 +142,17 @@ def ipv4_addresses(ip_addr: str) -> tuple[tuple[str, str, int], ...]:
     return tuple((ifname, address, int(prefix)) for ifname, address, prefix in found)
 
 
+def label_owner(labels: dict) -> Owner | None:
+    return Owner(labels["io.kit.owner"], labels.get("io.kit.owner-name", "someone")) if labels.get("io.kit.owner") \
+        else None
+
+
 def _network(text: str) -> NetworkFacts | None:
     if not text:
         return None
     labels, _, subnets = text.partition(" ")
-    return NetworkFacts((json.loads(labels) or {}).get("io.kit.cluster", ""), tuple(subnets.split()))
+    labels = json.loads(labels) or {}
+    return NetworkFacts(labels.get("io.kit.cluster", ""), tuple(subnets.split()), label_owner(labels))
 
 
 def _container(text: str) -> ContainerFacts | None:
@@ -134,7 +161,7 @@ def _container(text: str) -> ContainerFacts | None:
     status, image, labels = text.split(" ", 2)
     labels = json.loads(labels) or {}
     return ContainerFacts(json.loads(status), json.loads(image), labels.get("io.kit.spec", ""),
-                          labels.get("io.kit.cluster", ""))
+                          labels.get("io.kit.cluster", ""), label_owner(labels))
 
 
 CAP_SYS_RESOURCE = 24
@@ -172,6 +199,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
         hostname=s.get("hostname", ""),
         network=_network(s.get("network", "")),
+        kit_dir_owner=Owner.parse(s.get("owner", "")),
         memlock_kb=memlock_kb,
         can_raise_limits=can_raise,
         mount=storage.parse_mount(s.get("mount", "")),

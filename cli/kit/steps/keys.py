@@ -11,7 +11,8 @@ import hashlib
 import shlex
 
 from kit.config import ClusterConfig
-from kit.identity import Identity, known_hosts_lines
+from kit.identity import Identity, Owner, known_hosts_lines
+from kit.place import OWNER
 from kit.recipe import render_template
 from kit.steps.node import Node
 
@@ -32,8 +33,10 @@ def cluster_files(nodes: list[Node], cfg: ClusterConfig, identity: Identity) -> 
                              all_names=list(dict.fromkeys(x for n in nodes for x in names_of(n))))
     shared = {"id_ed25519": (client.private, SECRET), "authorized_keys": (client.public.encode() + b"\n", SECRET),
               "known_hosts": (known.encode(), PUBLIC), "config": (config.encode(), PUBLIC)}
+    # address: the host's cluster address, where its container's servers listen (sshd, Horovod's rendezvous)
     return {n.name: {**shared, "ssh_host_ed25519_key": (host_keys[n.name].private, SECRET),
-                     "ssh_host_ed25519_key.pub": (host_keys[n.name].public.encode() + b"\n", PUBLIC)}
+                     "ssh_host_ed25519_key.pub": (host_keys[n.name].public.encode() + b"\n", PUBLIC),
+                     "address": (f"{n.address}\n".encode(), PUBLIC)}
             for n in nodes}
 
 
@@ -43,7 +46,12 @@ def write_command(folder: str, name: str, mode: int) -> str:
             f"&& mv -f {tmp} {path}")
 
 
-def apply(node: Node, files: dict[str, tuple[bytes, int]]) -> None:
+def apply(node: Node, files: dict[str, tuple[bytes, int]], owner: Owner) -> None:
+    """The owner's mark first (kit's folder is this cluster's from now on), then the files that differ."""
+    if node.facts.kit_dir_owner != owner:
+        node.runner.run(write_command(node.place.kit_dir, OWNER, PUBLIC), stdin=f"{owner.id} {owner.name}\n".encode(),
+                        changes=True).check(f"cannot write {node.place.owner_file}",
+                                            hint="check that the disk is writable and not full")
     folder = node.place.ssh_dir
     have = node.facts.kit_files
     written = []

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from kit.config import ClusterConfig
 from kit.errors import KitError
+from kit.identity import Owner
 from kit.steps import storage
-from kit.steps.facts import facts_command, parse_facts
+from kit.steps.facts import FACTS_TIMEOUT_S, complete, facts_command, parse_facts
 from kit.steps.storage import Storage
 from kit.steps.node import Node
 
@@ -28,18 +29,25 @@ def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
     """Connect, then read every fact with one command (as root)."""
     uid = become_root(node)
     node.address = node.place.address or node.runner.peer_address()
-    text = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name)).stdout
-    node.facts = parse_facts(uid, text)
+    r = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name), timeout=FACTS_TIMEOUT_S)
+    if not complete(r.stdout):  # cut short (a timeout, a broken shell): deciding from half the facts is guessing
+        raise KitError(f"cannot read the host's facts (exit {r.exit_code})", host=node.name,
+                       command="kit's facts script", output_tail=r.tail(),
+                       hint="check that the host is healthy (`ssh` to it, its disk, its load), then run kit again")
+    node.facts = parse_facts(uid, r.stdout)
 
 
 def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool,
-             primary_address: str) -> list[str]:
+             primary_address: str, owner: Owner) -> list[str]:
     """Everything that would stop this host, in plain words (empty: ready)."""
     f = node.facts
+    if other := f.foreign(cfg.name, owner):  # before anything else: kit must not even read it as its own
+        return [f"a cluster named {cfg.name} of {other} is here (its container, network or kit's folder "
+                f"{node.place.kit_dir}); kit leaves another's cluster alone"]
     found = storage.problems(Storage.of(cfg), f.tools, f.mount, node.host.primary, primary_address)
     if f.docker_version is None:
         found.append(f"docker does not answer ({f.docker_error})")
-    ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"
+    ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"  # (owner checked)
     if cfg.ssh_port in f.listening and not ours:  # (on a private network only ours can listen)
         found.append(f"port {cfg.ssh_port} is taken by another program")
     if f.docker_version and f.image_id != image_id and f.free_bytes < image_bytes * 1.2 + GIB:
@@ -67,6 +75,8 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 
 
 def hint_for(found: list[str]) -> str:
+    if any("kit leaves another's cluster alone" in p for p in found):
+        return "choose another cluster name (--name or cluster.name), or ask its owner to run kit down"
     if any("storage" in p for p in found):
         return ("install it, or run `kit prepare --hosts hosts.txt` (it installs what cluster.storage needs), "
                 "then kit up again")
@@ -85,7 +95,8 @@ def hint_for(found: list[str]) -> str:
     return "free disk space in Docker's data root (docker system prune) and run kit up again"
 
 
-def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool, primary_address: str) -> None:
-    found = problems(node, cfg, image_id, image_bytes, gpu, primary_address)
+def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool, primary_address: str,
+          owner: Owner) -> None:
+    found = problems(node, cfg, image_id, image_bytes, gpu, primary_address, owner)
     if found:
         raise KitError("; ".join(found), host=node.name, hint=hint_for(found))

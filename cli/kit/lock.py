@@ -1,0 +1,50 @@
+"""One kit command at a time on a cluster: `up`, `down`, `run` and `demo` hold its lock while they change it.
+
+An flock on ~/.kit/.locks/<cluster> (outside the cluster's own folder, which `down` removes: a lock file
+made again there would be another file, and two commands would both hold "the" lock). The holder writes
+who it is into the file, so a second command says who holds it instead of interleaving with it. The kernel
+drops the lock when its process ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from kit.errors import KitError
+from kit.identity import state_root
+
+LOCKS = ".locks"
+
+
+class Busy(KitError):
+    """Another kit command holds the cluster: nothing was done."""
+
+
+@contextlib.contextmanager
+def cluster_lock(cluster: str, root: Path | None = None) -> Iterator[None]:
+    folder = (root or state_root()) / LOCKS
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder / cluster, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command"
+            raise Busy(f"cluster {cluster} is busy: {holder} holds it",
+                       hint="wait until that command ends (or stop it), then run this one again") from None
+        me = f"`kit {shlex.join(sys.argv[1:])}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # drops the lock
