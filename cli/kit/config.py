@@ -17,7 +17,7 @@ import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from kit.errors import BadInput
+from kit.errors import BadInput, read_input
 from kit.pipconfig import has_credentials, redact, redact_text
 from kit.place import Place
 
@@ -91,7 +91,7 @@ _REPOSITORY = re.compile(r"^[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[
 _APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+:~-]+)?$")
 _PYTHON = re.compile(r"^3\.\d{1,2}$")
 _VERSION = re.compile(r"^\d+(?:\.\d+){1,2}(?:[a-z]+\d*)?(?:\+[a-z0-9.]+)?$")
-_URL = re.compile(r"^(?:https?|file)://\S+$")
+_URL = re.compile(r"^(?:https?|file)://[^\s'\"`$;|&<>(){}\\]+$")  # no shell or Jinja characters
 
 # Settings are written into the image (its labels, its history): a credential goes in pip's own configuration.
 NO_CREDENTIALS = ("settings end up in the image's labels and history; keep it in pip's configuration "
@@ -279,7 +279,8 @@ _SIZE = re.compile(r"^\d+[kmg]?$")
 HINTS.update({
     "name": "use 1-32 lower-case letters, digits and dashes, e.g. lab or cifar-1",
     "ssh_port": "use a free TCP port from 1024 to 65535 (default 12345), not the hosts' own sshd port",
-    "workspace": "use an absolute path, e.g. /srv/kit/workspace",
+    "workspace": "use an absolute folder of its own, e.g. /srv/kit/workspace (letters, digits and . _ - /; "
+                 "not a system folder)",
     "shm_size": "use a size such as 8g, or leave it out to share the host's IPC namespace (--ipc=host)",
     "gpus": "use a number of GPUs per host, or auto (from nvidia-smi)",
     "connect_timeout": "use seconds from 1 to 300",
@@ -288,6 +289,12 @@ HINTS.update({
     "nfs_server": "use server:/absolute/path of an existing NFS export, or leave it out to export from the primary",
 })
 _NFS_SERVER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:/[A-Za-z0-9._/-]*$")
+_WORKSPACE = re.compile(r"^/[A-Za-z0-9._/-]+$")
+# Folders that are the system's: never a workspace, nor (SYSTEM_TREES) anything below them.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
+                "/sbin", "/sys", "/usr", "/var/lib/docker", "/var/lib/containerd", "/var/log", "/var/run")
+SYSTEM_FOLDERS = {"/", "/home", "/mnt", "/media", "/opt", "/srv", "/tmp", "/var", "/var/lib", "/var/tmp", "/data",
+                  *SYSTEM_TREES}
 
 
 class ClusterConfig(BaseModel):
@@ -321,10 +328,19 @@ class ClusterConfig(BaseModel):
 
     @field_validator("workspace")
     @classmethod
-    def _workspace(cls, v: str | None) -> str | None:
-        if v is not None and (not v.startswith("/") or any(c in v for c in ":,'\"$`\\") or "/../" in v + "/"):
-            raise ValueError(f"'{v}' is not an absolute path")
-        return v.rstrip("/") or "/" if v else v
+    def _workspace(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """An allow-list: the path reaches shells, /etc/exports, fstab and Ansible, on every host, as root."""
+        if v is None:
+            return v
+        if not _WORKSPACE.match(v) or any(part in (".", "..") for part in v.split("/")):
+            raise ValueError(f"{v!r} is not an absolute path of letters, digits and . _ - /")
+        v = re.sub("/+", "/", v).rstrip("/") or "/"
+        own = f"{KIT_ROOT}/{info.data.get('name', 'kit')}/workspace"
+        if v in SYSTEM_FOLDERS or any(v.startswith(f"{d}/") for d in SYSTEM_TREES):
+            raise ValueError(f"'{v}' is a system folder: every host would share it with the jobs, as root")
+        if (v == KIT_ROOT or v.startswith(f"{KIT_ROOT}/")) and v != own:
+            raise ValueError(f"'{v}' is inside kit's own folders (another cluster's keys and jobs live there)")
+        return v
 
     @field_validator("shm_size")
     @classmethod
@@ -403,11 +419,7 @@ def read_config(path: Path | None) -> ConfigFile:
         if not DEFAULT_CONFIG.is_file():
             return ConfigFile()
         path = DEFAULT_CONFIG
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read the config file ({e.strerror})",
-                       hint="pass --config with the path of a readable kit.yaml") from None
+    text = read_input(path, "config file", hint="pass --config with the path of a readable kit.yaml")
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as e:

@@ -61,3 +61,18 @@ class HostsFailed(KitError):
 def _common_hint(failures: dict[str, KitError]) -> str | None:
     hints = {f.hint for f in failures.values() if f.hint}
     return hints.pop() if len(hints) == 1 else None
+
+
+def read_input(path, what: str, hint: str) -> str:
+    """A file the user gave (hosts.txt, kit.yaml): its text, or BadInput naming the file (and line) and the fix."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read the {what} ({e.strerror})", hint=hint) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise BadInput(f"{path}:{line}: the {what} is not UTF-8 text (byte 0x{data[e.start]:02x})",
+                       hint="save it as UTF-8 (plain ASCII is fine); `iconv -f latin1 -t utf-8` converts Latin-1") \
+            from None

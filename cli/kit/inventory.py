@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kit.errors import BadInput
+from kit.errors import BadInput, read_input
 
 FORMS = "expected `host`, `host:slots`, `host slots=N`, `user@host`, `port=N` or `primary`, e.g. node-1:4"
 
@@ -129,9 +129,5 @@ def parse_hosts(text: str, path: str = "hosts.txt") -> list[Host]:
 
 def read_hosts(path: Path) -> list[Host]:
     """The inventory, primary first."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read the hosts file ({e.strerror})",
-                       hint="pass --hosts with a file listing one host a line") from None
+    text = read_input(path, "hosts file", hint="pass --hosts with a file listing one host a line")
     return parse_hosts(text, str(path))

@@ -50,9 +50,17 @@ def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, 
         }}}
 
 
+class _Inventory(yaml.SafeDumper):
+    """Every string goes to Ansible as `!unsafe`: a value (a path, a user name) is never a template that Ansible
+    would expand (`{{ lookup('pipe', ...) }}` runs a command here)."""
+
+
+_Inventory.add_representer(str, lambda dumper, value: dumper.represent_scalar("!unsafe", value))
+
+
 def write_inventory(folder: Path, data: dict) -> Path:
     path = folder / "inventory.yml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.dump(data, Dumper=_Inventory, sort_keys=False))
     return path
 
 

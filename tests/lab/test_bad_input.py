@@ -42,16 +42,39 @@ CASES = [
     (f"{H1}\n", None, ["--shm-size", "1x"], r"--shm-size: '1x' is not a size", "8g"),
     (f"{H1}\n", None, ["--image-tag", "kit-horovod:cpu-000000000000"],
      r"image kit-horovod:cpu-000000000000 is not on this machine", "kit build"),
+    # Paths reach shells, /etc/exports, fstab and Ansible on every host, as root: an allow-list.
+    (f"{H1}\n", "cluster:\n  workspace: /srv/my work\n", [], r"kit\.yaml:2: cluster\.workspace: '/srv/my work' is not "
+     r"an absolute path of letters", "absolute folder"),
+    (f"{H1}\n", "cluster:\n  workspace: \"/srv/{{ lookup('pipe','id') }}\"\n", [], r"kit\.yaml:2: cluster\.workspace: ",
+     "letters, digits"),
+    (f"{H1}\n", "cluster:\n  workspace: /etc/kit\n", [], r"kit\.yaml:2: cluster\.workspace: '/etc/kit' is a system "
+     r"folder", "not a system folder"),
+    (f"{H1}\n", None, ["--workspace", "/root"], r"--workspace: '/root' is a system folder", "not a system folder"),
+    (f"{H1}\n", None, ["--workspace", "/var/lib/kit/other/ssh"], r"--workspace: '/var/lib/kit/other/ssh' is inside "
+     r"kit's own folders", "of its own"),
+    (f"{H1}\n", None, ["--workspace", "/srv/../etc"], r"--workspace: '/srv/\.\./etc' is not an absolute path", "absolute"),
+    (f"{H1}\n", "cluster:\n  storage: tape\n", [], r"kit\.yaml:2: cluster\.storage: 'tape' is not allowed", "sshfs"),
+    (f"{H1}\n", "cluster:\n  nfs_server: nas:/export/kit\n", [], r"kit\.yaml:2: cluster\.nfs_server: is only read with "
+     r"storage: nfs", "server:/path"),
+    (f"{H1}\n", "cluster:\n  nfs_server: nas export\n  storage: nfs\n", [], r"kit\.yaml:2: cluster\.nfs_server: "
+     r"'nas export' is not server:/path", "server:/path"),
+    (f"{H1}\n", "cluster:\n  name: -lab\n", [], r"kit\.yaml:2: cluster\.name: '-lab' is not a cluster name", "lower-case"),
+    (f"{H1}\n{H2} slots=2 slots=3\n", None, [], r"hosts\.txt:2: ", "slots=N"),
+    (f"{H1}\n".encode("ascii") + b"gpu-\xe9\n", None, [], r"hosts\.txt:2: the hosts file is not UTF-8 text "
+     r"\(byte 0xe9\)", "UTF-8"),
+    (f"{H1}\n", b"cluster:\n  name: caf\xe9\n", [], r"kit\.yaml:2: the config file is not UTF-8 text \(byte 0xe9\)",
+     "UTF-8"),
 ]
 
 
-@pytest.mark.parametrize("hosts,cluster,flags,first_line,fix", CASES, ids=[c[3][:50] for c in CASES])
+@pytest.mark.parametrize("hosts,cluster,flags,first_line,fix", CASES, ids=[f"{i}-{c[3][:40]}" for i, c in enumerate(CASES)])
 def test_bad_input_exits_2_naming_where_and_changes_nothing(project, lab, tmp_path, hosts, cluster, flags,
                                                             first_line, fix):
-    (tmp_path / "kit.yaml").write_text(cluster or "")  # kit's default build: the project's image
+    # kit's default build (the project's image); bytes: a file that is not UTF-8
+    (tmp_path / "kit.yaml").write_bytes(cluster if isinstance(cluster, bytes) else (cluster or "").encode())
     hosts_file = "missing-hosts.txt" if hosts is None else "hosts.txt"
     if hosts is not None:
-        (tmp_path / hosts_file).write_text(hosts)
+        (tmp_path / hosts_file).write_bytes(hosts if isinstance(hosts, bytes) else hosts.encode())
     r = run_kit("up", "--hosts", hosts_file, *flags, cwd=tmp_path, env=lab.env, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.splitlines()
@@ -59,4 +82,61 @@ def test_bad_input_exits_2_naming_where_and_changes_nothing(project, lab, tmp_pa
     assert len(lines) == 2 and lines[1].startswith("fix: ") and fix in lines[1], lines
     for h in lab.hosts:
         assert h.docker("ps", "-aq").stdout == "" and h.kit_files() == [], h.name
-    assert sorted(p.name for p in (lab.home / ".kit").glob("*")) in ([], ["images"])
+    assert sorted(p.name for p in (lab.home / ".kit").glob("*")) == []  # no cluster (kit's own files start with a dot)
+
+
+
+# A cluster recorded on this machine (its state file, as `kit up` writes it) and a job folder: what `kit run`,
+# `kit exec` and `kit up` refuse before they contact any host. (args, state text or None for kit's own, first line
+# (regex), word in the fix)
+RECORDED = [
+    (["run", "job/train.py", "--launcher", "mpi"], None, r"--launcher: 'mpi' is not a launcher", "torchrun"),
+    (["run", "job/train.py", "--launcher", "torchrun", "--np", "2"], None, r"--np is horovodrun's", "nproc-per-node"),
+    (["run", "job/train.py", "--launcher", "tf", "--fusion-threshold-mb", "64"], None,
+     r"--fusion-threshold-mb: Horovod's", "--launcher horovod"),
+    (["run", "job/train.py", "--nproc-per-node", "2"], None, r"--nproc-per-node: 2 is not for --launcher horovod",
+     "torchrun"),
+    (["run", "job/train.py", "--launcher", "torchrun", "--nproc-per-node", "0"], None,
+     r"--nproc-per-node: 0 is not from 1 to 256", "256"),
+    (["run", "job/missing.py"], None, r"job/missing\.py: no such file", "training script"),
+    (["run", "job/train.py", "--workdir", "elsewhere"], None, r"job/train\.py is not inside --workdir", "folder"),
+    (["run", "job/train.py", "--np", "9"], None, r"--np: 9 processes, but the cluster has 3 slots", "1 to 3"),
+    (["run", "job/train.py", "--launcher", "tf"], None, r"--launcher tf: cluster recorded runs", "--launcher horovod"),
+    (["exec", "10.231.77.99", "--", "true"], None, r"10\.231\.77\.99 is not a host of cluster recorded", "use one of"),
+    (["run", "job/train.py"], "{not json", r".*state\.json: kit's record of cluster recorded is damaged", "restore"),
+    (["up", "--hosts", "hosts.txt"], "", r".*state\.json: kit's record of cluster recorded is damaged", "restore"),
+    (["run", "job/train.py"], '{"cluster": "recorded"}', r".*state\.json: kit's record of cluster recorded is damaged",
+     "restore"),
+]
+
+
+@pytest.mark.parametrize("args,state,first_line,fix", RECORDED, ids=[f"{i}-{c[2][:40]}" for i, c in enumerate(RECORDED)])
+def test_bad_job_input_on_a_recorded_cluster_exits_2_and_contacts_no_host(project, lab, tmp_path, args, state,
+                                                                           first_line, fix):
+    import json
+    (tmp_path / "kit.yaml").write_text("cluster:\n  name: recorded\n")
+    lab.hosts_file(tmp_path / "hosts.txt")
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text("print('never runs')\n")
+    (tmp_path / "elsewhere").mkdir()
+    folder = lab.home / ".kit" / "recorded"
+    folder.mkdir(parents=True, exist_ok=True)
+    place = {"container": "kit-recorded", "kit_dir": "/var/lib/kit/recorded", "network": "host", "subnet": "",
+             "address": "", "hostname": ""}
+    hosts = [{"name": h.address, "address": h.address, "place": place, "slots": 1, "primary": i == 0,
+              "interfaces": [["eth0", h.address, 24]]} for i, h in enumerate(lab.hosts)]
+    recorded = {"cluster": "recorded", "image": "kit-horovod:cpu-000000000000", "image_id": "sha256:0", "ssh_port": 12345,
+                "workspace": "/var/lib/kit/recorded/workspace", "hosts": hosts, "flavor": "cpu"}
+    (folder / "state.json").write_text(json.dumps(recorded) if state is None else state)
+    try:
+        r = run_kit(*args, cwd=tmp_path, env=lab.env, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        lines = r.stderr.splitlines()
+        assert re.match("error: " + first_line, lines[0]), lines[0]
+        assert len(lines) == 2 and lines[1].startswith("fix: ") and fix in lines[1], lines
+        assert "Traceback" not in r.stdout + r.stderr
+        for h in lab.hosts:
+            assert h.docker("ps", "-aq").stdout == "" and h.kit_files() == [], h.name
+    finally:
+        import shutil
+        shutil.rmtree(folder)

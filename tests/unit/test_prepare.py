@@ -1,6 +1,7 @@
 """`kit prepare`: the inventory it writes and the playbooks it runs."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from helpers import REPO
 from kit.config import ClusterConfig
 from kit.inventory import parse_hosts
 from kit import shipped_folder
-from kit.prepare import ansible_playbook, inventory, playbook_argv
+from kit.prepare import ansible_playbook, inventory, playbook_argv, write_inventory
 
 HOSTS = parse_hosts("gpu-1\nalice@gpu-2 port=2222\n")
 ADDRESSES = {"gpu-1": "10.0.0.1", "gpu-2": "10.0.0.2"}
@@ -39,3 +40,46 @@ def test_playbook_syntax(playbook, tmp_path):
     r = subprocess.run([ansible_playbook(), "--syntax-check", "-i", "localhost,", str(REPO / "ansible" / playbook)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_user_strings_reach_ansible_as_unsafe_never_as_templates(tmp_path):
+    """A value is data: `{{ lookup('pipe', ...) }}` in it must not run a command on this machine. (kit.yaml's
+    allow-lists refuse such values already; this is the second wall, so the config is built without them.)"""
+    marker = tmp_path / "ran"
+    hostile = ClusterConfig.model_construct(name="lab", ssh_port=12345, storage="copy", nfs_server=None,
+                                            workspace=f"/srv/{{{{ lookup('pipe', 'touch {marker}') }}}}")
+    data = inventory(HOSTS, ADDRESSES, hostile, gpu=False)
+    path = write_inventory(tmp_path, data)
+    assert "!unsafe" in path.read_text()
+    adhoc = Path(ansible_playbook()).with_name("ansible")
+    r = subprocess.run([str(adhoc), "gpu-1", "-i", str(path), "-c", "local", "-m", "debug", "-a",
+                        "msg={{ kit_workspace }}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+                            "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "lookup('pipe'" in r.stdout and not marker.exists()
+
+
+def test_the_fstab_line_names_the_export_whichever_server_serves_it():
+    import jinja2
+    import yaml
+    tasks = yaml.safe_load((REPO / "ansible/roles/nfs_client/tasks/main.yml").read_text())
+    line = next(t for t in tasks if "lineinfile" in str(t))["ansible.builtin.lineinfile"]["line"]
+    hostvars = {"gpu-1": {"kit_address": "10.0.0.1"}}
+    render = jinja2.Template(line).render
+    common = {"kit_workspace": "/srv/work", "hostvars": hostvars, "groups": {"kit_primary": ["gpu-1"]}}
+    assert render(kit_nfs_server="nas:/export/kit", **common) == "nas:/export/kit /srv/work nfs defaults,_netdev 0 0"
+    assert render(kit_nfs_server="", **common) == "10.0.0.1:/srv/work /srv/work nfs defaults,_netdev 0 0"
+
+
+def test_the_firewall_keeps_the_cluster_port_and_the_job_ports_to_the_cluster_over_ipv4_and_ipv6():
+    import yaml
+    tasks = yaml.safe_load((REPO / "ansible/roles/firewall/tasks/main.yml").read_text())
+    refuse = next(t for t in tasks if t["name"].startswith("Refuse"))
+    rule = refuse["ansible.builtin.iptables"]
+    assert rule["jump"] == "DROP" and rule["ctstate"] == ["NEW"] and rule["in_interface"] == "!lo"  # not replies
+    import jinja2
+    env = jinja2.Environment()
+    env.filters["product"] = lambda a, b: __import__("itertools").product(a, b)
+    items = env.from_string(refuse["loop"]).render(kit_ssh_port=12345, kit_port_range={"stdout": "32768\t60999\n"})
+    assert items == str([("ipv4", "12345"), ("ipv4", "32768:60999"), ("ipv6", "12345"), ("ipv6", "32768:60999")])
