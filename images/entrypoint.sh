@@ -10,6 +10,8 @@ if [ "$#" -eq 0 ] || [ "$1" = "sshd" ]; then
         exit 78
     fi
     mkdir -p /run/sshd
-    exec /usr/sbin/sshd -D -e -p "${KIT_SSH_PORT:-12345}"
+    # On the host's network, listen on its cluster address only (kit up writes it), not on every interface.
+    address=$(cat /etc/kit/ssh/address 2>/dev/null || true)
+    exec /usr/sbin/sshd -D -e -p "${KIT_SSH_PORT:-12345}" ${address:+-o "ListenAddress=$address"}
 fi
 exec "$@"

@@ -175,3 +175,30 @@ def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(lab, cl
         assert f"error: --launcher {launcher}: cluster " in r.stderr and has in r.stderr, r.stderr
         assert r.stderr.count("\n") == 2 and "fix: use --launcher" in r.stderr
         assert "job " not in r.stdout
+
+
+def listeners(host) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket in the host's network namespace."""
+    found = set()
+    for line in host.run_in("cat", "/proc/net/tcp", "/proc/net/tcp6").stdout.splitlines():
+        cols = line.split()
+        if len(cols) > 3 and cols[3] == "0A" and ":" in cols[1]:
+            addr, port = cols[1].split(":")
+            ip = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else \
+                ("::" if set(addr) == {"0"} else addr)
+            found.add((ip, int(port, 16)))
+    return found
+
+
+def test_a_jobs_servers_and_sshd_listen_on_the_cluster_address_only(project, lab, cluster):
+    """Horovod's rendezvous (no authentication) and every rank's Gloo listen on each host's cluster address,
+    the containers' sshd too: nothing of the cluster answers on another interface."""
+    proc = start_loop(project, lab)
+    try:
+        for h in lab.hosts:
+            found = listeners(h)
+            assert (h.address, 12345) in found, found
+            assert not [s for s in found if s[0] in ("0.0.0.0", "::")], (h.name, found)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
