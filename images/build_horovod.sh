@@ -1,13 +1,22 @@
 #!/bin/sh
 # Build a Horovod wheel from its source archive (the sdist of a release, or an
 # archive of a source URL, resolved by kit on the building machine) against the
-# torch in the active venv, offline, with two fixes:
+# torch in the active venv, offline, with these fixes, each checked and skipped
+# where the source already has it:
 # - Horovod 0.28.1 hard-codes C++14, which torch >= 2.1 headers reject; upstream
-#   switched to C++17 after the release, so the same switch is applied here.
+#   switched to C++17 after the release, so the same switch is applied here
+#   (C++20 where torch's headers require it, as torch 2.14's do).
+# - CMake 4 refuses the bundled gloo's cmake_minimum_required(2.8.12): raised to 3.5.
+# - GCC 13 needs <string>, <stdexcept>, <cstdint> included where they are used;
+#   GCC 14 refuses the bundled flatbuffers' span::operator= (assigns const members).
 # - horovodrun starts remote ranks with ssh host-key checking switched off, which
 #   overrides kit's pinned known_hosts: anyone could impersonate a worker. It is
 #   turned back on; kit's known_hosts holds every container's key.
-# Sources that already have either fix are unchanged.
+# - Horovod's servers listen on every interface, on any port: they listen on the
+#   host's cluster address, on a port of its ephemeral range (see below).
+# - horovodrun imports distutils, which Python 3.12 removed: shutil.which instead.
+# With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_CUDA_HOME, the CUDA compiler and
+# NCCL are the venv's wheels of torch's own CUDA (one CUDA in the image, not two).
 #   usage: build_horovod.sh ARCHIVE OUTPUT_DIR
 set -eu
 [ "$#" -eq 2 ] && [ -f "$1" ] || { echo "build_horovod.sh: usage: build_horovod.sh ARCHIVE OUTPUT_DIR (got: $*)" >&2; exit 2; }
@@ -16,11 +25,57 @@ spec=$(basename "$archive")
 work=$(mktemp -d)
 python -c 'import shutil, sys; shutil.unpack_archive(sys.argv[1], sys.argv[2])' "$archive" "$work/src"
 src=$(find "$work/src" -mindepth 1 -maxdepth 1 -type d | head -n 1)
+site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# C++17 for torch >= 2.1; C++20 where torch's headers ask for it (torch 2.14 does)
+cxx=17
+if grep -qs 'C++20 or later' "$site/torch/include/ATen/ATen.h"; then
+    cxx=20
+fi
 for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
+    sed -i "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $cxx)/" "$f"
 done
 if grep -n 'CXX_STANDARD 14\|std=c++14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; then
-    echo "build_horovod.sh: $spec still asks for C++14 (lines above); torch >= 2.1 needs C++17" >&2
+    echo "build_horovod.sh: $spec still asks for C++14 (lines above); torch needs C++$cxx" >&2
+    exit 1
+fi
+# CMake 4 refuses cmake_minimum_required below 3.5, which the bundled gloo declares (2.8.12); raised to 3.5
+# where lower (they use nothing that older CMake had and 3.5 lacks).
+for f in $(grep -rlE --include=CMakeLists.txt 'cmake_minimum_required *\( *VERSION +(2\.|3\.[0-4]([^0-9]|$))' \
+               "$src/third_party" || true); do
+    sed -i -E 's/cmake_minimum_required *\( *VERSION +(2\.[0-9.]+|3\.[0-4](\.[0-9]+)*)/cmake_minimum_required(VERSION 3.5/' "$f"
+done
+if grep -rnE --include=CMakeLists.txt 'cmake_minimum_required *\( *VERSION +(2\.|3\.[0-4]([^0-9]|$))' \
+        "$src/third_party/gloo" "$src/third_party/compatible_gloo" "$src/third_party/compatible17_gloo" 2>/dev/null; then
+    echo "build_horovod.sh: $spec still asks for CMake < 3.5 (lines above); CMake 4 refuses it" >&2
+    exit 1
+fi
+# GCC 13 no longer brings <string>, <stdexcept> or <cstdint> in through other standard headers: Horovod's own
+# headers that use them without including them get the include (where they have it already, nothing changes).
+python - "$src/horovod/common" <<'PATCH'
+import pathlib, re, sys
+needs = {"<string>": r"\bstd::(string|to_string)\b", "<stdexcept>": r"\bstd::(logic_error|runtime_error|invalid_argument|out_of_range)\b",
+         "<cstdint>": r"\b(u?int(8|16|32|64)_t)\b"}
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("*.h")):
+    text = path.read_text()
+    missing = [h for h, use in needs.items() if re.search(use, text) and f"#include {h}" not in text]
+    first = re.search(r"^#include .*$", text, re.M)
+    if missing and first:
+        text = text[:first.start()] + "".join(f"#include {h}  // kit: GCC 13\n" for h in missing) + text[first.start():]
+        path.write_text(text)
+PATCH
+# GCC 14 rejects the bundled flatbuffers' span::operator=, which assigns to its const members (never callable, so
+# never used): removed.
+python - "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h" <<'PATCH'
+import pathlib, re, sys
+path = pathlib.Path(sys.argv[1])
+if path.exists():
+    text, n = re.subn(r"\n *FLATBUFFERS_CONSTEXPR_CPP14 span &operator=\(const span &other\)\s*FLATBUFFERS_NOEXCEPT \{"
+                      r"\s*data_ = other\.data_;\s*count_ = other\.count_;\s*\}\n", "\n", path.read_text())
+    if n:
+        path.write_text(text)
+PATCH
+if grep -n 'count_ = other.count_' "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h" 2>/dev/null; then
+    echo "build_horovod.sh: $spec's flatbuffers assigns to a const member (line above); GCC 14 refuses it" >&2
     exit 1
 fi
 # Horovod's rendezvous and task services listen on every interface, on any port from 1024 (the rendezvous has
@@ -64,5 +119,44 @@ if grep -rn 'StrictHostKeyChecking=no' "$src/horovod" --include='*.py' | grep -v
     echo "build_horovod.sh: $spec turns host-key checking off (lines above); kit will not ship that" >&2
     exit 1
 fi
-pip wheel --no-cache-dir --no-index --no-deps --no-build-isolation -w "$out" "$src"
+# Python 3.12 has no distutils, and horovodrun imports it (js_run.py); shutil's which is the same function.
+sed -i 's/^from distutils.spawn import find_executable$/from shutil import which as find_executable/' \
+    "$src/horovod/runner/js_run.py"
+if grep -rn --include='*.py' '^from distutils\|^import distutils' "$src/horovod/runner"; then
+    echo "build_horovod.sh: $spec's horovodrun imports distutils (lines above), which Python 3.12 lacks" >&2
+    exit 1
+fi
+# NCCL without a CUDA base: the compiler, headers and NCCL come as wheels of torch's own CUDA, in this venv.
+if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ]; then
+    if [ -z "${HOROVOD_CUDA_HOME:-}" ]; then
+        if [ -x "$site/nvidia/cu13/bin/nvcc" ]; then  # CUDA 13's wheels share one tree
+            HOROVOD_CUDA_HOME=$site/nvidia/cu13
+        elif [ -x "$site/nvidia/cuda_nvcc/bin/nvcc" ]; then  # CUDA 12's: one tree a wheel, made into one
+            HOROVOD_CUDA_HOME=$work/cuda
+            mkdir -p "$HOROVOD_CUDA_HOME"
+            for part in cuda_nvcc cuda_runtime cuda_cccl; do
+                [ -d "$site/nvidia/$part" ] && cp -rs "$site/nvidia/$part/." "$HOROVOD_CUDA_HOME/"
+            done
+        else
+            echo "build_horovod.sh: no nvcc in $site/nvidia: install torch's CUDA compiler wheels" \
+                 "(cuda-toolkit[nvcc,cccl]) or set HOROVOD_CUDA_HOME to a CUDA toolkit" >&2
+            exit 1
+        fi
+        # nvcc and CMake look for libcudart_static.a and libcudadevrt.a in lib64, and CMake for libcudart.so; the
+        # wheels have lib and libcudart.so.N (links made in the builder stage only)
+        [ -e "$HOROVOD_CUDA_HOME/lib64" ] || ln -s lib "$HOROVOD_CUDA_HOME/lib64"
+        for so in "$HOROVOD_CUDA_HOME"/lib/libcudart.so.[0-9]*; do
+            [ -e "$so" ] && [ ! -e "$HOROVOD_CUDA_HOME/lib/libcudart.so" ] && ln -s "$(basename "$so")" "$HOROVOD_CUDA_HOME/lib/libcudart.so"
+        done
+        export HOROVOD_CUDA_HOME
+    fi
+    if [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ -f "$site/nvidia/nccl/lib/libnccl.so.2" ]; then
+        export HOROVOD_NCCL_HOME=$site/nvidia/nccl  # the NCCL torch itself loads
+        [ -e "$HOROVOD_NCCL_HOME/lib/libnccl.so" ] || ln -s libnccl.so.2 "$HOROVOD_NCCL_HOME/lib/libnccl.so"
+    fi
+    export PATH="$HOROVOD_CUDA_HOME/bin:$PATH"
+    echo "build_horovod.sh: CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') from $HOROVOD_CUDA_HOME," \
+         "NCCL from ${HOROVOD_NCCL_HOME:-the CUDA toolkit}"
+fi
+python -m pip wheel --no-cache-dir --no-index --no-deps --no-build-isolation -w "$out" "$src"
 rm -rf "$work"

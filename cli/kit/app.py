@@ -131,6 +131,9 @@ def build(
     pip: List[str] = typer.Option([], help="Extra pip package for the image (repeat)."),
     apt: List[str] = typer.Option([], help="Extra apt package for the image (repeat)."),
     with_mpi: Optional[bool] = typer.Option(None, "--with-mpi/--without-mpi", help="Also build Open MPI support."),
+    cuda: Optional[str] = typer.Option(None, help="gpu: the CUDA line of torch's build: 13.0 (default) or 12.8."),
+    cuda_arch: List[str] = typer.Option([], help="gpu: build Horovod's kernels for this compute capability only, "
+                                                 "e.g. 90 (repeat; default: every GPU nvcc knows)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
     single_stage: bool = typer.Option(False, help="Build one stage with the compilers left in (for comparison)."),
     verify: bool = typer.Option(True, help="Check after building that the image's processes all-reduce."),
@@ -141,7 +144,8 @@ def build(
     flags = dict(flavor=flavor, image=image, base_image=base_image, builder_image=builder_image, python=python,
                  torch=torch, torch_index_url=torch_index_url, pip_index_urls=tuple(index_url),
                  wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version, tensorflow=tensorflow,
-                 horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi)
+                 horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi,
+                 cuda=cuda, cuda_archs=tuple(cuda_arch))
     plan = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
     if dry_run:
         _print_plan(plan, verify)
@@ -150,7 +154,7 @@ def build(
     tag = _ensure_image(client, plan, verbose)
     if verify:
         with console.status(f"verifying: {VERIFIES[plan.config.framework]}"):
-            report = verify_image(client, tag, plan.config.flavor)
+            report = verify_image(client, tag, plan.config.flavor, cuda=plan.config.cuda)
         _print_report(report)
 
 
@@ -227,8 +231,27 @@ def _print_report(r: ImageReport) -> None:
         table.add_row("operations", ", ".join(sorted(r.check.operations)))
     sums = ", ".join(f"rank {a.rank} = {a.total:g}" for a in r.allreduce)
     table.add_row("allreduce", f"{len(r.allreduce)} processes, sum {sums} (expected {r.allreduce[0].expected:g}) ✓")
+    for key, value in cuda_rows(r):
+        table.add_row(key, escape(value))
     console.print("[green]✓[/] verified")
     console.print(table)
+
+
+def cuda_rows(r: ImageReport) -> list[tuple[str, str]]:
+    """The gpu flavor's lines of the build summary: what the image is built for, and whether its NCCL path ran."""
+    if r.cuda is None:
+        return []
+    rows = [("CUDA", f"{r.cuda.cuda} (torch's build), GPU architectures {' '.join(r.cuda.archs)}"),
+            ("NCCL", f"{r.cuda.nccl} (torch's), built into Horovod")]
+    g = r.gpu_check
+    if g is not None and g.verified:
+        first = g.horovod[0]
+        rows.append(("GPU check", f"{len(g.horovod)} GPUs ({first.fact('gpu').replace('_', ' ')}, driver "
+                                  f"{first.fact('driver')}, CUDA {first.fact('cuda')}, NCCL {first.fact('nccl')}): "
+                                  f"CUDA tensors allreduced through NCCL by Horovod and by torch.distributed ✓"))
+    elif g is not None:
+        rows.append(("GPU check", f"the NCCL path was not verified: {g.why_not}; kit up checks it on the hosts' GPUs"))
+    return rows
 
 
 # ---------------------------------------------------------------- cluster

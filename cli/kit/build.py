@@ -22,7 +22,7 @@ import docker
 import docker.errors
 
 from kit import baseimage, pipconfig, probe, wheels
-from kit.config import FLAVOR_DEFAULTS, BuildConfig
+from kit.config import BuildConfig, default_torch_index
 from kit.errors import BuildFailed, KitError
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe
@@ -197,7 +197,7 @@ def package_sources(config: BuildConfig, machine: PipSettings, env: Mapping[str,
         why = answers[f"{torch_index.rstrip('/')}/torch/"]
         if why is None:
             settings = settings.with_overrides(extra_index_urls=(torch_index,))
-        elif torch_index != FLAVOR_DEFAULTS[config.flavor].get("torch_index_url"):
+        elif torch_index != default_torch_index(config.flavor, config.cuda):
             raise KitError(f"build.torch_index_url {redact(torch_index)} does not answer: {why}",
                            hint="check the network or proxy to it, or set torch_index_url: '' in kit.yaml to take "
                                 "torch from pip's own sources")

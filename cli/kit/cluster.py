@@ -243,11 +243,18 @@ class Up:
         if self.storage.shared:
             check.shared_workspace(nodes[0], nodes[1:], self.cfg.workspace_path)
         state = st.load(self.identity.folder)
-        if state.checked_image_id != self.image.id:  # the answer depends on the image alone
+        new_image = state.checked_image_id != self.image.id
+        if new_image:  # the answer depends on the image alone
             self.progress.status(nodes[0].name, check.FRAMEWORK_CHECK[framework(self.flavor)])
             check.check_framework(nodes[0], self.flavor)
             state.checked_image_id = self.image.id
             st.save(self.identity.folder, state)
+        if self.flavor == "gpu" and (new_image or any(n.changes for n in nodes)):  # the hosts' GPUs, through NCCL
+            for n in nodes:
+                self.progress.status(n.name, "CUDA allreduce through NCCL")
+            found = check.cuda_check(nodes[0], nodes, {h.name: h.slots or 1 for h in state.hosts}, self.cfg)
+            for n in nodes:
+                n.notes.append(found.get(n.name, "no rank reported from this host's GPUs"))
         for n in nodes:
             self.progress.status(n.name, "ready")
 

@@ -35,12 +35,14 @@ FLAVOR_DEFAULTS: dict[str, dict[str, Any]] = {
         "torch_index_url": "https://download.pytorch.org/whl/cpu",
         "horovod_version": "0.28.1",
     },
+    # No CUDA base: torch's CUDA wheels bring the CUDA it runs with, and the CUDA compiler, headers and NCCL
+    # that Horovod's build needs come as wheels of the same CUDA (see CUDA_LINES); the driver comes with --gpus.
     "gpu": {
-        "base_image": "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04",
-        "builder_image": "nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04",
-        "python": "3.10",
-        "torch": "2.5.1",
-        "torch_index_url": "https://download.pytorch.org/whl/cu124",
+        "base_image": "debian:trixie-slim",
+        "builder_image": None,
+        "python": "3.13",
+        "torch": "2.14.1",
+        "cuda": "13.0",
         "horovod_version": "0.28.1",
     },
     # TensorFlow's own multi-worker strategy: no torch, no Horovod. tensorflow[and-cuda] brings
@@ -66,6 +68,38 @@ FLAVORS: dict[str, tuple[str, bool]] = {
 }
 
 
+@dataclass(frozen=True)
+class CudaLine:
+    """One CUDA line of torch's builds, and where the compile pieces of the same CUDA come from as wheels."""
+
+    torch_index_url: str        # torch's own index of the line
+    wheel_tag: str              # the nvidia-* wheels' suffix: cu12, cu13
+    compiler: tuple[str, ...]   # what Horovod's build adds to torch's CUDA: nvcc, crt, nvvm, CCCL's headers
+    archs: str                  # the GPUs it builds for, in words (torch's arch list, checked in the image)
+    # The local version (torch==X+cu128) kit asks for where PyPI's torch is another line's: then only the line's
+    # own index (or a mirror, or a wheelhouse) has it, and a missing one is named at once, not after the build.
+    # None for the line of PyPI's torch itself, which pip may take from the index or from pip's own sources.
+    torch_local: str | None = None
+
+
+# The CUDA lines kit builds for. 13.0: Turing to Blackwell (sm_75..sm_120), the CUDA of PyPI's torch 2.14;
+# 12.8: Volta to Blackwell, from PyTorch's cu128 index. Each runs on a driver of its CUDA major or newer.
+CUDA_LINES: dict[str, CudaLine] = {
+    "13.0": CudaLine("https://download.pytorch.org/whl/cu130", "cu13", ("cuda-toolkit[nvcc,cccl]",),
+                     "Turing, Ampere, Ada, Hopper and Blackwell (sm_75 to sm_120)"),
+    "12.8": CudaLine("https://download.pytorch.org/whl/cu128", "cu12",
+                     ("nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"),
+                     "Volta to Blackwell (sm_70 to sm_120)", torch_local="cu128"),
+}
+
+
+def default_torch_index(flavor: str, cuda: str | None) -> str | None:
+    """torch's own index for a flavor (and CUDA line) when kit.yaml names none."""
+    if cuda in CUDA_LINES:
+        return CUDA_LINES[cuda].torch_index_url
+    return FLAVOR_DEFAULTS.get(flavor, {}).get("torch_index_url")
+
+
 # What an image of each framework has, in words for messages.
 CONTENTS = {"horovod": "torch and Horovod, no TensorFlow", "tensorflow": "TensorFlow, no torch or Horovod"}
 
@@ -81,6 +115,7 @@ def uses_gpus(flavor: str) -> bool:
 # The settings that only one framework's image reads.
 ONLY_FOR = {"torch": "horovod", "torch_index_url": "horovod", "horovod_version": "horovod",
             "horovod_source": "horovod", "with_mpi": "horovod", "tensorflow": "tensorflow"}
+GPU_ONLY = ("cuda", "cuda_archs")  # the gpu flavor's alone: tf-gpu's TensorFlow brings the CUDA it was built with
 
 # An image reference: optional registry host[:port]/, path components, optional :tag, optional @digest.
 _IMAGE_REF = re.compile(
@@ -115,6 +150,8 @@ HINTS: dict[str, str] = {
     "pip_packages": "use pip requirement specifiers, e.g. numpy or 'tqdm>=4'",
     "apt_packages": "use Debian package names, e.g. htop or vim=2:9.0.1378-2",
     "with_mpi": "use true or false",
+    "cuda": "use one of: 13.0 (default: Turing to Blackwell), 12.8 (Volta to Blackwell)",
+    "cuda_archs": "use compute capabilities such as [90, 120] (H100, RTX 50xx), or leave it out for every GPU",
 }
 
 
@@ -139,6 +176,8 @@ class BuildConfig(BaseModel):
     pip_packages: tuple[str, ...] = ()
     apt_packages: tuple[str, ...] = ()
     with_mpi: bool = False
+    cuda: str | None = None                 # gpu: the CUDA line of torch's build (CUDA_LINES)
+    cuda_archs: tuple[str, ...] = ()         # gpu: Horovod's kernels for these only (default: all nvcc knows)
 
     @model_validator(mode="before")
     @classmethod
@@ -146,7 +185,10 @@ class BuildConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         defaults = FLAVOR_DEFAULTS.get(data.get("flavor", "cpu"), FLAVOR_DEFAULTS["cpu"])
-        return {**defaults, **{k: v for k, v in data.items() if v is not None}}
+        merged = {**defaults, **{k: v for k, v in data.items() if v is not None}}
+        if "torch_index_url" not in data:  # torch's own index for the flavor and its CUDA line
+            merged["torch_index_url"] = default_torch_index(merged.get("flavor", "cpu"), merged.get("cuda"))
+        return merged
 
     @field_validator("image")
     @classmethod
@@ -176,6 +218,31 @@ class BuildConfig(BaseModel):
         if flavor and v and framework(flavor) != ONLY_FOR[info.field_name]:
             raise ValueError(f"does not apply to flavor {flavor} (its image has {CONTENTS[framework(flavor)]})")
         return v
+
+    @field_validator(*GPU_ONLY, mode="before")
+    @classmethod
+    def _for_gpu(cls, v: Any, info: ValidationInfo) -> Any:
+        flavor = info.data.get("flavor")
+        if v and flavor and flavor != "gpu":
+            raise ValueError(f"does not apply to flavor {flavor} (only the gpu flavor builds with a CUDA line "
+                             "of its choice)")
+        return v
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda(cls, v: str | None) -> str | None:
+        if v is not None and str(v) not in CUDA_LINES:
+            raise ValueError(f"'{v}' is not a CUDA line kit builds for")
+        return str(v) if v is not None else v
+
+    @field_validator("cuda_archs", mode="before")
+    @classmethod
+    def _cuda_archs(cls, v: Any) -> Any:
+        found = tuple(str(a).removeprefix("sm_") for a in (v if isinstance(v, (list, tuple)) else [v]))
+        bad = [a for a in found if not re.fullmatch(r"[1-9]\d{1,2}", a)]
+        if bad:
+            raise ValueError(f"'{bad[0]}' is not a compute capability")
+        return found
 
     @field_validator("torch", "horovod_version", "tensorflow")
     @classmethod
@@ -457,8 +524,12 @@ def _read_sections(path: Path, root: yaml.Node | None) -> ConfigFile:
 PATH_FIELDS = {"wheelhouse", "ca_bundle"}
 
 
+# Settings whose flag is not their name with dashes (a flag given once a value: --pip tqdm --pip six).
+FLAGS = {"pip_packages": "--pip", "apt_packages": "--apt", "pip_index_urls": "--index-url", "cuda_archs": "--cuda-arch"}
+
+
 def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
+    return FLAGS.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 def build_config(cfg: ConfigFile, flags: dict[str, Any]) -> BuildConfig:
@@ -494,7 +565,7 @@ def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, sect
     msg = err["msg"].removeprefix("Value error, ")
     hint = HINTS.get(key, f"see the README for the settings of {section}")
     if msg.startswith("does not apply to flavor"):
-        hint = f"remove {key}, or use a flavor whose image has it"
+        hint = f"remove {key}, or use " + ("flavor gpu" if key in GPU_ONLY else "a flavor whose image has it")
     if NO_CREDENTIALS in msg:
         msg, hint = msg.replace(f": {NO_CREDENTIALS}", ""), f"remove it from the URL: {NO_CREDENTIALS}"
     if err["type"] == "extra_forbidden":

@@ -122,7 +122,7 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
         raise BadInput(f"--single-stage: the {config.flavor} image compiles nothing, so it has one way to build",
                        hint="drop --single-stage (it compares Horovod builds)")
     if config.framework == "horovod":
-        framework = dict(torch_requirements=wheels.groups(config)[0].requirements, build_requirements=wheels.HOROVOD_BUILD,
+        framework = dict(torch_requirements=wheels.groups(config)[0].requirements, build_requirements=wheels.build_requirements(config),
                          horovod_spec=wheels.horovod_requirement(config))
     else:
         framework = dict(tensorflow_requirements=wheels.tensorflow_requirements(config))

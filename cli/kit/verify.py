@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import uuid
 from dataclasses import dataclass
 
 import docker
 import docker.errors
+import docker.types
 
 from kit.config import framework, uses_gpus
 from kit.errors import VerifyFailed
@@ -29,12 +31,15 @@ CHECK_TIMEOUT_S = 180  # bounds each command in the container (coreutils `timeou
 _SECTION = re.compile(r"^Available (Frameworks|Controllers|Tensor Operations):\s*$")
 _ENTRY = re.compile(r"^\s*\[(X| )\]\s+(\S.*?)\s*$")
 _VERSION = re.compile(r"^Horovod v(\S+?):?\s*$")
-_ALLREDUCE = re.compile(r"kit-allreduce rank=(\d+) size=(\d+) sum=(\S+) expected=(\S+) (ok|WRONG)")
+_ALLREDUCE = re.compile(r"kit-allreduce rank=(\d+) size=(\d+) sum=(\S+) expected=(\S+) (ok|WRONG)((?: [\w.]+=\S+)*)")
 
 # Per framework: the versions an image reports (a JSON object, in the order shown).
 VERSIONS_PY = {
-    "horovod": "import json, platform, torch, horovod; print(json.dumps({'Python': platform.python_version(), "
-               "'torch': torch.__version__, 'Horovod': horovod.__version__}))",
+    "horovod": "import json, platform, torch, horovod, horovod.torch as hvd; c = torch.version.cuda; "
+               "print(json.dumps({'Python': platform.python_version(), 'torch': torch.__version__, "
+               "'Horovod': horovod.__version__, 'cuda': c or '', "
+               "'archs': torch._C._cuda_getArchFlags() if c else '', 'nccl_built': bool(hvd.nccl_built()), "
+               "'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if c else ''}))",
     "tensorflow": "import json, platform, tensorflow as tf; print(json.dumps({'Python': platform.python_version(), "
                   "'TensorFlow': tf.__version__, 'cuda_build': str(tf.test.is_built_with_cuda())}))",
 }
@@ -82,11 +87,52 @@ class AllreduceRank:
     total: float
     expected: float
     ok: bool
+    facts: tuple[tuple[str, str], ...] = ()  # --cuda / --ddp: host, device, gpu, driver, cuda, nccl
+
+    def fact(self, name: str) -> str:
+        return dict(self.facts).get(name, "")
 
 
 def parse_allreduce(text: str) -> list[AllreduceRank]:
-    return sorted((AllreduceRank(int(m[1]), int(m[2]), float(m[3]), float(m[4]), m[5] == "ok")
+    return sorted((AllreduceRank(int(m[1]), int(m[2]), float(m[3]), float(m[4]), m[5] == "ok",
+                                 tuple(tuple(w.split("=", 1)) for w in m[6].split()))
                    for m in _ALLREDUCE.finditer(text)), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """What a gpu image is, read from it without a GPU: torch's CUDA, its GPU architectures, NCCL in Horovod."""
+
+    cuda: str
+    archs: tuple[str, ...]
+    nccl: str
+    nccl_built: bool
+
+    def problems(self, line: str) -> list[str]:
+        found = [] if self.cuda == line else [f"its torch is built for CUDA {self.cuda or 'none'}, not {line}"]
+        found += [] if self.archs else ["its torch lists no GPU architecture"]
+        found += [] if self.nccl_built else ["its Horovod was built without NCCL"]
+        return found
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """The NCCL path, run on this machine's GPUs, or why it was not."""
+
+    verified: bool
+    why_not: str = ""
+    horovod: tuple[AllreduceRank, ...] = ()   # horovodrun --cuda, one rank a GPU
+    ddp: tuple[AllreduceRank, ...] = ()       # torchrun, torch.distributed with the nccl backend
+
+
+def gpu_check_plan(gpus: int, nvidia_runtime: bool) -> str | None:
+    """None when the build machine can run the NCCL check; else why not, said plainly (never a silent pass)."""
+    if gpus == 0:
+        return "no GPU is visible on this machine (nvidia-smi lists none)"
+    if not nvidia_runtime:
+        return (f"{gpus} GPU(s) here, but Docker has no nvidia runtime to give them to a container (kit prepare "
+                "installs the NVIDIA Container Toolkit)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -97,6 +143,8 @@ class ImageReport:
     versions: dict[str, str]
     check: CheckBuild | None      # Horovod flavors: what --check-build listed
     allreduce: tuple[AllreduceRank, ...]
+    cuda: CudaFacts | None = None     # the gpu flavor
+    gpu_check: GpuCheck | None = None
 
 
 def allreduce_argv(kind: str, ranks: int) -> list[str]:
@@ -107,14 +155,13 @@ def allreduce_argv(kind: str, ranks: int) -> list[str]:
             "python", "/opt/kit/allreduce_check.py"]
 
 
-def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int = 2) -> ImageReport:
+def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int = 2, cuda: str | None = None,
+                 gpus: tuple[int, bool] | None = None) -> ImageReport:
+    """cuda: the CUDA line the gpu flavor was built for; gpus: this machine's GPUs and whether Docker has the nvidia
+    runtime (None: ask them)."""
     kind = framework(flavor)
     image = client.images.get(tag)
-    # No network: the check proves the image alone and sends nothing anywhere. Gloo binds to
-    # the address of the hostname, so the hostname must resolve (to loopback) or ranks crash.
-    box = client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
-                                hostname=VERIFY_HOST, extra_hosts={VERIFY_HOST: "127.0.0.1"}, shm_size="256m",
-                                name=f"kit-verify-{uuid.uuid4().hex[:8]}", labels={"io.kit.role": "verify"})
+    box = _verify_box(client, tag)
     try:
         check = None
         if kind == "horovod":
@@ -132,17 +179,71 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
         raise VerifyFailed(f"image {tag}: its TensorFlow {versions['TensorFlow']} is not built with CUDA",
                            command=VERSIONS_PY[kind],
                            hint="the GPU flavor needs tensorflow[and-cuda], not tensorflow-cpu")
+    facts = CudaFacts(versions.pop("cuda", ""), tuple(versions.pop("archs", "").split()), versions.pop("nccl", ""),
+                      bool(versions.pop("nccl_built", False))) if kind == "horovod" else None
+    gpu_check = None
+    if flavor == "gpu":
+        if problems := facts.problems(cuda or facts.cuda):
+            raise VerifyFailed(f"image {tag}: {'; '.join(problems)}", command=VERSIONS_PY[kind],
+                               hint="rebuild it with --verbose and read the torch and builder steps")
+        gpu_check = check_gpus(client, tag, *(gpus if gpus is not None else gpus_here(client)))
     return ImageReport(tag=tag, image_id=image.id, size_bytes=image.attrs["Size"], versions=versions, check=check,
-                       allreduce=tuple(allreduce))
+                       allreduce=tuple(allreduce), cuda=facts if flavor == "gpu" else None, gpu_check=gpu_check)
 
 
-def _check_allreduce(ranks_seen: list[AllreduceRank], kind: str, ranks: int, tag: str) -> None:
+def _verify_box(client: docker.DockerClient, tag: str, gpus: bool = False):
+    """A throwaway container of the image. No network: the check proves the image alone and sends nothing anywhere.
+    Gloo binds to the address of the hostname, so the hostname must resolve (to loopback) or ranks crash."""
+    devices = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+    return client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
+                                 hostname=VERIFY_HOST, extra_hosts={VERIFY_HOST: "127.0.0.1"}, shm_size="1g",
+                                 name=f"kit-verify-{uuid.uuid4().hex[:8]}", labels={"io.kit.role": "verify"},
+                                 device_requests=devices)
+
+
+def gpus_here(client: docker.DockerClient) -> tuple[int, bool]:
+    """This machine's GPUs (nvidia-smi's list), and whether Docker has the nvidia runtime to give them."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        listed = ""
+    return (len([line for line in listed.splitlines() if line.startswith("GPU ")]),
+            "nvidia" in (client.info().get("Runtimes") or {}))
+
+
+def check_gpus(client: docker.DockerClient, tag: str, gpus: int, nvidia_runtime: bool) -> GpuCheck:
+    """CUDA tensors allreduced through NCCL on every GPU here: by Horovod (horovodrun) and by torch.distributed
+    (torchrun, nccl backend). Without a GPU: a GpuCheck that says why it was not run."""
+    why = gpu_check_plan(gpus, nvidia_runtime)
+    if why:
+        return GpuCheck(False, why)
+    box = _verify_box(client, tag, gpus=True)
+    try:
+        horovod = parse_allreduce(_run(box, cuda_allreduce_argv("horovod", gpus), tag))
+        ddp = parse_allreduce(_run(box, cuda_allreduce_argv("ddp", gpus), tag))
+    finally:
+        box.remove(force=True)
+    for seen, how in ((horovod, "horovod"), (ddp, "ddp")):
+        _check_allreduce(seen, "horovod", gpus, tag, command=cuda_allreduce_argv(how, gpus))
+    return GpuCheck(True, horovod=tuple(horovod), ddp=tuple(ddp))
+
+
+def cuda_allreduce_argv(how: str, gpus: int) -> list[str]:
+    """One rank a GPU: Horovod over NCCL (--cuda), or DDP's nccl backend under torchrun (--ddp)."""
+    if how == "ddp":
+        return ["torchrun", "--standalone", "--nproc-per-node", str(gpus), "/opt/kit/allreduce_check.py", "--ddp"]
+    return ["horovodrun", "-np", str(gpus), "-H", f"localhost:{gpus}", "python", "/opt/kit/allreduce_check.py",
+            "--cuda"]
+
+
+def _check_allreduce(ranks_seen: list[AllreduceRank], kind: str, ranks: int, tag: str,
+                     command: list[str] | None = None) -> None:
     wrong = [r for r in ranks_seen if not r.ok or r.size != ranks]
     if len(ranks_seen) != ranks or wrong:
         got = ", ".join(f"rank {r.rank}: {r.total:g} (expected {r.expected:g})" for r in ranks_seen) or "no rank"
         what = "Horovod" if kind == "horovod" else "TensorFlow's MultiWorkerMirroredStrategy"
         raise VerifyFailed(f"image {tag}: the {ranks}-process allreduce is wrong ({got})",
-                           command=shlex.join(allreduce_argv(kind, ranks)),
+                           command=shlex.join(command or allreduce_argv(kind, ranks)),
                            hint=f"the image's {what} cannot allreduce; rebuild with --verbose and read the failing step")
 
 

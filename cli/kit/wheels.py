@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from kit.config import BuildConfig
+from kit.config import CUDA_LINES, BuildConfig
 from kit.errors import KitError
 from kit.pipconfig import PipSettings, run_env
 
@@ -30,8 +30,9 @@ TAIL_LINES = 15
 
 # What the torch stage installs besides torch: Horovod's runtime needs, and numpy.
 HOROVOD_RUNTIME = ("cloudpickle", "psutil", "pyyaml", "packaging", "numpy")
-# What Horovod's build needs besides torch (setup_requires asks for cffi when it builds the torch extension).
-HOROVOD_BUILD = ("setuptools", "wheel", "cffi")
+# What Horovod's build needs besides torch (setup_requires asks for cffi when it builds the torch extension), and
+# CMake from pip: the current one (4.x) on every base, not the distribution's.
+HOROVOD_BUILD = ("setuptools", "wheel", "cffi", "cmake>=3.24")
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,20 @@ class Group:
     along: tuple[str, ...] = ()    # resolved together with these (a lower stage's), whose files are not repeated
 
 
+def build_requirements(config: BuildConfig) -> tuple[str, ...]:
+    """Horovod's build: its tools, and for the gpu flavor the CUDA compiler, headers and CCCL of torch's own CUDA
+    (resolved along with torch, so that pip takes the very version torch pins), unless a CUDA base brings them."""
+    cuda = CUDA_LINES[config.cuda].compiler if config.cuda and not config.builder_image else ()
+    return HOROVOD_BUILD + cuda
+
+
 def torch_requirement(config: BuildConfig) -> str:
-    """torch pinned; the cpu flavor asks for the +cpu build, so a CUDA build of several GB is never taken by chance."""
+    """torch pinned; the cpu flavor asks for the +cpu build, so a CUDA build of several GB is never taken by chance,
+    and a CUDA line that PyPI's torch is not asks for its own build (+cu128), never PyPI's of another CUDA."""
     version = config.torch or ""
-    if config.flavor == "cpu" and "+" not in version:
-        version += "+cpu"
+    local = "cpu" if config.flavor == "cpu" else CUDA_LINES[config.cuda].torch_local if config.cuda else None
+    if local and "+" not in version:
+        version += f"+{local}"
     return f"torch=={version}"
 
 
@@ -73,7 +83,7 @@ def groups(config: BuildConfig) -> list[Group]:
         base = (tf, keras) if config.gpu else (tf,)
     else:
         base = (torch_requirement(config), *HOROVOD_RUNTIME)
-        found = [Group("torch", base), Group("build", HOROVOD_BUILD),
+        found = [Group("torch", base), Group("build", build_requirements(config), along=base),
                  Group("horovod", (horovod_requirement(config),), no_deps=True, sdist=True)]
     if user:
         found.append(Group("user", user, along=base))
@@ -206,10 +216,12 @@ def _hint(output: str, group: Group) -> str:
     if not any(words in output for words in ("No matching distribution", "Could not find a version",
                                               "ResolutionImpossible")):
         return "the tail above says why; `pip config list` shows the sources kit used"
-    if any(r.startswith("torch==") and r.endswith("+cpu") for r in group.requirements) and "torch" in output:
-        return ("torch's CPU build (+cpu) is on PyTorch's own index, not on PyPI or its mirrors: make "
-                "https://download.pytorch.org/whl/cpu reachable, set build.torch_index_url to a mirror of it, or "
-                "put the torch-*+cpu wheel in a folder and name it as build.wheelhouse")
+    local = next((r.partition("+")[2] for r in group.requirements if r.startswith("torch==") and "+" in r), "")
+    if local and "torch" in output:
+        index = "https://download.pytorch.org/whl/" + local
+        return (f"torch's {local} build (+{local}) is on PyTorch's own index, not on PyPI or its mirrors: make "
+                f"{index} reachable, set build.torch_index_url to a mirror of it, or "
+                f"put the torch-*+{local} wheel in a folder and name it as build.wheelhouse")
     if group.sdist:
         return ("none of this machine's pip sources has its source archive: add an index or find-links folder "
                 "that has it (pip.conf, or build.wheelhouse in kit.yaml)")

@@ -4,8 +4,8 @@ bases, broken steps and silent package sources are reported."""
 
 import base64
 import http.server
+import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_kit
+from helpers import closed_port, run_kit, silent_listener
 from kit.verify import parse_allreduce, parse_check_build
 
 pytestmark = pytest.mark.lab
@@ -33,10 +33,11 @@ def built(tmp_path_factory, client) -> subprocess.CompletedProcess:
     return r
 
 
-def docker_run(tag: str, *argv: str, entrypoint: str | None = None) -> subprocess.CompletedProcess:
+def docker_run(tag: str, *argv: str, entrypoint: str | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
     cmd = ["docker", "run", "--rm", "--network", "none", "--hostname", "lab", "--add-host", "lab:127.0.0.1"]
     cmd += ["--entrypoint", entrypoint] if entrypoint else []
-    return subprocess.run(cmd + [tag, *argv], capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd + [tag, *argv], capture_output=True, text=True, timeout=timeout)
 
 
 def test_cpu_image_is_built_and_verified(built):
@@ -246,20 +247,9 @@ def test_an_index_password_reaches_no_layer_env_or_history_of_the_image(built, c
 
 @pytest.fixture
 def silent_port():
-    """A loopback port that takes connections and never answers: a hung index or a black-holing proxy."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
+    sock = silent_listener()
     yield sock.getsockname()[1]
     sock.close()
-
-
-def closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 @pytest.mark.parametrize("kind", ["refused", "silent"])
@@ -274,3 +264,60 @@ def test_a_package_source_that_does_not_answer_stops_the_build_at_once_naming_it
         "fix: check the network or proxy to it, or remove it from kit.yaml's build.pip_index_urls "
         "(`pip config list` shows pip's sources)"]
     assert "building" not in r.stdout
+
+
+# ---------------------------------------------------------------- the gpu flavor, built here (no GPU, no registry)
+
+@pytest.fixture(scope="session")
+def gpu_built(tmp_path_factory, client) -> subprocess.CompletedProcess:
+    """kit's gpu defaults, with Horovod's kernels for sm_90 only (the suite's time; users get every GPU nvcc knows)."""
+    r = run_kit("build", "--flavor", "gpu", "--cuda-arch", "90", cwd=tmp_path_factory.mktemp("gpu"),
+                timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    return r
+
+
+def test_gpu_image_is_built_without_a_gpu_or_a_registry_for_its_cuda_line(gpu_built):
+    out = gpu_built.stdout
+    tag = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", out)[1]
+    assert "✓ verified" in out and re.search(r"operations\s+.*NCCL", out), out[-3000:]
+    assert re.search(r"CUDA\s+13\.0 \(torch's build\), GPU architectures .*sm_90", out), out[-3000:]
+    assert "the NCCL path was not verified: no GPU is visible on this machine" in out, out[-3000:]  # said, not skipped
+    probe = docker_run(tag, "-c", "python -c 'import json, torch, horovod.torch as hvd; print(json.dumps("
+                                  "[torch.version.cuda, torch._C._cuda_getArchFlags().split(), hvd.nccl_built()]))'; "
+                       "command -v nvcc || ls /opt/venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc || echo no-nvcc",
+                       entrypoint="sh")
+    (cuda, archs, nccl), nvcc = json.loads(probe.stdout.splitlines()[-2]), probe.stdout.splitlines()[-1]
+    assert cuda == "13.0" and "sm_90" in archs and {"sm_100", "sm_120"} & set(archs), archs
+    assert nccl and nvcc == "no-nvcc"  # the compiler stayed in the builder: one CUDA, torch's, in the image
+
+
+def test_the_cpu_flavors_horovod_builds_with_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
+    """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x), built again as its own target (its
+    layers are the gpu build's), where Horovod is built as the cpu flavor has it: PyTorch and Gloo, no GPU ops."""
+    from kit.build import resolve_sources
+    from kit.config import ConfigFile, build_config
+    from kit.recipe import make_recipe
+    config = build_config(ConfigFile(), {"flavor": "gpu", "cuda_archs": ("90",)})
+    sources = resolve_sources(client, config, tmp_path / "work")
+    recipe = make_recipe(config, base=sources.base.ref, wheelhouse=sources.wheelhouse, ca_bundle=sources.ca_bundle)
+    (tmp_path / "ctx").mkdir()
+    recipe.write(tmp_path / "ctx")
+    tag = "kitlab-builder:gpu"
+    log = list(client.api.build(path=str(tmp_path / "ctx"), target="builder", tag=tag, rm=True, decode=True))
+    assert not [c for c in log if "error" in c], log[-5:]
+    try:
+        r = docker_run(tag, "-c", "cmake --version | head -n 1; g++ -dumpfullversion; "
+                                  "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
+                                  "HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 /opt/kit/build_horovod.sh "
+                                  "/opt/kit/wheelhouse/horovod/* /tmp/cpu >/tmp/build.log 2>&1 "
+                                  "|| { tail -n 30 /tmp/build.log; exit 1; }; "
+                                  "pip install --no-deps --force-reinstall -q /tmp/cpu/*.whl && horovodrun --check-build",
+                       entrypoint="sh", timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        cmake, gcc = r.stdout.splitlines()[:2]
+        assert int(re.search(r"cmake version (\d+)", cmake)[1]) >= 4 and int(gcc.split(".")[0]) >= 13, (cmake, gcc)
+        check = parse_check_build(r.stdout)
+        assert "PyTorch" in check.frameworks and check.operations == {"Gloo"}, check
+    finally:
+        client.images.remove(tag, force=True)

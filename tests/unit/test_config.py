@@ -16,8 +16,12 @@ def cfg_file(tmp_path: Path, text: str) -> ConfigFile:
 
 def test_flavor_defaults_fill_what_is_not_set():
     gpu = build_config(ConfigFile(), {"flavor": "gpu"})
-    assert gpu.base_image == FLAVOR_DEFAULTS["gpu"]["base_image"]
-    assert "devel" in gpu.builder_image and "runtime" in gpu.base_image
+    assert gpu.base_image == FLAVOR_DEFAULTS["gpu"]["base_image"] and gpu.builder_image is None
+    assert (gpu.cuda, gpu.torch_index_url) == ("13.0", "https://download.pytorch.org/whl/cu130")
+    line = build_config(ConfigFile(), {"flavor": "gpu", "cuda": "12.8"})
+    assert line.torch_index_url == "https://download.pytorch.org/whl/cu128"  # torch's index follows the line
+    own = build_config(ConfigFile(), {"flavor": "gpu", "cuda": "12.8", "torch_index_url": "https://mirror/cu128"})
+    assert own.torch_index_url == "https://mirror/cu128"  # unless kit.yaml names one
     cpu = build_config(ConfigFile(), {})
     assert cpu.flavor == "cpu" and cpu.builder_image is None and cpu.python == "3.11"
 
@@ -66,9 +70,9 @@ BAD = [
     (None, {"torch_index_url": "download.pytorch.org"}, "--torch-index-url: 'download.pytorch.org' is not a URL", "https"),
     (None, {"torch_index_url": "https://x/$(touch /tmp/pwned)"}, "--torch-index-url: 'https://x/$(touch /tmp/pwned)' "
      "is not a URL", "https"),
-    (None, {"pip_index_urls": ("pypi",)}, "--pip-index-urls: 'pypi' is not a URL", "https"),
-    (None, {"pip_packages": ("numpy; rm -rf /",)}, "--pip-packages: 'numpy; rm -rf /'", "requirement"),
-    (None, {"apt_packages": ("Vim!",)}, "--apt-packages: 'Vim!' is not a Debian package name", "Debian"),
+    (None, {"pip_index_urls": ("pypi",)}, "--index-url: 'pypi' is not a URL", "https"),
+    (None, {"pip_packages": ("numpy; rm -rf /",)}, "--pip: 'numpy; rm -rf /'", "requirement"),
+    (None, {"apt_packages": ("Vim!",)}, "--apt: 'Vim!' is not a Debian package name", "Debian"),
     (None, {"horovod_source": "horovod master"}, "--horovod-source: 'horovod master' is not a requirement URL", "git+"),
     ("build:\n  flavour: cpu\n", {}, "kit.yaml:2: build.flavour: unknown setting", "flavor"),
     ("biuld:\n  flavor: cpu\n", {}, "kit.yaml:1: unknown section 'biuld'", "build"),
@@ -118,8 +122,8 @@ def test_unreadable_config_file_is_bad_input(tmp_path):
     ({"horovod_source": "git+https://me:ghp_s3cret@github.com/horovod/horovod@3a31d93"},
      "--horovod-source: 'git+https://****@github.com/horovod/horovod@3a31d93' holds a user or token"),
     ({"pip_packages": ("mypkg @ https://u:s3cret@pkgs.lab/mypkg-1.0-py3-none-any.whl",)},
-     "--pip-packages: 'mypkg @ https://****@pkgs.lab/mypkg-1.0-py3-none-any.whl' holds a user or token"),
-    ({"pip_index_urls": "https://u:s3cret@pypi.lab/simple"}, "--pip-index-urls: should be a list"),
+     "--pip: 'mypkg @ https://****@pkgs.lab/mypkg-1.0-py3-none-any.whl' holds a user or token"),
+    ({"pip_index_urls": "https://u:s3cret@pypi.lab/simple"}, "--index-url: should be a list"),
 ])
 def test_a_credential_in_a_setting_that_reaches_the_image_is_refused_and_never_shown(flags, shown):
     with pytest.raises(BadInput) as e:

@@ -2,12 +2,12 @@
 torch's own default index may be missing, and what kit.yaml names wins."""
 
 import http.server
-import socket
 import threading
 import time
 
 import pytest
 
+from helpers import closed_port, silent_listener
 from kit import probe
 from kit.build import package_sources
 from kit.config import ConfigFile, build_config
@@ -49,20 +49,9 @@ def index():
 
 @pytest.fixture
 def silent():
-    """A port that accepts connections and never says a word: a black-holing proxy or a hung index."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
+    sock = silent_listener()
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/simple"
     sock.close()
-
-
-def closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def test_an_index_that_answers_anything_answers(index):
@@ -122,6 +111,16 @@ def test_a_silent_default_torch_index_is_left_out_with_a_note():
     assert settings.indexes == ("https://pypi.org/simple",)
     assert notes == ["torch's index https://download.pytorch.org/whl/cpu does not answer (the name "
                      "download.pytorch.org does not resolve): torch comes from pip's sources"]
+
+
+def test_a_silent_default_index_of_the_cuda_line_is_left_out_too():
+    """The gpu flavor's default index is its CUDA line's; PyPI's torch (and a 12.8 line's +cu128) may come instead."""
+    for cuda, index in (("13.0", "cu130"), ("12.8", "cu128")):
+        url = f"https://download.pytorch.org/whl/{index}"
+        settings, notes = package_sources(build_config(ConfigFile(), {"flavor": "gpu", "cuda": cuda}), NO_SETTINGS, {},
+                                          probe_all=answers({f"{url}/torch/": "refused"}))
+        assert settings.indexes == ("https://pypi.org/simple",)
+        assert notes == [f"torch's index {url} does not answer (refused): torch comes from pip's sources"]
 
 
 def test_a_silent_torch_index_that_kit_yaml_names_stops_the_build():

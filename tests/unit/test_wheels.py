@@ -24,13 +24,25 @@ def config(**flags):
 
 
 def test_cpu_groups_follow_the_stages_and_ask_for_the_cpu_build_of_torch():
+    torch = ("torch==2.13.0+cpu", "cloudpickle", "psutil", "pyyaml", "packaging", "numpy")
     assert wheels.groups(config()) == [
-        Group("torch", ("torch==2.13.0+cpu", "cloudpickle", "psutil", "pyyaml", "packaging", "numpy")),
-        Group("build", ("setuptools", "wheel", "cffi")),
+        Group("torch", torch),
+        Group("build", ("setuptools", "wheel", "cffi", "cmake>=3.24"), along=torch),
         Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True),
     ]
     assert wheels.torch_requirement(config(torch="2.12.0+cpu")) == "torch==2.12.0+cpu"
-    assert wheels.torch_requirement(config(flavor="gpu")) == "torch==2.5.1"
+    assert wheels.torch_requirement(config(flavor="gpu")) == "torch==2.14.1"  # PyPI's torch is CUDA 13.0's
+    assert wheels.torch_requirement(config(flavor="gpu", cuda="12.8")) == "torch==2.14.1+cu128"  # never PyPI's
+
+
+def test_the_gpu_build_takes_the_cuda_compiler_of_torchs_own_cuda_from_wheels():
+    """Resolved along with torch, so pip takes the very CUDA version torch pins: one CUDA in the image, not two."""
+    build = wheels.groups(config(flavor="gpu"))[1]
+    assert build.requirements[-1] == "cuda-toolkit[nvcc,cccl]" and build.along[0] == "torch==2.14.1"
+    assert wheels.build_requirements(config(flavor="gpu", cuda="12.8"))[-2:] == (
+        "nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*")
+    cuda_base = config(flavor="gpu", builder_image="nvidia/cuda:13.0.0-devel-ubuntu24.04")
+    assert wheels.build_requirements(cuda_base) == wheels.HOROVOD_BUILD  # its own CUDA compiler
 
 
 def test_user_packages_are_resolved_along_with_the_stage_below():
@@ -161,3 +173,11 @@ def test_the_cpu_torch_missing_from_a_plain_index_says_where_it_is(offline, tmp_
         wheels.resolve(config(), TARGET, offline, tmp_path / "out", env={"PATH": "/usr/bin:/bin"})
     assert "torch==2.13.0+cpu" in e.value.output_tail
     assert "https://download.pytorch.org/whl/cpu" in e.value.hint and "build.wheelhouse" in e.value.hint
+
+
+def test_the_cuda_128_torch_missing_from_a_plain_index_says_where_it_is(offline, tmp_path):
+    with pytest.raises(KitError) as e:
+        wheels.resolve(config(flavor="gpu", cuda="12.8"), TARGET, offline, tmp_path / "out",
+                       env={"PATH": "/usr/bin:/bin"})
+    assert "torch==2.14.1+cu128" in e.value.output_tail
+    assert "https://download.pytorch.org/whl/cu128" in e.value.hint and "build.wheelhouse" in e.value.hint

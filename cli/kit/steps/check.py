@@ -14,7 +14,8 @@ from kit.errors import KitError
 from kit.fanout import fan_out
 from kit.runners import SSHD_READY_S, run_until_ok
 from kit.steps.node import Node
-from kit.verify import parse_check_build
+from kit.commands.horovod import HorovodOptions, Slot, common_interfaces, horovodrun_argv, split_rank
+from kit.verify import AllreduceRank, parse_allreduce, parse_check_build
 
 def ssh_pair(primary: Node, target: Node, cfg: ClusterConfig) -> None:
     argv = exec_argv(primary.place.container, ["ssh", target.address, "true"])
@@ -58,6 +59,40 @@ def shared_workspace(primary: Node, others: list[Node], workspace: str) -> None:
 # Per framework: what runs in the primary's container to show the image's framework works there.
 FRAMEWORK_CHECK = {"horovod": "horovodrun --check-build",
                    "tensorflow": "python -c 'import tensorflow as tf; print(tf.__version__)'"}
+
+
+def cuda_check_argv(nodes: list[Node], slots: dict[str, int], port: int) -> list[str]:
+    """horovodrun from the primary's container: a rank on every GPU of every host, CUDA tensors through NCCL."""
+    ranks = [Slot(n.name, n.address, slots[n.name]) for n in nodes]
+    nics = common_interfaces({n.name: [tuple(i) for i in (n.place.interfaces() or n.facts.ipv4)] for n in nodes},
+                             {n.name: n.address for n in nodes})
+    return horovodrun_argv(sum(slots.values()), ranks, port, nics,
+                           ["python", "/opt/kit/allreduce_check.py", "--cuda"], HorovodOptions())
+
+
+def cuda_check(primary: Node, nodes: list[Node], slots: dict[str, int], cfg: ClusterConfig) -> dict[str, str]:
+    """The gpu flavor's NCCL path on the hosts' own GPUs; per host what its ranks found (GPU, driver, CUDA, NCCL)."""
+    argv = cuda_check_argv(nodes, slots, cfg.ssh_port)
+    r = primary.runner.run(command(exec_argv(primary.place.container, argv)), timeout=SSHD_READY_S * 10)
+    seen = parse_allreduce("\n".join(split_rank(line)[1] for line in r.stdout.splitlines()))
+    total = sum(slots.values())
+    if not r.ok or len(seen) != total or not all(a.ok for a in seen):
+        raise KitError(f"CUDA tensors did not allreduce through NCCL across the hosts' {total} GPUs "
+                       f"({len(seen)} ranks answered)", host=primary.name, command=r.command, output_tail=r.tail(),
+                       hint="the tail says which rank failed; `kit exec HOST -- nvidia-smi` shows a host's GPUs")
+    return cuda_summary(seen, {n.address: n.name for n in nodes})
+
+
+def cuda_summary(ranks: list[AllreduceRank], host_of: dict[str, str]) -> dict[str, str]:
+    """host -> `N GPUs: model (driver D, CUDA C, NCCL N)` from the ranks' own reports. Pure."""
+    by_host: dict[str, list[AllreduceRank]] = {}
+    for a in ranks:
+        by_host.setdefault(a.fact("host"), []).append(a)
+    return {host_of.get(host, host): (f"{len(found)} GPU{'s' if len(found) > 1 else ''}: "
+                                      f"{found[0].fact('gpu').replace('_', ' ')} (driver {found[0].fact('driver')}, "
+                                      f"CUDA {found[0].fact('cuda')}, NCCL {found[0].fact('nccl')}): CUDA allreduce "
+                                      "through NCCL ✓")
+            for host, found in by_host.items()}
 
 
 def check_framework(primary: Node, flavor: str) -> None:
