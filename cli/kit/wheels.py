@@ -178,8 +178,9 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             # Files of the groups this one is resolved along with are already there: pip skips them.
             along = [f for g in files.values() for f in g] if group.along else []
             scratch = root / ".along" if along else dest
-            if along:
-                scratch.mkdir(exist_ok=True)
+            if along:  # anew for each group: only the files of the groups below, none of another's run
+                _remove_tree(scratch)
+                scratch.mkdir()
                 for f in along:
                     _link(f, scratch / f.name)
             before = set(scratch.iterdir())

@@ -181,3 +181,28 @@ def test_the_cuda_128_torch_missing_from_a_plain_index_says_where_it_is(offline,
                        env={"PATH": "/usr/bin:/bin"})
     assert "torch==2.14.1+cu128" in e.value.output_tail
     assert "https://download.pytorch.org/whl/cu128" in e.value.hint and "build.wheelhouse" in e.value.hint
+
+
+def test_every_stage_resolved_along_with_torch_gets_only_its_own_files(tmp_path):
+    """build and user are both resolved along with torch's group: each run sees torch's files, keeps its own.
+    pip itself is replaced here by what it does with --dest: writes the files it lacks."""
+    made = {"torch==2.13.0+cpu": ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                                  "cloudpickle-3.1.2-py3-none-any.whl"],
+            "setuptools": ["setuptools-80.0.0-py3-none-any.whl"], "horovod==0.28.1": ["horovod-0.28.1.tar.gz"],
+            "six": ["six-1.17.0-py2.py3-none-any.whl"]}
+
+    def pip(argv, **kwargs):
+        dest = Path(argv[argv.index("--dest") + 1])
+        for requirement, files in made.items():
+            if requirement in argv:
+                for name in files:
+                    if not (dest / name).exists():
+                        (dest / name).write_text(requirement)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    found = wheels.resolve(config(pip_packages=("six",)), TARGET, PipSettings({}), tmp_path / "out",
+                           env={"PATH": "/usr/bin:/bin"}, run=pip)
+    assert {k: sorted(f.name for f in v) for k, v in found.files.items()} == {
+        "torch": sorted(made["torch==2.13.0+cpu"]), "build": made["setuptools"], "horovod": made["horovod==0.28.1"],
+        "user": made["six"]}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["build", "horovod", "torch", "user"]
