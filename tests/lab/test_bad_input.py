@@ -55,9 +55,9 @@ CASES = [
     (f"{H1}\n", None, ["--workspace", "/srv/../etc"], r"--workspace: '/srv/\.\./etc' is not an absolute path", "absolute"),
     (f"{H1}\n", "cluster:\n  storage: tape\n", [], r"kit\.yaml:2: cluster\.storage: 'tape' is not allowed", "sshfs"),
     (f"{H1}\n", "cluster:\n  nfs_server: nas:/export/kit\n", [], r"kit\.yaml:2: cluster\.nfs_server: is only read with "
-     r"storage: nfs", "server:/path"),
+     r"storage: nfs", "server:/absolute/path"),
     (f"{H1}\n", "cluster:\n  nfs_server: nas export\n  storage: nfs\n", [], r"kit\.yaml:2: cluster\.nfs_server: "
-     r"'nas export' is not server:/path", "server:/path"),
+     r"'nas export' is not server:/path", "server:/absolute/path"),
     (f"{H1}\n", "cluster:\n  name: -lab\n", [], r"kit\.yaml:2: cluster\.name: '-lab' is not a cluster name", "lower-case"),
     (f"{H1}\n{H2} slots=2 slots=3\n", None, [], r"hosts\.txt:2: ", "slots=N"),
     (f"{H1}\n".encode("ascii") + b"gpu-\xe9\n", None, [], r"hosts\.txt:2: the hosts file is not UTF-8 text "
