@@ -224,7 +224,7 @@ def check_gpus(client: docker.DockerClient, tag: str, gpus: int, nvidia_runtime:
     finally:
         box.remove(force=True)
     for seen, how in ((horovod, "horovod"), (ddp, "ddp")):
-        _check_allreduce(seen, "horovod", gpus, tag, command=cuda_allreduce_argv(how, gpus))
+        _check_allreduce(seen, how, gpus, tag, command=cuda_allreduce_argv(how, gpus))
     return GpuCheck(True, horovod=tuple(horovod), ddp=tuple(ddp))
 
 
@@ -241,7 +241,8 @@ def _check_allreduce(ranks_seen: list[AllreduceRank], kind: str, ranks: int, tag
     wrong = [r for r in ranks_seen if not r.ok or r.size != ranks]
     if len(ranks_seen) != ranks or wrong:
         got = ", ".join(f"rank {r.rank}: {r.total:g} (expected {r.expected:g})" for r in ranks_seen) or "no rank"
-        what = "Horovod" if kind == "horovod" else "TensorFlow's MultiWorkerMirroredStrategy"
+        what = {"horovod": "Horovod", "ddp": "torch.distributed (nccl backend)"}.get(
+            kind, "TensorFlow's MultiWorkerMirroredStrategy")
         raise VerifyFailed(f"image {tag}: the {ranks}-process allreduce is wrong ({got})",
                            command=shlex.join(command or allreduce_argv(kind, ranks)),
                            hint=f"the image's {what} cannot allreduce; rebuild with --verbose and read the failing step")

@@ -99,3 +99,23 @@ def test_the_hosts_report_their_gpus_driver_cuda_and_nccl():
                     "NCCL ✓",
         "gpu-2": "1 GPU: NVIDIA H100 80GB HBM3 (driver 580.65.06, CUDA 13.0, NCCL 2.30.7): CUDA allreduce through "
                  "NCCL ✓"}
+
+
+def test_a_ddp_rank_that_sums_wrong_is_named_as_torch_distributeds():
+    class Box:
+        def exec_run(self, argv):
+            wrong = "torchrun" in argv
+            return 0, (CUDA_RANKS.replace("sum=3 expected=3 ok", "sum=1 expected=3 WRONG", 1) if wrong
+                       else CUDA_RANKS).encode()
+
+        def remove(self, force):
+            pass
+
+    class Client:
+        class containers:
+            @staticmethod
+            def run(tag, argv, **kw):
+                return Box()
+    with pytest.raises(VerifyFailed) as e:
+        check_gpus(Client(), "kit-horovod:gpu-0", gpus=2, nvidia_runtime=True)
+    assert "torch.distributed (nccl backend) cannot allreduce" in e.value.hint and "--ddp" in e.value.command
