@@ -615,7 +615,13 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
         console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
                       f"copied {sum(synced.sent.values())} changed files of {folder}")
         outcome = jobs.run(job, nodes, on_line)
-        spread = jobs.spread_outputs(nodes, state, synced.manifests)
+        try:
+            spread = jobs.spread_outputs(nodes, state, synced.manifests)
+        except KitError as e:
+            if outcome.exit_code == 0:
+                raise
+            spread = 0  # the job's own failure, said below, comes first; a host that went away has nothing to give
+            console.print(f"[yellow]note[/] what the failed job wrote was not copied between the hosts: {escape(str(e))}")
         if spread:
             console.print(f"copied {spread} files the job wrote to every host's {state.workspace}")
     finally:

@@ -86,7 +86,7 @@ def test_a_hostile_job_writes_nothing_outside_the_workspace(project, lab, tmp_pa
     (tmp_path / "job" / "hostile.py").write_text((JOBS / "hostile.py").read_text())
     with lab_cluster(lab, tmp_path, name, "--hosts", "hosts.txt"):
         before = {h.name: digests(h, ssh_dir) for h in lab.hosts}
-        assert all(len(d) == 6 for d in before.values()), before
+        assert all(len(d) == 7 for d in before.values()), before  # keys, known_hosts, address...
         r = run_kit("run", "job/hostile.py", "--np", "3", "--", ssh_dir, cwd=tmp_path, env=lab.env, timeout=600)
         assert "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
         assert r.stdout.count("planted its part") == 3, r.stdout[-3000:] + r.stderr[-3000:]
