@@ -67,10 +67,14 @@ def test_with_gpus_the_check_allreduces_cuda_tensors_and_names_what_it_ran_on():
                           "allreduced through NCCL")
 
 
-def test_a_gpu_rank_that_sums_wrong_fails_the_check():
+WRONG_RANKS = CUDA_RANKS.replace("sum=3 expected=3 ok", "sum=1 expected=3 WRONG", 1)
+
+
+def client_replying(reply):
+    """A Docker client whose throwaway container answers each command (argv) with reply(argv)."""
     class Box:
         def exec_run(self, argv):
-            return 0, CUDA_RANKS.replace("sum=3 expected=3 ok", "sum=1 expected=3 WRONG", 1).encode()
+            return 0, reply(argv).encode()
 
         def remove(self, force):
             pass
@@ -80,8 +84,12 @@ def test_a_gpu_rank_that_sums_wrong_fails_the_check():
             @staticmethod
             def run(tag, argv, **kw):
                 return Box()
+    return Client()
+
+
+def test_a_gpu_rank_that_sums_wrong_fails_the_check():
     with pytest.raises(VerifyFailed, match="the 2-process allreduce is wrong"):
-        check_gpus(Client(), "kit-horovod:gpu-0", gpus=2, nvidia_runtime=True)
+        check_gpus(client_replying(lambda argv: WRONG_RANKS), "kit-horovod:gpu-0", gpus=2, nvidia_runtime=True)
 
 
 def test_what_the_image_is_built_for_is_checked_against_the_chosen_line():
@@ -102,20 +110,7 @@ def test_the_hosts_report_their_gpus_driver_cuda_and_nccl():
 
 
 def test_a_ddp_rank_that_sums_wrong_is_named_as_torch_distributeds():
-    class Box:
-        def exec_run(self, argv):
-            wrong = "torchrun" in argv
-            return 0, (CUDA_RANKS.replace("sum=3 expected=3 ok", "sum=1 expected=3 WRONG", 1) if wrong
-                       else CUDA_RANKS).encode()
-
-        def remove(self, force):
-            pass
-
-    class Client:
-        class containers:
-            @staticmethod
-            def run(tag, argv, **kw):
-                return Box()
+    ddp_wrong = client_replying(lambda argv: WRONG_RANKS if "torchrun" in argv else CUDA_RANKS)
     with pytest.raises(VerifyFailed) as e:
-        check_gpus(Client(), "kit-horovod:gpu-0", gpus=2, nvidia_runtime=True)
+        check_gpus(ddp_wrong, "kit-horovod:gpu-0", gpus=2, nvidia_runtime=True)
     assert "torch.distributed (nccl backend) cannot allreduce" in e.value.hint and "--ddp" in e.value.command
