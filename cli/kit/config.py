@@ -73,9 +73,7 @@ class CudaLine:
     """One CUDA line of torch's builds, and where the compile pieces of the same CUDA come from as wheels."""
 
     torch_index_url: str        # torch's own index of the line
-    wheel_tag: str              # the nvidia-* wheels' suffix: cu12, cu13
     compiler: tuple[str, ...]   # what Horovod's build adds to torch's CUDA: nvcc, crt, nvvm, CCCL's headers
-    archs: str                  # the GPUs it builds for, in words (torch's arch list, checked in the image)
     # The local version (torch==X+cu128) kit asks for where PyPI's torch is another line's: then only the line's
     # own index (or a mirror, or a wheelhouse) has it, and a missing one is named at once, not after the build.
     # None for the line of PyPI's torch itself, which pip may take from the index or from pip's own sources.
@@ -85,11 +83,9 @@ class CudaLine:
 # The CUDA lines kit builds for. 13.0: Turing to Blackwell (sm_75..sm_120), the CUDA of PyPI's torch 2.14;
 # 12.8: Volta to Blackwell, from PyTorch's cu128 index. Each runs on a driver of its CUDA major or newer.
 CUDA_LINES: dict[str, CudaLine] = {
-    "13.0": CudaLine("https://download.pytorch.org/whl/cu130", "cu13", ("cuda-toolkit[nvcc,cccl]",),
-                     "Turing, Ampere, Ada, Hopper and Blackwell (sm_75 to sm_120)"),
-    "12.8": CudaLine("https://download.pytorch.org/whl/cu128", "cu12",
-                     ("nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"),
-                     "Volta to Blackwell (sm_70 to sm_120)", torch_local="cu128"),
+    "13.0": CudaLine("https://download.pytorch.org/whl/cu130", ("cuda-toolkit[nvcc,cccl]",)),
+    "12.8": CudaLine("https://download.pytorch.org/whl/cu128",
+                     ("nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"), torch_local="cu128"),
 }
 
 
