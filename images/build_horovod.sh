@@ -15,6 +15,7 @@
 # - Horovod's servers listen on every interface, on any port: they listen on the
 #   host's cluster address, on a port of its ephemeral range (see below).
 # - horovodrun imports distutils, which Python 3.12 removed: shutil.which instead.
+# - Built as Release (setup.py says RelWithDebInfo): no debug info, a quicker build, a smaller wheel.
 # With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_CUDA_HOME, the CUDA compiler and
 # NCCL are the venv's wheels of torch's own CUDA (one CUDA in the image, not two).
 #   usage: build_horovod.sh ARCHIVE OUTPUT_DIR
@@ -158,5 +159,8 @@ if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ]; then
     echo "build_horovod.sh: CUDA $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') from $HOROVOD_CUDA_HOME," \
          "NCCL from ${HOROVOD_NCCL_HOME:-the CUDA toolkit}"
 fi
+# Release, not setup.py's RelWithDebInfo: the same -O3 code without debug info. Measured on 2 cores for the cpu
+# flavor: 209 s instead of 290 s, and a 1.1 MB wheel instead of 18.6 MB.
+sed -i "s/ else 'RelWithDebInfo'$/ else 'Release'/" "$src/setup.py"
 python -m pip wheel --no-cache-dir --no-index --no-deps --no-build-isolation -w "$out" "$src"
 rm -rf "$work"

@@ -67,6 +67,14 @@ def test_final_image_has_no_compiler_and_no_wheelhouse(built):
     assert r.stdout.split() == ["allreduce_check.py", "entrypoint.sh"], r.stdout
 
 
+def test_horovods_libraries_are_built_as_release_without_debug_info(built):
+    r = docker_run(tag_of(built.stdout), "-c", "import glob, horovod, os; libs = glob.glob(os.path.dirname("
+                   "horovod.__file__) + '/**/*.so', recursive=True); print(len(libs), sum(b'.debug_info' in "
+                   "open(f, 'rb').read() for f in libs))", entrypoint="python")
+    found, with_debug_info = map(int, r.stdout.split())
+    assert found >= 1 and with_debug_info == 0, r.stdout + r.stderr
+
+
 def test_container_sshd_config_is_valid_and_refuses_to_start_without_keys(built):
     tag = tag_of(built.stdout)
     r = docker_run(tag)  # default command: sshd, but no keys were mounted
