@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shlex
 import subprocess
@@ -29,11 +30,11 @@ from kit.cluster import (HostStatus, Up, down as down_cluster, recorded_nodes, s
                          what_may_remain)
 from kit.config import (CONTENTS, FLAVORS, ClusterConfig, ConfigFile, build_config, cluster_config, framework,
                         read_config)
-from kit import jobs
+from kit import jobenv, jobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
-from kit.commands.horovod import (HorovodOptions, Slot, check_np, common_interfaces, exit_report, rank_command,
-                                  split_rank)
+from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_np, common_interfaces, exit_report,
+                                  rank_command, split_rank)
 from kit.errors import BadInput, KitError
 from kit.identity import Identity, state_root
 from kit.inventory import read_hosts
@@ -550,6 +551,10 @@ def run(
     timeline: Optional[str] = typer.Option(None, help="Write a Horovod timeline to this file (in the workspace)."),
     verbose_horovod: bool = typer.Option(False, help="horovodrun --verbose."),
     start_timeout: int = typer.Option(60, help="Seconds for every rank to start."),
+    env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="A variable for every rank: NAME=VALUE, or "
+                                            "NAME for this shell's value (repeatable)."),
+    env_file: Optional[List[Path]] = typer.Option(None, help="Variables for every rank from a file of NAME=VALUE "
+                                                  "lines (docker's format; repeatable; -e wins)."),
 ) -> None:
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
     if launcher not in LAUNCHERS:
@@ -567,12 +572,14 @@ def run(
         raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                        else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
                        hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
+    variables = jobenv.parse(env or [], env_file or [], launcher, os.environ)
+    if fp16_allreduce:
+        variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))
     with _locked(name, config) as (cfg, identity, state):  # no up or down changes the cluster under the job
         state = _need_state(cfg, identity, state)
         _check_launcher(launcher, state)
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
-        _run_job(cfg, state, script, args or [], np, workdir, options,
-                 (("KIT_FP16_ALLREDUCE", "1"),) if fp16_allreduce else (), _job_printer(launcher), launcher,
+        _run_job(cfg, state, script, args or [], np, workdir, options, variables, _job_printer(launcher), launcher,
                  nproc_per_node)
 
 
@@ -607,13 +614,15 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                       "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
     try:
-        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node, env) \
+        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node) \
             if launcher != "horovod" else ((), ())
         job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
                        tuple(rank_cmd), options, env, launcher, fanout, placed)
         synced = jobs.sync_workspace(nodes, folder, state)
         console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
                       f"copied {sum(synced.sent.values())} changed files of {folder}")
+        if env:
+            console.print(f"environment: {escape(jobenv.shown(env))}", highlight=False)
         outcome = jobs.run(job, nodes, on_line)
         try:
             spread = jobs.spread_outputs(nodes, state, synced.manifests)
@@ -627,6 +636,10 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
     finally:
         for n in nodes:
             n.runner.close()
+    if outcome.env_kept:
+        console.print(f"[yellow]note[/] the job's variables may remain in the container on "
+                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job.id}): kit could not remove them; "
+                      "`kit down` removes the containers")
     if outcome.leftovers:
         console.print("stopped what was left of the job: " +
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
@@ -762,7 +775,7 @@ def logs(
     (node,) = recorded_nodes([primary], _connect(cfg.connect_timeout))
     try:
         jobs_dir = primary.place.jobs_dir
-        job = job or node.runner.run(f"ls -1t {shlex.quote(jobs_dir)} 2>/dev/null | head -n 1").stdout.strip()
+        job = jobs.check_job_id(job) if job else node.runner.run(f"ls -1t {shlex.quote(jobs_dir)} 2>/dev/null | head -n 1").stdout.strip()
         folder = f"{jobs_dir}/{job}"
         if not job or not node.runner.run(f"test -f {shlex.quote(folder)}/output.log").ok:
             raise BadInput(f"no job {job or ''} on {primary.name}".replace("  ", " "),
@@ -780,6 +793,79 @@ def logs(
         node.runner.stream_out(command(exec_argv(primary.place.container, ["sh", "-c", tail])), show)
     finally:
         node.runner.close()
+
+
+@app.command("jobs")
+@reports_errors
+def jobs_(
+    as_json: bool = typer.Option(False, "--json", help="One JSON object a job."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost."""
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    (node,) = recorded_nodes([state.primary], _connect(cfg.connect_timeout))
+    try:
+        records = jobs.read_records(node)
+    finally:
+        node.runner.close()
+    now = time.time()
+    rows = [dict(id=r.id, launcher=r.launcher, np=len(r.hosts), hosts=sorted(set(r.hosts)), state=r.state,
+                 started=r.started, seconds=r.seconds(now), exit=r.exit_code, environment=r.environment)
+            for r in records]
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    if not rows:
+        console.print(f"no jobs on cluster {state.cluster} yet: `kit run train.py` starts one")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("job", "launcher", "np", "hosts", "state", "started", "duration", "exit"):
+        table.add_column(column)
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
+        table.add_row(row["id"], row["launcher"], str(row["np"]), " ".join(row["hosts"]), row["state"], started,
+                      _duration(row["seconds"]), "" if row["exit"] is None else str(row["exit"]))
+    console.print(table)
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "?"
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+@app.command()
+@reports_errors
+def stop(
+    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
+    jobs.check_job_id(job)
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        if record.state not in ("running", "stopping"):
+            console.print(f"job {job} is not running ({record.state}); nothing to stop")
+            return
+        done = jobs.stop(nodes, record)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
+    how = "its launcher stopped its ranks" if done.ended_by_itself else \
+        f"its launcher did not end within {jobs.STOP_WAIT_S} s"
+    console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
+                  + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
 
 
 def main() -> None:

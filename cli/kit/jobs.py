@@ -10,6 +10,8 @@ With copy storage, what the ranks wrote in the workspace is then copied to every
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import shlex
 import time
@@ -17,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kit import state as st
+from kit import jobenv, state as st
 from kit.commands.docker import command, exec_argv
-from kit.commands.horovod import (Failures, HorovodOptions, Slot, common_interfaces, exit_report, horovodrun_argv,
-                                  placement, split_rank)
+from kit.commands.horovod import (ENV_DIR, Failures, HorovodOptions, Slot, common_interfaces, exit_report,
+                                  horovodrun_argv, placement, split_rank)
 from kit.commands.launchers import (FREE_PORT, TORCHRUN_PREFIX, NodeCommand, fanout_script, tf_config, torch_ranks,
                                     torchrun_argv)
-from kit.errors import KitError
+from kit.errors import BadInput, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
@@ -62,23 +64,43 @@ class Job:
                                self.options)
 
     def launch(self) -> str:
-        """In the primary's container: keep the launcher's pid and the output; exit as horovodrun exits."""
+        """In the primary's container: keep the launcher's pid, the output and the job's record (start, end,
+        exit); exit as the launcher exits."""
         d = shlex.quote(self.folder)
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
         run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
                          else self.argv())
+        # tee -p: the log goes on when kit's stream is gone (a closed laptop), and so does the job
         inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
-                 f"cd {shlex.quote(self.state.workspace)} && "
-                 f"(echo $BASHPID > {d}/pid; exec {run}) 2>&1 | tee {d}/output.log")
+                 f"date +%s > {d}/started; cd {shlex.quote(self.state.workspace)} && "
+                 f"(echo $BASHPID > {d}/pid; exec {run}) 2>&1 | tee -p {d}/output.log; "
+                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit; exit $code")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
-        env = [arg for k, v in (("KIT_JOB", self.id), gloo, *self.env) for arg in ("-e", f"{k}={v}")]
+        env = [arg for k, v in (("KIT_JOB", self.id), gloo) for arg in ("-e", f"{k}={v}")]
         return command(["docker", "exec", *env, self.state.primary.place.container, "bash", "-c", inner])
 
-    def interrupt(self) -> str:
+    def env_path(self) -> str:
+        return f"{ENV_DIR}/{self.id}"
+
+    def write_env(self, container: str) -> tuple[str, bytes]:
+        """(command, its stdin): the job's variables into a host's container, for its ranks alone to read."""
+        return (command(["docker", "exec", "-i", container, "sh", "-c",
+                         f"umask 077 && mkdir -p {ENV_DIR} && cat > {self.env_path()}"]), jobenv.env_file(self.env))
+
+    def record_env(self) -> str:
+        """What kit showed of the variables (secret-looking values hidden), kept in the job's record."""
+        d = shlex.quote(self.folder)
         return command(["docker", "exec", self.state.primary.place.container, "sh", "-c",
-                        f"kill -INT $(cat {shlex.quote(self.folder)}/pid) 2>/dev/null; true"])
+                        f"mkdir -p {d} && printf '%s\\n' {shlex.quote(jobenv.shown(self.env))} > {d}/environment"])
+
+    def forget_env(self, container: str) -> str:
+        """The values leave a host when the job ends: only what kit showed of them stays, in the record."""
+        return command(["docker", "exec", container, "rm", "-f", self.env_path()])
+
+    def interrupt(self) -> str:
+        return interrupt_command(self.state.primary.place.container, self.folder)
 
 
 def free_port(node: Node) -> int:
@@ -87,24 +109,23 @@ def free_port(node: Node) -> int:
 
 
 def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
-           nproc: int | None, env: tuple[tuple[str, str], ...]) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
+           nproc: int | None) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
     """torchrun or tf: each host's command, and the host of each rank. Ports are picked free on the hosts
     now (torchrun: the c10d store's on the primary; tf: one per worker). nodes[0] and slots[0] are the
     primary's; slots are in the state's host order."""
     hosts = state.hosts
-    extra = tuple(f"{k}={v}" for k, v in env)
     if launcher == "torchrun":
         port, addresses = free_port(nodes[0]), {h.name: h.address for h in hosts}
         commands = []
         for i, (h, slot) in enumerate(zip(hosts, slots)):
             nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
-                "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}", *extra,
+                "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
                 *torchrun_argv(len(hosts), nproc or slot.slots, i, hosts[0].address, port, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
     ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
     workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
-    commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *extra, *rank_cmd), i)
+    commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
 
@@ -133,6 +154,7 @@ class Outcome:
     exit_code: int
     failure: tuple[int, int] | None          # (rank, exit code) that failed first
     leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
+    env_kept: list[str] = field(default_factory=list)        # hosts whose container may still hold the variables
 
 
 @dataclass
@@ -167,9 +189,16 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
     return sum(fan_out("copying what the job wrote", list(plan), one))
 
 
-def reap(nodes: list[Node], job: Job) -> dict[str, int]:
+def _forget(node: Node, job: Job) -> bool:
+    try:
+        return node.runner.run(job.forget_env(node.place.container), timeout=60).ok
+    except Exception:  # noqa: BLE001 - a host that went away: said after the job, never hiding its outcome
+        return False
+
+
+def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     def one(n: Node) -> int:
-        r = n.runner.run(reap_command(n.place.container, job.id), timeout=60)
+        r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
         return int(r.stdout.strip() or 0) if r.ok else 0
     counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
     return {n.name: c for n, c in zip(nodes, counts) if c}
@@ -187,13 +216,22 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
             on_line(rank, ranks[rank].host if rank is not None and rank < len(ranks) else None, text)
 
     primary = nodes[0]
+    if job.env:
+        def give(n: Node) -> None:
+            write, values = job.write_env(n.place.container)
+            n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
+        fan_out("giving the job its variables", nodes, give, lambda n: n.name)
+        primary.runner.run(job.record_env(), timeout=60).check("cannot write the job's record")
     try:
         code = primary.runner.stream_out(job.launch(), handle)
     except KeyboardInterrupt:
         primary.runner.run(job.interrupt(), timeout=STOP_WAIT_S)
-        leftovers = reap(nodes, job)
+        leftovers = reap(nodes, job.id)
         raise Interrupted(job, leftovers) from None
-    return Outcome(code, failures.first(), reap(nodes, job))
+    finally:
+        kept = [n.name for n, ok in zip(nodes, fan_out("removing the job's variables", nodes if job.env else [],
+                                                          lambda n: _forget(n, job))) if not ok]
+    return Outcome(code, failures.first(), reap(nodes, job.id), kept)
 
 
 class Interrupted(KitError):
@@ -203,3 +241,125 @@ class Interrupted(KitError):
         stopped = ", ".join(f"{n} on {h}" for h, n in leftovers.items()) or "none left"
         super().__init__(f"interrupted: job {job.id} was stopped on every host (processes kit stopped: {stopped})",
                          hint=f"`kit logs {job.id}` shows its output")
+
+
+# ---------------------------------------------------------------- the jobs of a cluster, as their folders record them
+
+JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
+STATES = ("running", "stopping", "succeeded", "failed", "stopped", "lost")
+
+
+def interrupt_command(container: str, folder: str) -> str:
+    """The job marked as stopped by its user, and SIGINT to its launcher (horovodrun, or the fanout script),
+    which stops its ranks as for Ctrl-C."""
+    d = shlex.quote(folder)
+    return command(["docker", "exec", container, "sh", "-c",
+                    f"date +%s > {d}/stopped; kill -INT $(cat {d}/pid) 2>/dev/null; true"])
+
+
+# Runs in the primary's container (the job's own realm: what a rank wrote there is read there, as text, with no
+# link followed): one JSON line a job folder.
+RECORDS_SCRIPT = r"""
+import json, os, sys
+root = sys.argv[1]
+def read(folder, name):
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(4096).decode("utf-8", "replace").strip()
+for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    folder = os.path.join(root, name)
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        continue
+    pid = read(folder, "pid") or ""
+    record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment")}
+    record.update(id=name, stopped=read(folder, "stopped") is not None,
+                  alive=pid.isdigit() and os.path.exists("/proc/" + pid))
+    print(json.dumps(record))
+"""
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and re.fullmatch(r"-?\d{1,12}", text) else None
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a job's folder on the primary says of it."""
+
+    id: str
+    launcher: str
+    hosts: tuple[str, ...]   # the host of each rank
+    started: int | None      # epoch seconds
+    ended: int | None
+    exit_code: int | None
+    stopped: bool            # kit stop (or Ctrl-C) asked it to stop
+    alive: bool              # its launcher's process is there
+    environment: str = ""    # what kit showed of its variables
+
+    @classmethod
+    def parse(cls, line: str) -> "Record":
+        raw = json.loads(line)
+        return cls(raw["id"], raw.get("launcher") or "horovod", tuple((raw.get("ranks") or "").split()),
+                   _int(raw.get("started")), _int(raw.get("ended")), _int(raw.get("exit")), bool(raw.get("stopped")),
+                   bool(raw.get("alive")), raw.get("environment") or "")
+
+    @property
+    def state(self) -> str:
+        """running -> (stopping ->) succeeded | failed | stopped; lost when neither the launcher nor its end is
+        there (its container was removed or restarted under it)."""
+        if self.exit_code is not None:
+            if self.stopped:
+                return "stopped"
+            return "succeeded" if self.exit_code == 0 else "failed"
+        if self.alive:
+            return "stopping" if self.stopped else "running"
+        return "lost"
+
+    def seconds(self, now: float) -> int | None:
+        if self.started is None:
+            return None
+        return int((self.ended if self.ended is not None else now) - self.started)
+
+
+def records_command(container: str, jobs_dir: str) -> str:
+    return command(exec_argv(container, ["python", "-c", RECORDS_SCRIPT, jobs_dir]))
+
+
+def read_records(primary: Node) -> list[Record]:
+    """Every job of the cluster, oldest first."""
+    r = primary.runner.run(records_command(primary.place.container, primary.place.jobs_dir), timeout=60)
+    r.check(f"cannot read the jobs of {primary.name}")
+    found = [Record.parse(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
+
+
+def check_job_id(job: str) -> str:
+    if not JOB_ID.fullmatch(job):
+        raise BadInput(f"'{job}' is not a job id", hint="`kit jobs` lists them, e.g. 20261123-194512-ab12")
+    return job
+
+
+@dataclass
+class Stopped:
+    record: Record
+    ended_by_itself: bool                 # the launcher ended on SIGINT within the bound
+    killed: dict[str, int]                # host -> processes kit had to kill
+
+
+def stop(nodes: list[Node], record: Record, wait: float = STOP_WAIT_S) -> Stopped:
+    """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then, whatever is
+    left of it on any host, killed. nodes[0] is the primary."""
+    primary = nodes[0]
+    folder = f"{primary.place.jobs_dir}/{record.id}"
+    container = primary.place.container
+    primary.runner.run(interrupt_command(container, folder), timeout=60).check(f"cannot stop job {record.id}")
+    gone = command(exec_argv(container, ["sh", "-c",
+                                         f"pid=$(cat {shlex.quote(folder)}/pid 2>/dev/null); "
+                                         f"for i in $(seq {int(wait * 4)}); do "
+                                         "[ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null || exit 0; sleep 0.25; done; "
+                                         "exit 1"]))
+    ended = primary.runner.run(gone, timeout=wait + 60).ok
+    return Stopped(record, ended, reap(nodes, record.id))

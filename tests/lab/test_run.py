@@ -1,6 +1,8 @@
 """`kit run`, `kit logs`, `kit exec` on three lab hosts: horovodrun and torchrun on a cluster of the CPU image,
 TensorFlow workers on a cluster of the tf-cpu image brought up from the same hosts.txt."""
 
+import hashlib
+import json
 import re
 import signal
 import subprocess
@@ -117,6 +119,31 @@ def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(request, lab, la
     assert job_processes(lab, "allreduce_loop") == {}
 
 
+@pytest.mark.parametrize("launcher", LAUNCHES)
+def test_every_rank_gets_the_jobs_variables_and_no_secret_value_is_shown_or_kept(request, lab, launcher, tmp_path):
+    project = cluster_for(request, launcher)
+    env_file = tmp_path / "f.env"
+    env_file.write_text("# the tracker's key\nWANDB_API_KEY=s3cr3t-42\nSPACED= a  'b' $HOME\nOMP_NUM_THREADS=8\n")
+    r = kit(project, lab, "run", str(JOBS / "print_env.py"), *LAUNCHES[launcher][0], "-e", "NCCL_DEBUG=INFO",
+            "-e", "OMP_NUM_THREADS=2", "-e", "EMPTY=", "--env-file", str(env_file), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    printed = re.findall(r"^\[(\S+) rank (\d)\] env (.*)$", r.stdout, re.M)
+    assert sorted((rank, host) for host, rank, _ in printed) == [(str(i), h.address) for i, h in enumerate(lab.hosts)]
+    want = {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "2", "SPACED": " a  'b' $HOME", "EMPTY": "",
+            "key_sha256": hashlib.sha256(b"s3cr3t-42").hexdigest()}
+    assert all(json.loads(values) == want for _, _, values in printed), printed
+    shown = "WANDB_API_KEY=(hidden), SPACED= a  'b' $HOME, OMP_NUM_THREADS=2, NCCL_DEBUG=INFO, EMPTY="
+    assert f"environment: {shown}" in r.stdout
+    assert "s3cr3t-42" not in r.stdout + r.stderr
+    # The job's record keeps what was shown; the values left the primary with the job.
+    job = re.search(r"^job (\S+):", r.stdout, re.M)[1]
+    cluster = "tf" if launcher == "tf" else "lab"
+    folder = f"/var/lib/kit/{cluster}/jobs/{job}"
+    record = lab.hosts[0].docker("exec", f"kit-{cluster}", "sh", "-c", f"ls {folder}; cat {folder}/environment")
+    *files, kept = record.stdout.splitlines()
+    assert "environment" in files and "env" not in files and kept == shown, record.stdout
+
+
 def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:
     run_options, job_options = LAUNCHES[launcher]
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", LOOP, *run_options, "--", *job_options,
@@ -149,6 +176,59 @@ def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster
     finally:
         proc.kill()
         h2.docker("start", "kit-lab")
+
+
+def last_job(project, lab) -> dict:
+    listed = kit(project, lab, "jobs", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return json.loads(listed.stdout.splitlines()[-1])
+
+
+def test_a_job_outlives_a_killed_kit_and_kit_stop_ends_it_on_every_host(project, lab, cluster):
+    proc = start_loop(project, lab)
+    proc.kill()  # SIGKILL: the way a closed laptop or a dropped VPN ends kit's SSH session
+    proc.communicate(timeout=30)
+    time.sleep(3)
+    assert len(job_processes(lab, "allreduce_loop")) == 3  # the job goes on without kit
+    job = last_job(project, lab)
+    assert (job["state"], job["launcher"], job["np"], job["exit"]) == ("running", "horovod", 3, None), job
+    table = kit(project, lab, "jobs")
+    assert re.search(rf"^{job['id']}\s+horovod\s+3\s+.*running", table.stdout, re.M), table.stdout
+
+    started = time.monotonic()
+    stopped = kit(project, lab, "stop", job["id"], timeout=120)
+    elapsed = time.monotonic() - started
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"job {job['id']} stopped on every host" in stopped.stdout
+    assert elapsed < 30 and job_processes(lab, "allreduce_loop") == {}, (elapsed, stopped.stdout)
+    after = last_job(project, lab)
+    assert (after["id"], after["state"]) == (job["id"], "stopped") and after["exit"] is not None, after
+    again = kit(project, lab, "stop", job["id"])
+    assert again.returncode == 0 and f"job {job['id']} is not running (stopped)" in again.stdout
+
+
+def test_a_job_whose_kit_was_killed_finishes_and_is_recorded_as_succeeded(project, lab, cluster):
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", str(REPO / "examples" / "cifar10_cnn_horovod.py"),
+                             "--np", "3", "--", "--epochs", "2", "--samples", "768",
+                             "--checkpoint", "checkpoints/outlived.pt"],
+                            cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline = [], time.monotonic() + 120
+    while not any(re.search(r"rank \d/3", line) for line in seen):  # the ranks have started
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+        seen.append(line)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 300
+    while (job := last_job(project, lab))["state"] == "running":
+        assert time.monotonic() < deadline, job
+        time.sleep(2)
+    assert (job["state"], job["exit"]) == ("succeeded", 0), job
+    assert lab.hosts[0].run_in("test", "-s", "/var/lib/kit/lab/workspace/checkpoints/outlived.pt",
+                               check=False).returncode == 0
+    log = kit(project, lab, "logs", job["id"])
+    assert "epoch 2: loss" in log.stdout and "saved checkpoint" in log.stdout, log.stdout[-2000:]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHES)

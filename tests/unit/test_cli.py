@@ -85,7 +85,14 @@ def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
                  "fix: drop --fusion-threshold-mb, --timeline, or run the job with --launcher horovod"],
              ("--launcher", "tf", "--nproc-per-node", "2"): [
                  "error: --nproc-per-node: 2 is not for --launcher tf",
-                 "fix: use it with --launcher torchrun, from 1 to 256 (default: each host's slots)"]}
+                 "fix: use it with --launcher torchrun, from 1 to 256 (default: each host's slots)"],
+             ("-e", "NCCL_DEBUG=INFO", "-e", "2FAST=1"): [
+                 "error: -e 2FAST: '2FAST' is not a variable name",
+                 "fix: use letters, digits and _, not starting with a digit: NAME=VALUE"],
+             ("--env-file", "job.env"): [
+                 "error: job.env:2: KIT_JOB is kit's to set (kit finds the job's processes by it)",
+                 "fix: drop KIT_JOB from the job's environment"]}
+    (in_tmp / "job.env").write_text("OMP_NUM_THREADS=2\nKIT_JOB=mine\n")
     for options, lines in cases.items():
         r = kit("run", *options, "train.py", cwd=in_tmp)
         assert (r.returncode, r.stderr.splitlines()) == (2, lines), options

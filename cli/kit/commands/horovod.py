@@ -17,14 +17,26 @@ VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connectio
                 "Connection reset by peer")
 
 
-# Runs the script as `python script.py` would, and says when and how it ended: at the moment it
-# raises or exits, before atexit handlers such as Horovod's shutdown (which lets the other ranks
-# fail first). horovodrun learns of exits over SSH, late and out of order, so its own account
-# cannot say which rank failed first.
-RANK_LAUNCHER = f"""\
-import os, runpy, sys, time
+# The job's own variables (`kit run -e`), one JSON object a job, written by kit into every host's container
+# before the job starts and removed when it ends: a rank reads them from there, so their values are on no
+# command line (horovodrun passes its environment to other hosts on ssh's).
+ENV_DIR = "/run/kit/env"
+
+
+# Runs the script as `python script.py` would, with the job's variables, and says when and how it ended: at the
+# moment it raises or exits, before atexit handlers such as Horovod's shutdown (which lets the other ranks fail
+# first). horovodrun learns of exits over SSH, late and out of order, so its own account cannot say which rank
+# failed first.
+def rank_launcher(env_dir: str = ENV_DIR) -> str:
+    return f"""\
+import json, os, runpy, sys, time
 def report(code):
     print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
+try:
+    with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
+        os.environ.update(json.load(f))
+except (FileNotFoundError, IsADirectoryError):
+    pass
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 try:
@@ -37,6 +49,9 @@ except BaseException:
     raise
 report(0)
 """
+
+
+RANK_LAUNCHER = rank_launcher()
 
 
 def rank_command(script: str, args: list[str]) -> list[str]:

@@ -1,0 +1,107 @@
+"""`kit jobs` and `kit stop`: what a job's folder records, the state kit reads from it, and the reader that runs
+in the primary's container (run here on a folder of the same files)."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from kit import jobs
+from kit.errors import BadInput
+from kit.jobs import RECORDS_SCRIPT, Record
+
+
+def record(**kw) -> Record:
+    base = dict(id="20261123-194512-ab12", launcher="horovod", hosts=("a", "b"), started=100, ended=None,
+                exit_code=None, stopped=False, alive=True)
+    return Record(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw, state", [
+    (dict(), "running"),
+    (dict(stopped=True), "stopping"),
+    (dict(alive=False, ended=160, exit_code=0), "succeeded"),
+    (dict(alive=False, ended=160, exit_code=3), "failed"),
+    (dict(alive=False, ended=160, exit_code=130, stopped=True), "stopped"),
+    (dict(alive=False, ended=160, exit_code=0, stopped=True), "stopped"),  # asked to stop as it ended
+    (dict(alive=False), "lost"),                                            # no launcher, no end: container gone
+    (dict(alive=False, stopped=True), "lost"),
+])
+def test_the_state_of_a_job(kw, state):
+    assert record(**kw).state == state and state in jobs.STATES
+
+
+def test_duration_runs_until_the_end():
+    assert record().seconds(now=190.5) == 90
+    assert record(ended=130, exit_code=0, alive=False).seconds(now=999) == 30
+    assert record(started=None).seconds(now=999) is None
+
+
+def run_reader(root) -> list[Record]:
+    r = subprocess.run([sys.executable, "-c", RECORDS_SCRIPT, str(root)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return [Record.parse(line) for line in r.stdout.splitlines()]
+
+
+def write(folder, **files):
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
+def test_the_reader_gives_each_folders_record(tmp_path):
+    write(tmp_path / "20261123-100000-aaaa", launcher="torchrun\n", ranks="a a b\n", started="100\n", ended="160\n",
+          exit="0\n", pid="999999999\n", environment="NCCL_DEBUG=INFO, HF_TOKEN=(hidden)\n")
+    write(tmp_path / "20261123-110000-bbbb", launcher="horovod\n", ranks="a b\n", started="200\n",
+          pid=f"{os.getpid()}\n")  # a live process: this test's
+    write(tmp_path / "20261123-120000-cccc", ranks="a\n", started="300\n", pid="999999999\n", stopped="310\n")
+    done, running, lost = run_reader(tmp_path)
+    assert (done.id, done.launcher, done.hosts, done.state, done.seconds(0), done.environment) == \
+           ("20261123-100000-aaaa", "torchrun", ("a", "a", "b"), "succeeded", 60, "NCCL_DEBUG=INFO, HF_TOKEN=(hidden)")
+    assert (running.state, running.hosts) == ("running", ("a", "b"))
+    assert (lost.state, lost.launcher) == ("lost", "horovod")  # no launcher file: an older kit's job, horovodrun
+
+
+def test_the_reader_follows_no_link_and_survives_what_a_rank_wrote(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0\n")
+    write(tmp_path / "jobs" / "20261123-100000-aaaa", started="not a number", exit="1e9", ranks="x" * 10000)
+    os.symlink(secret, tmp_path / "jobs" / "20261123-100000-aaaa" / "ended")
+    os.symlink(tmp_path, tmp_path / "jobs" / "20261123-110000-link")
+    (one,) = run_reader(tmp_path / "jobs")
+    assert (one.started, one.ended, one.exit_code, len(one.hosts[0])) == (None, None, None, 4096)
+    assert run_reader(tmp_path / "none") == []
+
+
+def test_a_job_id_is_checked_before_it_reaches_a_path():
+    assert jobs.check_job_id("20261123-194512-ab12") == "20261123-194512-ab12"
+    for bad in ("../../etc", "20261123-194512-ab12/..", "x", ""):
+        with pytest.raises(BadInput, match="is not a job id"):
+            jobs.check_job_id(bad)
+    assert jobs.JOB_ID.fullmatch(jobs.new_job_id())
+
+
+def test_the_launch_records_start_end_and_exit_and_keeps_logging_without_kit(tmp_path):
+    """The launch's shell, run here with a stand-in launcher: its record, and tee going on when the stream that
+    carried the output to kit is gone."""
+    from test_jobenv import job
+    inner = shlex.split(job(()).launch().split(" bash -c ", 1)[1])[0]
+    assert "exec horovodrun " in inner
+    script = re.sub(r"exec horovodrun [^)]*\)", "exec sh -c 'echo one; sleep 1; echo two; exit 3')", inner)
+    folder = tmp_path / "jobs"
+    script = script.replace("/var/lib/kit/lab/jobs/j1", str(folder)).replace("cd /w", f"cd {tmp_path}")
+    # the reader of the stream goes away at once (head -c0): the job goes on, and its log is whole
+    r = subprocess.run(f"bash -c {shlex.quote(script)} | head -c 0", shell=True, timeout=30,
+                       capture_output=True, text=True, executable="/bin/bash")
+    assert (folder / "output.log").read_text() == "one\ntwo\n", r.stderr
+    assert (folder / "exit").read_text() == "3\n"
+    assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
+
+
+def test_stopping_marks_the_job_then_interrupts_its_launcher():
+    cmd = jobs.interrupt_command("kit-lab", "/var/lib/kit/lab/jobs/j1")
+    assert cmd.startswith("docker exec kit-lab sh -c ")
+    assert "date +%s > /var/lib/kit/lab/jobs/j1/stopped; kill -INT $(cat /var/lib/kit/lab/jobs/j1/pid)" in cmd

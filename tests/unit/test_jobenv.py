@@ -1,0 +1,110 @@
+"""`kit run -e/--env-file`: the variables a job's ranks get, what is refused, what is shown, and how each rank
+reads them (the rank launcher, run here with the file kit writes into every container)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kit import jobenv
+from kit.commands.horovod import Slot, rank_launcher
+from kit.errors import BadInput
+from kit.jobs import Job
+from kit.place import Place
+from kit.state import ClusterState, HostState
+
+
+def parse(flags=(), files=(), launcher="horovod", environ=None):
+    return dict(jobenv.parse(list(flags), list(files), launcher, environ or {}))
+
+
+def test_flags_give_values_or_take_this_shells():
+    assert parse(["NCCL_DEBUG=INFO", "EMPTY=", "WITH_EQ=a=b", "HOME_DIR"], environ={"HOME_DIR": "/home/u"}) == \
+           {"NCCL_DEBUG": "INFO", "EMPTY": "", "WITH_EQ": "a=b", "HOME_DIR": "/home/u"}
+
+
+def test_files_are_read_in_order_and_flags_win(tmp_path):
+    one, two = tmp_path / "one.env", tmp_path / "two.env"
+    one.write_text("# comment\n\nOMP_NUM_THREADS=4\nA=from one\n  B=  spaced value \n")
+    two.write_text("A=from two\nTOKEN\n")
+    assert parse(["OMP_NUM_THREADS=2"], [one, two], environ={"TOKEN": "t0k"}) == \
+           {"OMP_NUM_THREADS": "2", "A": "from two", "B": "  spaced value ", "TOKEN": "t0k"}
+
+
+@pytest.mark.parametrize("line, message", [
+    ("1ABC=x", "'1ABC' is not a variable name"),
+    ("A-B=x", "'A-B' is not a variable name"),
+    ("=x", "'' is not a variable name"),
+    ("KIT_JOB=x", "KIT_JOB is kit's to set"),
+    ("PATH=/bin", "PATH is kit's to set"),
+    ("TF_CONFIG={}", "TF_CONFIG is kit's to set"),
+    ("UNSET_HERE", "UNSET_HERE has no value here"),
+])
+def test_a_bad_line_of_a_file_is_named_with_its_line(tmp_path, line, message):
+    f = tmp_path / "job.env"
+    f.write_text(f"GOOD=1\n{line}\n")
+    with pytest.raises(BadInput) as e:
+        parse(files=[f])
+    assert str(e.value).startswith(f"{f}:2: {message}"), str(e.value)
+    with pytest.raises(BadInput) as e:
+        parse([line])
+    assert str(e.value).startswith(f"-e {line.partition('=')[0]}: {message}"), str(e.value)
+
+
+def test_an_unreadable_file_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match=r"missing\.env: cannot read the environment file"):
+        parse(files=[tmp_path / "missing.env"])
+
+
+def test_what_horovodrun_would_not_pass_is_refused_for_horovod_alone():
+    for name in ("CUDA_VISIBLE_DEVICES", "HOROVOD_SECRET_KEY", "OLDPWD"):
+        with pytest.raises(BadInput, match=f"horovodrun does not pass {name} to the ranks on other hosts"):
+            parse([f"{name}=1"])
+        assert parse([f"{name}=1"], launcher="torchrun") == {name: "1"}
+
+
+def test_secret_looking_values_are_hidden_and_others_shown():
+    env = (("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "k"), ("HF_TOKEN", "t"), ("AWS_SECRET_ACCESS_KEY", "s"),
+           ("DB_PASSWORD", "p"), ("MY_PASS", "p"), ("OMP_NUM_THREADS", "2"), ("PASSAGE", "shown"))
+    assert jobenv.shown(env) == ("NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden), HF_TOKEN=(hidden), "
+                                 "AWS_SECRET_ACCESS_KEY=(hidden), DB_PASSWORD=(hidden), MY_PASS=(hidden), "
+                                 "OMP_NUM_THREADS=2, PASSAGE=shown")
+
+
+def test_every_rank_reads_the_jobs_variables_exactly_before_its_script_runs(tmp_path):
+    """The rank launcher (as every launcher starts each rank) with the file kit writes into a container."""
+    env = (("PLAIN", "x"), ("SPACES", " a  b "), ("QUOTES", "it's \"q\" $HOME `id`"), ("LINES", "1\n2"),
+           ("EMPTY", ""), ("OMP_NUM_THREADS", "2"))
+    (tmp_path / "j1").write_bytes(jobenv.env_file(env))
+    (tmp_path / "t.py").write_text("import json, os, sys\nprint(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))\n")
+    names = [k for k, _ in env]
+    for job_id, want in (("j1", dict(env)), ("j2", dict.fromkeys(names)), ("", dict.fromkeys(names))):
+        r = subprocess.run([sys.executable, "-u", "-c", rank_launcher(str(tmp_path)), str(tmp_path / "t.py"), *names],
+                           capture_output=True, text=True, timeout=30,
+                           env={"PATH": os.environ["PATH"], "KIT_JOB": job_id, "OMP_NUM_THREADS": "1"} if job_id else
+                           {"PATH": os.environ["PATH"]})
+        got = json.loads(r.stdout.splitlines()[0])
+        if job_id == "j2":
+            want = {**want, "OMP_NUM_THREADS": "1"}  # no file for this job: the environment as it was
+        assert got == want, (job_id, r.stderr)
+
+
+def job(env, fanout=()):
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, "/w",
+                         hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
+    return Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"), env=env, fanout=fanout)
+
+
+def test_values_go_on_no_command_line_only_into_each_containers_file():
+    j = job((("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "s3cr3t-value")))
+    launch = j.launch()
+    assert "s3cr3t-value" not in launch and "INFO" not in launch
+    write, stdin = j.write_env("kit-lab-2")
+    assert write == "docker exec -i kit-lab-2 sh -c 'umask 077 && mkdir -p /run/kit/env && cat > /run/kit/env/j1'"
+    assert json.loads(stdin) == {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "s3cr3t-value"}
+    record = j.record_env()
+    assert "s3cr3t-value" not in record and "NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)" in record
+    assert record.startswith("docker exec kit-lab sh -c ") and "/var/lib/kit/lab/jobs/j1/environment" in record
+    assert j.forget_env("kit-lab-2") == "docker exec kit-lab-2 rm -f /run/kit/env/j1"
