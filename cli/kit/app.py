@@ -653,7 +653,12 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                           "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
         failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
         raise failed
-    raise KitError(f"job {job.id} failed (horovodrun exit {outcome.exit_code})",
+    if outcome.exit_code == jobs.NOT_STARTED:
+        raise KitError(f"job {job.id} left no exit code on {state.primary.name}: it did not start, or its container "
+                       "was restarted or removed while it ran", hint=f"`kit status` shows the containers; "
+                       f"`kit logs {job.id}` shows what it printed")
+    program = "horovodrun" if job.launcher == "horovod" else job.launcher
+    raise KitError(f"job {job.id} failed ({program} exit {outcome.exit_code})",
                    hint=f"its output is above; `kit logs {job.id}` shows it again")
 
 

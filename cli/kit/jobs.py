@@ -64,22 +64,25 @@ class Job:
                                self.options)
 
     def launch(self) -> str:
-        """In the primary's container: keep the launcher's pid, the output and the job's record (start, end,
-        exit); exit as the launcher exits."""
+        """Start the job in the primary's container, detached from kit's session (`docker exec -d`): a closed
+        laptop or a dropped VPN does not end it. A shell there (the supervisor) keeps the launcher's pid, the
+        output and the job's record (start, end, exit); kit follows the output with follow()."""
         d = shlex.quote(self.folder)
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
         run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
                          else self.argv())
-        # tee -p: the log goes on when kit's stream is gone (a closed laptop), and so does the job
-        inner = (f"set -o pipefail; mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
-                 f"date +%s > {d}/started; cd {shlex.quote(self.state.workspace)} && "
-                 f"(echo $BASHPID > {d}/pid; exec {run}) 2>&1 | tee -p {d}/output.log; "
-                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit; exit $code")
+        inner = (f"mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
+                 f"date +%s > {d}/started; echo $$ > {d}/supervisor; cd {shlex.quote(self.state.workspace)} && "
+                 f"(echo $BASHPID > {d}/pid; exec {run}) > {d}/output.log 2>&1; "
+                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
         env = [arg for k, v in (("KIT_JOB", self.id), gloo) for arg in ("-e", f"{k}={v}")]
-        return command(["docker", "exec", *env, self.state.primary.place.container, "bash", "-c", inner])
+        return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "bash", "-c", inner])
+
+    def follow(self) -> str:
+        return follow_command(self.state.primary.place.container, self.folder)
 
     def env_path(self) -> str:
         return f"{ENV_DIR}/{self.id}"
@@ -222,8 +225,9 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
             n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
         fan_out("giving the job its variables", nodes, give, lambda n: n.name)
         primary.runner.run(job.record_env(), timeout=60).check("cannot write the job's record")
+    primary.runner.run(job.launch(), timeout=60).check(f"cannot start job {job.id} on {primary.name}")
     try:
-        code = primary.runner.stream_out(job.launch(), handle)
+        code = primary.runner.stream_out(job.follow(), handle)
     except KeyboardInterrupt:
         primary.runner.run(job.interrupt(), timeout=STOP_WAIT_S)
         leftovers = reap(nodes, job.id)
@@ -247,6 +251,20 @@ class Interrupted(KitError):
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 STATES = ("running", "stopping", "succeeded", "failed", "stopped", "lost")
+
+
+NOT_STARTED = 125  # follow_command's exit when the job's supervisor never came, or left no exit code
+
+
+def follow_command(container: str, folder: str) -> str:
+    """The job's output from its start while it runs (in the primary's container); exits with the job's exit code.
+    Ctrl-C or a dropped session ends the following, never the job."""
+    d = shlex.quote(folder)
+    return command(exec_argv(container, ["sh", "-c",
+        f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
+        f"[ -s {d}/supervisor ] || {{ echo 'kit: the job did not start' >&2; exit {NOT_STARTED}; }}; "
+        f"tail -n +1 -F --pid=$(cat {d}/supervisor) {d}/output.log 2>/dev/null; "
+        f"[ -s {d}/exit ] && exit $(cat {d}/exit); exit {NOT_STARTED}"]))
 
 
 def interrupt_command(container: str, folder: str) -> str:

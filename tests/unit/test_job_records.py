@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -84,21 +85,42 @@ def test_a_job_id_is_checked_before_it_reaches_a_path():
     assert jobs.JOB_ID.fullmatch(jobs.new_job_id())
 
 
-def test_the_launch_records_start_end_and_exit_and_keeps_logging_without_kit(tmp_path):
-    """The launch's shell, run here with a stand-in launcher: its record, and tee going on when the stream that
-    carried the output to kit is gone."""
+def inner(cmd: str, folder, workspace) -> str:
+    """The shell command that a `docker exec ... sh|bash -c X` runs, with the job's folder and workspace here."""
+    script = shlex.split(cmd)[-1]
+    return script.replace("/var/lib/kit/lab/jobs/j1", str(folder)).replace("cd /w", f"cd {workspace}")
+
+
+def test_the_supervisor_records_the_job_and_kit_follows_it_to_its_exit_code(tmp_path):
+    """The launch's shell (its launcher replaced by a stand-in) started apart from kit, as `docker exec -d` does,
+    and the follower run beside it: every line from the start, then the job's exit code. A follower that goes
+    away ends nothing."""
     from test_jobenv import job
-    inner = shlex.split(job(()).launch().split(" bash -c ", 1)[1])[0]
-    assert "exec horovodrun " in inner
-    script = re.sub(r"exec horovodrun [^)]*\)", "exec sh -c 'echo one; sleep 1; echo two; exit 3')", inner)
+    j = job(())
+    assert j.launch().startswith("docker exec -d ")
+    supervisor = re.sub(r"exec horovodrun [^)]*\)", "exec sh -c 'echo one; sleep 1; echo two; exit 3')",
+                        inner(j.launch(), tmp_path / "jobs", tmp_path))
+    started = subprocess.Popen(["bash", "-c", supervisor], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    reaped = threading.Thread(target=started.wait)  # reaped at once, as the container's runtime reaps it
+    reaped.start()
+    quitter = subprocess.run(f"sh -c {shlex.quote(inner(j.follow(), tmp_path / 'jobs', tmp_path))} | head -c 0",
+                             shell=True, timeout=30)  # its reader gone at once, as when kit is killed
+    follow = subprocess.run(["sh", "-c", inner(j.follow(), tmp_path / "jobs", tmp_path)], capture_output=True,
+                            text=True, timeout=30)
+    reaped.join(timeout=30)
+    assert started.returncode == 0 and quitter is not None
+    assert (follow.returncode, follow.stdout) == (3, "one\ntwo\n"), follow.stderr
     folder = tmp_path / "jobs"
-    script = script.replace("/var/lib/kit/lab/jobs/j1", str(folder)).replace("cd /w", f"cd {tmp_path}")
-    # the reader of the stream goes away at once (head -c0): the job goes on, and its log is whole
-    r = subprocess.run(f"bash -c {shlex.quote(script)} | head -c 0", shell=True, timeout=30,
-                       capture_output=True, text=True, executable="/bin/bash")
-    assert (folder / "output.log").read_text() == "one\ntwo\n", r.stderr
-    assert (folder / "exit").read_text() == "3\n"
+    assert (folder / "output.log").read_text() == "one\ntwo\n" and (folder / "exit").read_text() == "3\n"
     assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
+    assert (folder / "pid").read_text().strip().isdigit() and (folder / "supervisor").read_text().strip().isdigit()
+
+
+def test_following_a_job_that_never_started_ends_with_its_own_code(tmp_path):
+    from test_jobenv import job
+    r = subprocess.run(["sh", "-c", inner(job(()).follow(), tmp_path / "jobs", tmp_path)], capture_output=True,
+                       text=True, timeout=60)
+    assert (r.returncode, r.stderr.strip()) == (jobs.NOT_STARTED, "kit: the job did not start")
 
 
 def test_stopping_marks_the_job_then_interrupts_its_launcher():
