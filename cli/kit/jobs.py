@@ -251,8 +251,6 @@ class Interrupted(KitError):
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 STATES = ("running", "stopping", "succeeded", "failed", "stopped", "lost")
-
-
 NOT_STARTED = 125  # follow_command's exit when the job's supervisor never came, or left no exit code
 
 
@@ -291,7 +289,7 @@ for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     folder = os.path.join(root, name)
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
-    pid = read(folder, "pid") or ""
+    pid = read(folder, "supervisor") or read(folder, "pid") or ""  # the shell that writes the end; an older kit's
     record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment")}
     record.update(id=name, stopped=read(folder, "stopped") is not None,
                   alive=pid.isdigit() and os.path.exists("/proc/" + pid))
@@ -314,7 +312,7 @@ class Record:
     ended: int | None
     exit_code: int | None
     stopped: bool            # kit stop (or Ctrl-C) asked it to stop
-    alive: bool              # its launcher's process is there
+    alive: bool              # its supervisor (the shell that records its end) is there
     environment: str = ""    # what kit showed of its variables
 
     @classmethod
@@ -350,7 +348,8 @@ def read_records(primary: Node) -> list[Record]:
     """Every job of the cluster, oldest first."""
     r = primary.runner.run(records_command(primary.place.container, primary.place.jobs_dir), timeout=60)
     r.check(f"cannot read the jobs of {primary.name}")
-    found = [Record.parse(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    found = [rec for line in r.stdout.splitlines() if line.startswith("{")
+             if JOB_ID.fullmatch((rec := Record.parse(line)).id)]  # kit's jobs, not what else is in the folder
     return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
 
 

@@ -57,7 +57,7 @@ def test_the_reader_gives_each_folders_record(tmp_path):
     write(tmp_path / "20261123-100000-aaaa", launcher="torchrun\n", ranks="a a b\n", started="100\n", ended="160\n",
           exit="0\n", pid="999999999\n", environment="NCCL_DEBUG=INFO, HF_TOKEN=(hidden)\n")
     write(tmp_path / "20261123-110000-bbbb", launcher="horovod\n", ranks="a b\n", started="200\n",
-          pid=f"{os.getpid()}\n")  # a live process: this test's
+          pid="999999999\n", supervisor=f"{os.getpid()}\n")  # a live supervisor: this test
     write(tmp_path / "20261123-120000-cccc", ranks="a\n", started="300\n", pid="999999999\n", stopped="310\n")
     done, running, lost = run_reader(tmp_path)
     assert (done.id, done.launcher, done.hosts, done.state, done.seconds(0), done.environment) == \
