@@ -638,7 +638,7 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
             n.runner.close()
     if outcome.env_kept:
         console.print(f"[yellow]note[/] the job's variables may remain in the container on "
-                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job.id}): kit could not remove them; "
+                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job.id}): it could not be reached to remove them; "
                       "`kit down` removes the containers")
     if outcome.leftovers:
         console.print("stopped what was left of the job: " +

@@ -74,12 +74,24 @@ class Job:
         inner = (f"mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
                  f"date +%s > {d}/started; echo $$ > {d}/supervisor; cd {shlex.quote(self.state.workspace)} && "
                  f"(echo $BASHPID > {d}/pid; exec {run}) > {d}/output.log 2>&1; "
-                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit")
+                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit{self._tidy_env()}")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
         env = [arg for k, v in (("KIT_JOB", self.id), gloo) for arg in ("-e", f"{k}={v}")]
         return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "bash", "-c", inner])
+
+    def _tidy_env(self) -> str:
+        """The supervisor's last step: the job's variables removed from every host's container (over the cluster
+        SSH, bounded), also when no kit waits for the job any more; a host where that failed goes in env_kept."""
+        if not self.env:
+            return ""
+        d = shlex.quote(self.folder)
+        rm = shlex.quote(shlex.join(["rm", "-f", self.env_path()]))
+        others = [h.address for h in self.state.hosts if not h.primary]
+        return ("; " + "".join(f"(ssh -n -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(a)} {rm} "
+                               f"|| echo {shlex.quote(a)} >> {d}/env_kept) & " for a in others)
+                + f"rm -f {self.env_path()}; wait")
 
     def follow(self) -> str:
         return follow_command(self.state.primary.place.container, self.folder)
@@ -98,9 +110,10 @@ class Job:
         return command(["docker", "exec", self.state.primary.place.container, "sh", "-c",
                         f"mkdir -p {d} && printf '%s\\n' {shlex.quote(jobenv.shown(self.env))} > {d}/environment"])
 
-    def forget_env(self, container: str) -> str:
-        """The values leave a host when the job ends: only what kit showed of them stays, in the record."""
-        return command(["docker", "exec", container, "rm", "-f", self.env_path()])
+    def env_kept(self) -> str:
+        """The addresses of the hosts whose container may still hold the job's variables (see _tidy_env)."""
+        return command(exec_argv(self.state.primary.place.container,
+                                 ["sh", "-c", f"cat {shlex.quote(self.folder)}/env_kept 2>/dev/null; true"]))
 
     def interrupt(self) -> str:
         return interrupt_command(self.state.primary.place.container, self.folder)
@@ -157,7 +170,7 @@ class Outcome:
     exit_code: int
     failure: tuple[int, int] | None          # (rank, exit code) that failed first
     leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
-    env_kept: list[str] = field(default_factory=list)        # hosts whose container may still hold the variables
+    env_kept: list[str] = field(default_factory=list)        # addresses whose container may still hold the variables
 
 
 @dataclass
@@ -192,13 +205,6 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
     return sum(fan_out("copying what the job wrote", list(plan), one))
 
 
-def _forget(node: Node, job: Job) -> bool:
-    try:
-        return node.runner.run(job.forget_env(node.place.container), timeout=60).ok
-    except Exception:  # noqa: BLE001 - a host that went away: said after the job, never hiding its outcome
-        return False
-
-
 def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     def one(n: Node) -> int:
         r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
@@ -223,7 +229,15 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
         def give(n: Node) -> None:
             write, values = job.write_env(n.place.container)
             n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
-        fan_out("giving the job its variables", nodes, give, lambda n: n.name)
+        try:
+            fan_out("giving the job its variables", nodes, give, lambda n: n.name)
+        except KitError:  # the job does not start: what reached the other hosts goes again (as far as it can)
+            for n in nodes:
+                try:
+                    n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
+                except Exception:  # noqa: BLE001 - the host that failed above; its failure is the one to say
+                    pass
+            raise
         primary.runner.run(job.record_env(), timeout=60).check("cannot write the job's record")
     primary.runner.run(job.launch(), timeout=60).check(f"cannot start job {job.id} on {primary.name}")
     try:
@@ -232,9 +246,7 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
         primary.runner.run(job.interrupt(), timeout=STOP_WAIT_S)
         leftovers = reap(nodes, job.id)
         raise Interrupted(job, leftovers) from None
-    finally:
-        kept = [n.name for n, ok in zip(nodes, fan_out("removing the job's variables", nodes if job.env else [],
-                                                          lambda n: _forget(n, job))) if not ok]
+    kept = primary.runner.run(job.env_kept(), timeout=60).stdout.split() if job.env else []
     return Outcome(code, failures.first(), reap(nodes, job.id), kept)
 
 

@@ -3,6 +3,7 @@ reads them (the rank launcher, run here with the file kit writes into every cont
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -107,4 +108,23 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
     record = j.record_env()
     assert "s3cr3t-value" not in record and "NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)" in record
     assert record.startswith("docker exec kit-lab sh -c ") and "/var/lib/kit/lab/jobs/j1/environment" in record
-    assert j.forget_env("kit-lab-2") == "docker exec kit-lab-2 rm -f /run/kit/env/j1"
+    assert "/run/kit/env" not in job(()).launch()  # no variables, nothing to tidy
+
+
+def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path):
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, "/w", hosts=[
+        HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True),
+        HostState("b", "10.0.0.2", Place("kit-lab", "/var/lib/kit/lab")),
+        HostState("c", "10.0.0.3", Place("kit-lab", "/var/lib/kit/lab"))])
+    j = Job("j1", state, 3, (), (), ("python", "-u", "t.py"), env=(("A", "1"),))
+    tidy = shlex.split(j.launch().split(" bash -c ", 1)[1])[0].split("echo $code > /var/lib/kit/lab/jobs/j1/exit; ")[1]
+    # run here: `ssh` answers for 10.0.0.2 and fails for 10.0.0.3; rm of the primary's own copy is real
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    (env_dir / "j1").write_text("{}")
+    fake = 'ssh() { for a; do :; done; case "$*" in *10.0.0.3*) return 255;; esac; }\n'
+    script = fake + tidy.replace("/run/kit/env", str(env_dir)).replace("/var/lib/kit/lab/jobs/j1", str(tmp_path))
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert not (env_dir / "j1").exists() and (tmp_path / "env_kept").read_text() == "10.0.0.3\n"
+    assert tidy.count("ssh -n -o BatchMode=yes -o ConnectTimeout=10 ") == 2 and "10.0.0.1" not in tidy
