@@ -572,7 +572,7 @@ def run(
         raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                        else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
                        hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
-    variables = jobenv.parse(env or [], env_file or [], launcher, os.environ)
+    variables = jobenv.parse(env or [], env_file or [], os.environ)
     if fp16_allreduce:
         variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))
     with _locked(name, config) as (cfg, identity, state):  # no up or down changes the cluster under the job
@@ -653,7 +653,7 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                           "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
         failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
         raise failed
-    if outcome.exit_code == jobs.NOT_STARTED:
+    if outcome.exit_code is None:
         raise KitError(f"job {job.id} left no exit code on {state.primary.name}: it did not start, or its container "
                        "was restarted or removed while it ran", hint=f"`kit status` shows the containers; "
                        f"`kit logs {job.id}` shows what it printed")
@@ -779,23 +779,23 @@ def logs(
     primary = state.primary
     (node,) = recorded_nodes([primary], _connect(cfg.connect_timeout))
     try:
-        jobs_dir = primary.place.jobs_dir
-        job = jobs.check_job_id(job) if job else node.runner.run(f"ls -1t {shlex.quote(jobs_dir)} 2>/dev/null | head -n 1").stdout.strip()
-        folder = f"{jobs_dir}/{job}"
-        if not job or not node.runner.run(f"test -f {shlex.quote(folder)}/output.log").ok:
-            raise BadInput(f"no job {job or ''} on {primary.name}".replace("  ", " "),
-                           hint=f"run one with kit run, or name one that `ls` shows in {jobs_dir}")
-        hosts = node.runner.run(f"cat {shlex.quote(folder)}/ranks 2>/dev/null").stdout.split()
-        printer = _job_printer(node.runner.run(f"cat {shlex.quote(folder)}/launcher 2>/dev/null").stdout.strip()
-                               or "horovod")
-        tail = f"tail -n +1 {'-f --pid=$(cat ' + shlex.quote(folder) + '/pid) ' if follow else ''}" \
-               f"{shlex.quote(folder)}/output.log"
+        records = {r.id: r for r in jobs.read_records(node)}
+        job = jobs.check_job_id(job) if job else next(reversed(records), None)
+        if job not in records:
+            raise BadInput(f"no job {job or ''} on cluster {state.cluster}".replace("  ", " "),
+                           hint="run one with kit run; `kit jobs` lists the cluster's jobs")
+        record, folder = records[job], f"{primary.place.jobs_dir}/{job}"
+        printer = _job_printer(record.launcher)
+        follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
+            command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))
 
         def show(line: str) -> None:
+            if line.startswith(jobs.END_MARK):
+                return
             r, text = split_rank(line)
             if (rank is None or r == rank) and exit_report(text) is None:
-                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
-        node.runner.stream_out(command(exec_argv(primary.place.container, ["sh", "-c", tail])), show)
+                printer(r, record.hosts[r] if r is not None and r < len(record.hosts) else None, text)
+        node.runner.stream_out(follower, show)
     finally:
         node.runner.close()
 
@@ -862,7 +862,7 @@ def stop(
         if record.state not in ("running", "stopping"):
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
-        done = jobs.stop(nodes, record)
+        done = jobs.stop(nodes, record.id)
     finally:
         for n in nodes:
             n.runner.close()

@@ -17,44 +17,51 @@ from typing import Mapping
 from kit.errors import BadInput, read_input
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# What kit or the launchers set for each rank: a value from the user would be overwritten, or break the job.
+# What kit or the launchers set for each rank: a value from the user would override it (each rank reads the
+# job's variables after its launcher set its own), or break the job.
 RESERVED = {
-    "KIT_JOB": "kit finds the job's processes by it",
+    "KIT_JOB": "kit finds the job's processes by it", "KIT_SUPERVISOR": "kit finds the job's supervisor by it",
+    "KIT_ENV": "kit tells the ranks that the job has variables by it",
     "PATH": "the image's venv must come first", "VIRTUAL_ENV": "the image's venv must come first",
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "--start-timeout sets it",
     "TF_CONFIG": "kit writes each worker's from the cluster",
-    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "kit reads each line's rank from it",
-    "RANK": "the launcher numbers the ranks", "LOCAL_RANK": "the launcher numbers the ranks",
-    "WORLD_SIZE": "the launcher numbers the ranks", "MASTER_ADDR": "kit places the rendezvous",
-    "MASTER_PORT": "kit places the rendezvous",
+    "GLOO_SOCKET_IFNAME": "kit picks each host's interface by the cluster's subnet",
+    "MASTER_ADDR": "kit places the rendezvous", "MASTER_PORT": "kit places the rendezvous",
 }
-# horovodrun does not pass these to the ranks it starts (horovod/runner/common/util/env.py: IGNORE_REGEXES).
-HOROVOD_IGNORED = re.compile(r"BASH_FUNC_.*|OLDPWD|.*CUDA_VISIBLE_DEVICES|HOROVOD_SECRET_KEY")
-# Hiding a harmless value costs nothing; showing a key costs a lot: any name with one of these in it.
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|PWD|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(^|_)PASS(_|$)", re.IGNORECASE)
+LAUNCHER_SET = re.compile(r"HOROVOD_(RANK|SIZE|LOCAL_.*|CROSS_.*|HOSTNAME|GLOO_.*|CONTROLLER|CPU_OPERATIONS|"
+                          r"SECRET_KEY)|RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|"
+                          r"ROLE_.*|TORCHELASTIC_.*|TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# Read when the interpreter or the loader starts, before a rank can read the job's variables: they would not act.
+AT_START = re.compile(r"PYTHON.*|LD_.*")
+# Hiding a harmless value costs nothing; showing a key costs a lot: any name with one of these in it, and any value
+# that is a URL with a password in it.
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|PWD|CRED|AUTH|PRIVATE|COOKIE|SESSION|DSN|(^|_)(PASS|PAT)(_|$)",
+                    re.IGNORECASE)
+URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^/@\s]*@")
 HIDDEN = "(hidden)"
 
 
-def looks_secret(name: str) -> bool:
-    return bool(SECRET.search(name))
+def looks_secret(name: str, value: str = "") -> bool:
+    return bool(SECRET.search(name) or URL_PASSWORD.search(value))
 
 
-def _check_name(name: str, where: str, launcher: str) -> None:
+def _check_name(name: str, where: str) -> None:
     if not NAME.fullmatch(name):
         raise BadInput(f"{where}: '{name}' is not a variable name",
                        hint="use letters, digits and _, not starting with a digit: NAME=VALUE")
-    if name in RESERVED:
-        raise BadInput(f"{where}: {name} is kit's to set ({RESERVED[name]})", hint=f"drop {name} from the job's "
-                       "environment" + ("; use --start-timeout" if name == "HOROVOD_GLOO_TIMEOUT_SECONDS" else ""))
-    if launcher == "horovod" and HOROVOD_IGNORED.fullmatch(name):
-        raise BadInput(f"{where}: horovodrun does not pass {name} to the ranks on other hosts",
-                       hint="Horovod gives each rank its GPU by local rank; drop it" if "CUDA_VISIBLE_DEVICES" in name
-                       else f"drop {name}, or run the job with --launcher torchrun")
+    if name in RESERVED or LAUNCHER_SET.fullmatch(name):
+        why = RESERVED.get(name, "the launcher sets it for each rank")
+        raise BadInput(f"{where}: {name} is kit's to set ({why})", hint=f"drop {name} from the job's environment"
+                       + ("; use --start-timeout" if name == "HOROVOD_GLOO_TIMEOUT_SECONDS" else ""))
+    if AT_START.fullmatch(name):
+        raise BadInput(f"{where}: {name} acts when a rank's interpreter starts, before the job's variables are read",
+                       hint="set it in the script (sys.path, os.environ before imports) or build it into the image "
+                            "(kit.yaml build.pip/apt)")
 
 
-def _one(text: str, where: str, launcher: str, environ: Mapping[str, str]) -> tuple[str, str]:
+def _one(text: str, where: str, environ: Mapping[str, str]) -> tuple[str, str]:
     name, eq, value = text.partition("=")
-    _check_name(name, where, launcher)
+    _check_name(name, where)
     if not eq:
         if name not in environ:
             raise BadInput(f"{where}: {name} has no value here (it is not set in this shell)",
@@ -65,25 +72,25 @@ def _one(text: str, where: str, launcher: str, environ: Mapping[str, str]) -> tu
     return name, value
 
 
-def parse(flags: list[str], files: list[Path], launcher: str,
-          environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+def parse(flags: list[str], files: list[Path], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """The job's variables: the files' in order, then the flags' (a later one wins, as with docker run)."""
     found: dict[str, str] = {}
     for path in files:
         text = read_input(path, "environment file", "give a file of NAME=VALUE lines (docker's --env-file format)")
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(text.split("\n"), 1):  # lines end at \n alone, as in docker's format
+            line = line.removesuffix("\r")
             if line.strip() and not line.lstrip().startswith("#"):
-                name, value = _one(line.lstrip(), f"{path}:{number}", launcher, environ)
+                name, value = _one(line.lstrip(), f"{path}:{number}", environ)
                 found[name] = value
     for flag in flags:
-        name, value = _one(flag, f"-e {flag.partition('=')[0]}", launcher, environ)
+        name, value = _one(flag, f"-e {flag.partition('=')[0]}", environ)
         found[name] = value
     return tuple(found.items())
 
 
 def shown(env: tuple[tuple[str, str], ...]) -> str:
     """NAME=VALUE, ..., with the value of every secret-looking name hidden: for the terminal and the record."""
-    return ", ".join(f"{k}={HIDDEN if looks_secret(k) else v}" for k, v in env)
+    return ", ".join(f"{k}={HIDDEN if looks_secret(k, v) else v}" for k, v in env)
 
 
 def env_file(env: tuple[tuple[str, str], ...]) -> bytes:

@@ -71,14 +71,18 @@ class Job:
         ranks = shlex.quote(" ".join(s.host for s in self.ranks))
         run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
                          else self.argv())
+        # The supervisor carries KIT_SUPERVISOR=<id>, the launcher and all below it KIT_JOB=<id>: stopping what is
+        # left of the job (reap) never takes the supervisor, which records the end.
         inner = (f"mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
                  f"date +%s > {d}/started; echo $$ > {d}/supervisor; cd {shlex.quote(self.state.workspace)} && "
-                 f"(echo $BASHPID > {d}/pid; exec {run}) > {d}/output.log 2>&1; "
+                 f"(export KIT_JOB={self.id}; echo $BASHPID > {d}/pid; exec {run}) > {d}/output.log 2>&1; "
                  f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit{self._tidy_env()}")
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
-        gloo = ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))
-        env = [arg for k, v in (("KIT_JOB", self.id), gloo) for arg in ("-e", f"{k}={v}")]
+        variables = [("KIT_SUPERVISOR", self.id), ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))]
+        if self.env:
+            variables.append(("KIT_ENV", "1"))  # each rank must find the job's variables
+        env = [arg for k, v in variables for arg in ("-e", f"{k}={v}")]
         return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "bash", "-c", inner])
 
     def _tidy_env(self) -> str:
@@ -94,7 +98,7 @@ class Job:
                 + f"rm -f {self.env_path()}; wait")
 
     def follow(self) -> str:
-        return follow_command(self.state.primary.place.container, self.folder)
+        return follow_command(self.state.primary.place.container, self.folder, self.id)
 
     def env_path(self) -> str:
         return f"{ENV_DIR}/{self.id}"
@@ -104,19 +108,18 @@ class Job:
         return (command(["docker", "exec", "-i", container, "sh", "-c",
                          f"umask 077 && mkdir -p {ENV_DIR} && cat > {self.env_path()}"]), jobenv.env_file(self.env))
 
-    def record_env(self) -> str:
-        """What kit showed of the variables (secret-looking values hidden), kept in the job's record."""
+    def record_env(self) -> tuple[str, bytes]:
+        """(command, its stdin): what kit showed of the variables (secret-looking values hidden), kept in the job's
+        record; on stdin, as no value belongs on a command line."""
         d = shlex.quote(self.folder)
-        return command(["docker", "exec", self.state.primary.place.container, "sh", "-c",
-                        f"mkdir -p {d} && printf '%s\\n' {shlex.quote(jobenv.shown(self.env))} > {d}/environment"])
+        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
+                         f"mkdir -p {d} && cat > {d}/environment"]), (jobenv.shown(self.env) + "\n").encode())
 
     def env_kept(self) -> str:
         """The addresses of the hosts whose container may still hold the job's variables (see _tidy_env)."""
         return command(exec_argv(self.state.primary.place.container,
                                  ["sh", "-c", f"cat {shlex.quote(self.folder)}/env_kept 2>/dev/null; true"]))
 
-    def interrupt(self) -> str:
-        return interrupt_command(self.state.primary.place.container, self.folder)
 
 
 def free_port(node: Node) -> int:
@@ -167,7 +170,7 @@ def reap_command(container: str, job_id: str) -> str:
 
 @dataclass
 class Outcome:
-    exit_code: int
+    exit_code: int | None                    # None: the job left none (it never started, or its container went)
     failure: tuple[int, int] | None          # (rank, exit code) that failed first
     leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
     env_kept: list[str] = field(default_factory=list)        # addresses whose container may still hold the variables
@@ -217,8 +220,11 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
     """Run the job, handing each line to on_line(rank, host of the rank, text). nodes[0] is the primary."""
     ranks = job.ranks
     failures = Failures()
+    ended = End()
 
     def handle(line: str) -> None:
+        if ended.feed(line):
+            return
         rank, text = split_rank(line)
         failures.feed(rank, text)
         if rank is None or exit_report(text) is None:
@@ -238,16 +244,15 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
                 except Exception:  # noqa: BLE001 - the host that failed above; its failure is the one to say
                     pass
             raise
-        primary.runner.run(job.record_env(), timeout=60).check("cannot write the job's record")
+        record, shown = job.record_env()
+        primary.runner.run(record, stdin=shown, timeout=60).check("cannot write the job's record")
     primary.runner.run(job.launch(), timeout=60).check(f"cannot start job {job.id} on {primary.name}")
     try:
-        code = primary.runner.stream_out(job.follow(), handle)
+        primary.runner.stream_out(job.follow(), handle)
     except KeyboardInterrupt:
-        primary.runner.run(job.interrupt(), timeout=STOP_WAIT_S)
-        leftovers = reap(nodes, job.id)
-        raise Interrupted(job, leftovers) from None
+        raise Interrupted(job, stop(nodes, job.id).killed) from None
     kept = primary.runner.run(job.env_kept(), timeout=60).stdout.split() if job.env else []
-    return Outcome(code, failures.first(), reap(nodes, job.id), kept)
+    return Outcome(ended.code, failures.first(), reap(nodes, job.id), kept)
 
 
 class Interrupted(KitError):
@@ -263,48 +268,72 @@ class Interrupted(KitError):
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 STATES = ("running", "stopping", "succeeded", "failed", "stopped", "lost")
-NOT_STARTED = 125  # follow_command's exit when the job's supervisor never came, or left no exit code
+END_MARK = "@@kit-job-end"
 
 
-def follow_command(container: str, folder: str) -> str:
-    """The job's output from its start while it runs (in the primary's container); exits with the job's exit code.
-    Ctrl-C or a dropped session ends the following, never the job."""
+@dataclass
+class End:
+    """The follower's last line: the job's exit code, or none when its supervisor never came or left none."""
+
+    code: int | None = None
+
+    def feed(self, line: str) -> bool:
+        if not line.startswith(END_MARK):
+            return False
+        value = line[len(END_MARK):].strip()
+        self.code = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None
+        return True
+
+
+# A pid a job's file names, read as digits only; it is the job's while that process carries the mark.
+_PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0-9]*) return 1;; esac; "
+        "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
+
+
+def follow_command(container: str, folder: str, job_id: str) -> str:
+    """The job's output from its start while it runs (in the primary's container), then END_MARK and its exit code
+    (none when it left none). Ctrl-C or a dropped session ends the following, never the job."""
     d = shlex.quote(folder)
-    return command(exec_argv(container, ["sh", "-c",
+    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
         f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"[ -s {d}/supervisor ] || {{ echo 'kit: the job did not start' >&2; exit {NOT_STARTED}; }}; "
-        f"tail -n +1 -F --pid=$(cat {d}/supervisor) {d}/output.log 2>/dev/null; "
-        f"[ -s {d}/exit ] && exit $(cat {d}/exit); exit {NOT_STARTED}"]))
+        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then tail -n +1 -F --pid=$sup {d}/output.log; "
+        f"else cat {d}/output.log; fi 2>/dev/null; "  # running: to its end; ended (or never started): as it is
+        f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\""]))
 
 
-def interrupt_command(container: str, folder: str) -> str:
+def interrupt_command(container: str, folder: str, job_id: str) -> str:
     """The job marked as stopped by its user, and SIGINT to its launcher (horovodrun, or the fanout script),
-    which stops its ranks as for Ctrl-C."""
+    which stops its ranks as for Ctrl-C; to that process only if it is still the job's."""
     d = shlex.quote(folder)
-    return command(["docker", "exec", container, "sh", "-c",
-                    f"date +%s > {d}/stopped; kill -INT $(cat {d}/pid) 2>/dev/null; true"])
+    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
+        f"date +%s > {d}/stopped; p=$(pid_of pid KIT_JOB={job_id}) && kill -INT $p; true"]))
 
 
 # Runs in the primary's container (the job's own realm: what a rank wrote there is read there, as text, with no
 # link followed): one JSON line a job folder.
 RECORDS_SCRIPT = r"""
-import json, os, sys
+import json, os, stat, sys
 root = sys.argv[1]
 def read(folder, name):
     try:
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
-        return f.read(4096).decode("utf-8", "replace").strip()
+        return f.read(4096).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+def carries(pid, mark):
+    try:
+        with open("/proc/%d/environ" % int(pid), "rb") as f:
+            return mark.encode() in f.read().split(b"\0")
+    except (OSError, ValueError):
+        return False
 for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     folder = os.path.join(root, name)
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
-    pid = read(folder, "supervisor") or read(folder, "pid") or ""  # the shell that writes the end; an older kit's
     record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment")}
     record.update(id=name, stopped=read(folder, "stopped") is not None,
-                  alive=pid.isdigit() and os.path.exists("/proc/" + pid))
+                  alive=carries(read(folder, "supervisor") or "", "KIT_SUPERVISOR=" + name))
     print(json.dumps(record))
 """
 
@@ -324,7 +353,7 @@ class Record:
     ended: int | None
     exit_code: int | None
     stopped: bool            # kit stop (or Ctrl-C) asked it to stop
-    alive: bool              # its supervisor (the shell that records its end) is there
+    alive: bool              # its supervisor (the shell that records its end) is there, and still the job's
     environment: str = ""    # what kit showed of its variables
 
     @classmethod
@@ -336,7 +365,7 @@ class Record:
 
     @property
     def state(self) -> str:
-        """running -> (stopping ->) succeeded | failed | stopped; lost when neither the launcher nor its end is
+        """running -> (stopping ->) succeeded | failed | stopped; lost when neither its supervisor nor its end is
         there (its container was removed or restarted under it)."""
         if self.exit_code is not None:
             if self.stopped:
@@ -344,7 +373,7 @@ class Record:
             return "succeeded" if self.exit_code == 0 else "failed"
         if self.alive:
             return "stopping" if self.stopped else "running"
-        return "lost"
+        return "stopped" if self.stopped else "lost"
 
     def seconds(self, now: float) -> int | None:
         if self.started is None:
@@ -373,22 +402,19 @@ def check_job_id(job: str) -> str:
 
 @dataclass
 class Stopped:
-    record: Record
     ended_by_itself: bool                 # the launcher ended on SIGINT within the bound
     killed: dict[str, int]                # host -> processes kit had to kill
 
 
-def stop(nodes: list[Node], record: Record, wait: float = STOP_WAIT_S) -> Stopped:
-    """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then, whatever is
-    left of it on any host, killed. nodes[0] is the primary."""
+def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
+    """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then whatever is left
+    of it on any host, killed; its supervisor, untouched, records the end. nodes[0] is the primary."""
     primary = nodes[0]
-    folder = f"{primary.place.jobs_dir}/{record.id}"
-    container = primary.place.container
-    primary.runner.run(interrupt_command(container, folder), timeout=60).check(f"cannot stop job {record.id}")
-    gone = command(exec_argv(container, ["sh", "-c",
-                                         f"pid=$(cat {shlex.quote(folder)}/pid 2>/dev/null); "
+    folder, container = f"{primary.place.jobs_dir}/{job_id}", primary.place.container
+    primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
+    d = shlex.quote(folder)
+    gone = command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
                                          f"for i in $(seq {int(wait * 4)}); do "
-                                         "[ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null || exit 0; sleep 0.25; done; "
-                                         "exit 1"]))
+                                         f"pid_of pid KIT_JOB={job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
     ended = primary.runner.run(gone, timeout=wait + 60).ok
-    return Stopped(record, ended, reap(nodes, record.id))
+    return Stopped(ended, reap(nodes, job_id))

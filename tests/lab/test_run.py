@@ -247,6 +247,11 @@ def test_ctrl_c_stops_the_job_on_every_host(request, lab, launcher):
     assert proc.returncode == 130, out[-2000:] + err
     assert "interrupted: job" in err and "stopped on every host" in err
     assert job_processes(lab, "allreduce_loop") == {}
+    project = cluster_for(request, launcher)
+    deadline = time.monotonic() + 30  # its supervisor, never stopped by kit, records the end
+    while (job := last_job(project, lab))["state"] == "stopping" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert (job["state"], job["launcher"]) == ("stopped", launcher) and job["exit"] is not None, job
 
 
 def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(lab, cluster, tf_cluster):

@@ -121,5 +121,7 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
                          hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
     job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
               HorovodOptions(start_timeout=90))
-    assert job.launch().startswith("docker exec -d -e KIT_JOB=j1 -e HOROVOD_GLOO_TIMEOUT_SECONDS=90 kit-lab bash -c ")
+    launch = job.launch()
+    assert launch.startswith("docker exec -d -e KIT_SUPERVISOR=j1 -e HOROVOD_GLOO_TIMEOUT_SECONDS=90 kit-lab bash -c ")
+    assert "(export KIT_JOB=j1; " in launch
     assert job.folder == "/var/lib/kit/lab/jobs/j1"

@@ -29,7 +29,7 @@ def record(**kw) -> Record:
     (dict(alive=False, ended=160, exit_code=130, stopped=True), "stopped"),
     (dict(alive=False, ended=160, exit_code=0, stopped=True), "stopped"),  # asked to stop as it ended
     (dict(alive=False), "lost"),                                            # no launcher, no end: container gone
-    (dict(alive=False, stopped=True), "lost"),
+    (dict(alive=False, stopped=True), "stopped"),                           # stopped before it recorded its end
 ])
 def test_the_state_of_a_job(kw, state):
     assert record(**kw).state == state and state in jobs.STATES
@@ -54,12 +54,16 @@ def write(folder, **files):
 
 
 def test_the_reader_gives_each_folders_record(tmp_path):
+    supervisor = subprocess.Popen(["sleep", "60"], env={"KIT_SUPERVISOR": "20261123-110000-bbbb"})
     write(tmp_path / "20261123-100000-aaaa", launcher="torchrun\n", ranks="a a b\n", started="100\n", ended="160\n",
           exit="0\n", pid="999999999\n", environment="NCCL_DEBUG=INFO, HF_TOKEN=(hidden)\n")
     write(tmp_path / "20261123-110000-bbbb", launcher="horovod\n", ranks="a b\n", started="200\n",
-          pid="999999999\n", supervisor=f"{os.getpid()}\n")  # a live supervisor: this test
-    write(tmp_path / "20261123-120000-cccc", ranks="a\n", started="300\n", pid="999999999\n", stopped="310\n")
-    done, running, lost = run_reader(tmp_path)
+          pid="999999999\n", supervisor=f"{supervisor.pid}\n")  # alive, and carrying its mark
+    write(tmp_path / "20261123-120000-cccc", ranks="a\n", started="300\n", supervisor=f"{os.getpid()}\n")
+    try:  # the last one's supervisor pid is a process, but not the job's (a pid used again after a restart)
+        done, running, lost = run_reader(tmp_path)
+    finally:
+        supervisor.kill()
     assert (done.id, done.launcher, done.hosts, done.state, done.seconds(0), done.environment) == \
            ("20261123-100000-aaaa", "torchrun", ("a", "a", "b"), "succeeded", 60, "NCCL_DEBUG=INFO, HF_TOKEN=(hidden)")
     assert (running.state, running.hosts) == ("running", ("a", "b"))
@@ -72,8 +76,9 @@ def test_the_reader_follows_no_link_and_survives_what_a_rank_wrote(tmp_path):
     write(tmp_path / "jobs" / "20261123-100000-aaaa", started="not a number", exit="1e9", ranks="x" * 10000)
     os.symlink(secret, tmp_path / "jobs" / "20261123-100000-aaaa" / "ended")
     os.symlink(tmp_path, tmp_path / "jobs" / "20261123-110000-link")
+    os.mkfifo(tmp_path / "jobs" / "20261123-100000-aaaa" / "launcher")  # would block a reader that waits on it
     (one,) = run_reader(tmp_path / "jobs")
-    assert (one.started, one.ended, one.exit_code, len(one.hosts[0])) == (None, None, None, 4096)
+    assert (one.started, one.ended, one.exit_code, len(one.hosts[0]), one.launcher) == (None, None, None, 4096, "horovod")
     assert run_reader(tmp_path / "none") == []
 
 
@@ -91,39 +96,71 @@ def inner(cmd: str, folder, workspace) -> str:
     return script.replace("/var/lib/kit/lab/jobs/j1", str(folder)).replace("cd /w", f"cd {workspace}")
 
 
+def run_follow(j, folder, workspace) -> list[str]:
+    r = subprocess.run(["sh", "-c", inner(j.follow(), folder, workspace)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
 def test_the_supervisor_records_the_job_and_kit_follows_it_to_its_exit_code(tmp_path):
-    """The launch's shell (its launcher replaced by a stand-in) started apart from kit, as `docker exec -d` does,
-    and the follower run beside it: every line from the start, then the job's exit code. A follower that goes
-    away ends nothing."""
+    """The launch's shell (its launcher replaced by a stand-in) started apart from kit, with the variables
+    `docker exec -d` gives it, and the follower run beside it: every line from the start, then the job's exit
+    code. A follower that goes away ends nothing."""
     from test_jobenv import job
     j = job(())
-    assert j.launch().startswith("docker exec -d ")
+    assert j.launch().startswith("docker exec -d -e KIT_SUPERVISOR=j1 ")
     supervisor = re.sub(r"exec horovodrun [^)]*\)", "exec sh -c 'echo one; sleep 1; echo two; exit 3')",
                         inner(j.launch(), tmp_path / "jobs", tmp_path))
-    started = subprocess.Popen(["bash", "-c", supervisor], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    started = subprocess.Popen(["bash", "-c", supervisor], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "KIT_SUPERVISOR": "j1"})
     reaped = threading.Thread(target=started.wait)  # reaped at once, as the container's runtime reaps it
     reaped.start()
     quitter = subprocess.run(f"sh -c {shlex.quote(inner(j.follow(), tmp_path / 'jobs', tmp_path))} | head -c 0",
                              shell=True, timeout=30)  # its reader gone at once, as when kit is killed
-    follow = subprocess.run(["sh", "-c", inner(j.follow(), tmp_path / "jobs", tmp_path)], capture_output=True,
-                            text=True, timeout=30)
+    lines = run_follow(j, tmp_path / "jobs", tmp_path)
     reaped.join(timeout=30)
     assert started.returncode == 0 and quitter is not None
-    assert (follow.returncode, follow.stdout) == (3, "one\ntwo\n"), follow.stderr
+    assert lines == ["one", "two", f"{jobs.END_MARK} 3"]
+    end = jobs.End()
+    assert end.feed(lines[-1]) and end.code == 3 and not end.feed("two")
     folder = tmp_path / "jobs"
     assert (folder / "output.log").read_text() == "one\ntwo\n" and (folder / "exit").read_text() == "3\n"
     assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
-    assert (folder / "pid").read_text().strip().isdigit() and (folder / "supervisor").read_text().strip().isdigit()
+    # followed again once it has ended: the whole output at once, and the same code
+    assert run_follow(j, folder, tmp_path) == lines
 
 
-def test_following_a_job_that_never_started_ends_with_its_own_code(tmp_path):
+def test_following_a_job_that_never_started_or_left_no_code_says_so(tmp_path):
     from test_jobenv import job
-    r = subprocess.run(["sh", "-c", inner(job(()).follow(), tmp_path / "jobs", tmp_path)], capture_output=True,
-                       text=True, timeout=60)
-    assert (r.returncode, r.stderr.strip()) == (jobs.NOT_STARTED, "kit: the job did not start")
+    lines = run_follow(job(()), tmp_path / "jobs", tmp_path)
+    end = jobs.End()
+    assert lines == [f"{jobs.END_MARK} "] and end.feed(lines[0]) and end.code is None
+    for junk in ("1 /etc/shadow", "-1", "x"):  # what a rank could write there is never used as a pid or a code
+        (tmp_path / "jobs").mkdir(exist_ok=True)
+        (tmp_path / "jobs" / "supervisor").write_text(junk + "\n")
+        (tmp_path / "jobs" / "exit").write_text(junk + "\n")
+        assert run_follow(job(()), tmp_path / "jobs", tmp_path) == [f"{jobs.END_MARK} {junk}"]
+        assert jobs.End().feed(f"{jobs.END_MARK} {junk}")
 
 
-def test_stopping_marks_the_job_then_interrupts_its_launcher():
-    cmd = jobs.interrupt_command("kit-lab", "/var/lib/kit/lab/jobs/j1")
-    assert cmd.startswith("docker exec kit-lab sh -c ")
-    assert "date +%s > /var/lib/kit/lab/jobs/j1/stopped; kill -INT $(cat /var/lib/kit/lab/jobs/j1/pid)" in cmd
+def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
+    """interrupt_command's shell, run here: SIGINT goes to the pid in the job's file only when that process
+    carries the job's mark; a pid used again by another process (after a container restart), or junk, is left."""
+    folder = tmp_path / "j1"
+    folder.mkdir()
+    script = shlex.split(jobs.interrupt_command("kit-lab", str(folder), "j1"))[-1]
+    assert jobs.interrupt_command("kit-lab", str(folder), "j1").startswith("docker exec kit-lab sh -c ")
+    other = subprocess.Popen(["sleep", "60"])
+    mine = subprocess.Popen(["sleep", "60"], env={"KIT_JOB": "j1"})
+    try:
+        for pid in (str(other.pid), "-1", f"{other.pid} {mine.pid}"):
+            (folder / "pid").write_text(pid + "\n")
+            subprocess.run(["sh", "-c", script], timeout=30, check=True)
+            assert other.poll() is None and mine.poll() is None, pid
+        (folder / "pid").write_text(f"{mine.pid}\n")
+        subprocess.run(["sh", "-c", script], timeout=30, check=True)
+        assert mine.wait(timeout=10) != 0 and other.poll() is None
+        assert (folder / "stopped").read_text().strip().isdigit()
+    finally:
+        other.kill()
+        mine.kill()

@@ -17,8 +17,8 @@ from kit.place import Place
 from kit.state import ClusterState, HostState
 
 
-def parse(flags=(), files=(), launcher="horovod", environ=None):
-    return dict(jobenv.parse(list(flags), list(files), launcher, environ or {}))
+def parse(flags=(), files=(), environ=None):
+    return dict(jobenv.parse(list(flags), list(files), environ or {}))
 
 
 def test_flags_give_values_or_take_this_shells():
@@ -28,10 +28,10 @@ def test_flags_give_values_or_take_this_shells():
 
 def test_files_are_read_in_order_and_flags_win(tmp_path):
     one, two = tmp_path / "one.env", tmp_path / "two.env"
-    one.write_text("# comment\n\nOMP_NUM_THREADS=4\nA=from one\n  B=  spaced value \n")
+    one.write_text("# comment\n\nOMP_NUM_THREADS=4\nA=from one\n  B=  spaced value \r\nC=x\u2028y\x0cz\n")
     two.write_text("A=from two\nTOKEN\n")
     assert parse(["OMP_NUM_THREADS=2"], [one, two], environ={"TOKEN": "t0k"}) == \
-           {"OMP_NUM_THREADS": "2", "A": "from two", "B": "  spaced value ", "TOKEN": "t0k"}
+           {"OMP_NUM_THREADS": "2", "A": "from two", "B": "  spaced value ", "C": "x\u2028y\x0cz", "TOKEN": "t0k"}
 
 
 @pytest.mark.parametrize("line, message", [
@@ -41,6 +41,13 @@ def test_files_are_read_in_order_and_flags_win(tmp_path):
     ("KIT_JOB=x", "KIT_JOB is kit's to set"),
     ("PATH=/bin", "PATH is kit's to set"),
     ("TF_CONFIG={}", "TF_CONFIG is kit's to set"),
+    ("HOROVOD_RANK=0", "HOROVOD_RANK is kit's to set (the launcher sets it for each rank)"),
+    ("HOROVOD_GLOO_RENDEZVOUS_ADDR=x", "HOROVOD_GLOO_RENDEZVOUS_ADDR is kit's to set"),
+    ("LOCAL_WORLD_SIZE=1", "LOCAL_WORLD_SIZE is kit's to set"),
+    ("GLOO_SOCKET_IFNAME=eth1", "GLOO_SOCKET_IFNAME is kit's to set"),
+    ("HOROVOD_SECRET_KEY=x", "HOROVOD_SECRET_KEY is kit's to set"),
+    ("PYTHONPATH=/src", "PYTHONPATH acts when a rank's interpreter starts"),
+    ("LD_PRELOAD=x.so", "LD_PRELOAD acts when a rank's interpreter starts"),
     ("UNSET_HERE", "UNSET_HERE has no value here"),
 ])
 def test_a_bad_line_of_a_file_is_named_with_its_line(tmp_path, line, message):
@@ -59,19 +66,22 @@ def test_an_unreadable_file_is_bad_input(tmp_path):
         parse(files=[tmp_path / "missing.env"])
 
 
-def test_what_horovodrun_would_not_pass_is_refused_for_horovod_alone():
-    for name in ("CUDA_VISIBLE_DEVICES", "HOROVOD_SECRET_KEY", "OLDPWD"):
-        with pytest.raises(BadInput, match=f"horovodrun does not pass {name} to the ranks on other hosts"):
-            parse([f"{name}=1"])
-        assert parse([f"{name}=1"], launcher="torchrun") == {name: "1"}
+def test_names_the_launchers_do_not_set_are_the_users(tmp_path):
+    assert parse(["CUDA_VISIBLE_DEVICES=0,1", "NCCL_DEBUG=INFO", "HOROVOD_FUSION_THRESHOLD=67108864",
+                  "TORCH_DISTRIBUTED_DEBUG=DETAIL"]) == {
+        "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "HOROVOD_FUSION_THRESHOLD": "67108864",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
 def test_secret_looking_values_are_hidden_and_others_shown():
     env = (("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "k"), ("HF_TOKEN", "t"), ("AWS_SECRET_ACCESS_KEY", "s"),
-           ("DB_PASSWORD", "p"), ("MY_PASS", "p"), ("OMP_NUM_THREADS", "2"), ("PASSAGE", "shown"))
+           ("DB_PASSWORD", "p"), ("MY_PASS", "p"), ("OMP_NUM_THREADS", "2"), ("PASSAGE", "shown"),
+           ("SENTRY_DSN", "d"), ("GITHUB_PAT", "g"), ("CREDS", "c"), ("DATABASE_URL", "postgres://u:pw@db/x"),
+           ("MIRROR_URL", "https://mirror/x"))
     assert jobenv.shown(env) == ("NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden), HF_TOKEN=(hidden), "
                                  "AWS_SECRET_ACCESS_KEY=(hidden), DB_PASSWORD=(hidden), MY_PASS=(hidden), "
-                                 "OMP_NUM_THREADS=2, PASSAGE=shown")
+                                 "OMP_NUM_THREADS=2, PASSAGE=shown, SENTRY_DSN=(hidden), GITHUB_PAT=(hidden), "
+                                 "CREDS=(hidden), DATABASE_URL=(hidden), MIRROR_URL=https://mirror/x")
 
 
 def test_every_rank_reads_the_jobs_variables_exactly_before_its_script_runs(tmp_path):
@@ -81,15 +91,17 @@ def test_every_rank_reads_the_jobs_variables_exactly_before_its_script_runs(tmp_
     (tmp_path / "j1").write_bytes(jobenv.env_file(env))
     (tmp_path / "t.py").write_text("import json, os, sys\nprint(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))\n")
     names = [k for k, _ in env]
-    for job_id, want in (("j1", dict(env)), ("j2", dict.fromkeys(names)), ("", dict.fromkeys(names))):
-        r = subprocess.run([sys.executable, "-u", "-c", rank_launcher(str(tmp_path)), str(tmp_path / "t.py"), *names],
-                           capture_output=True, text=True, timeout=30,
-                           env={"PATH": os.environ["PATH"], "KIT_JOB": job_id, "OMP_NUM_THREADS": "1"} if job_id else
-                           {"PATH": os.environ["PATH"]})
-        got = json.loads(r.stdout.splitlines()[0])
-        if job_id == "j2":
-            want = {**want, "OMP_NUM_THREADS": "1"}  # no file for this job: the environment as it was
-        assert got == want, (job_id, r.stderr)
+    def rank(job_id: str, **env_vars) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-u", "-c", rank_launcher(str(tmp_path)), str(tmp_path / "t.py"),
+                               *names], capture_output=True, text=True, timeout=30,
+                              env={"PATH": os.environ["PATH"], "KIT_JOB": job_id, "OMP_NUM_THREADS": "1", **env_vars})
+    r = rank("j1", KIT_ENV="1")
+    assert json.loads(r.stdout.splitlines()[0]) == dict(env), r.stderr
+    r = rank("j1")  # a job without variables: no file is read
+    assert json.loads(r.stdout.splitlines()[0]) == {**dict.fromkeys(names), "OMP_NUM_THREADS": "1"}, r.stderr
+    r = rank("j2", KIT_ENV="1")  # a job with variables whose file is not there: the rank stops, saying why
+    assert r.returncode == 1 and "kit: this rank cannot read the job's variables" in r.stderr
+    assert "@@kit-exit 1 " in r.stdout
 
 
 def job(env, fanout=()):
@@ -101,14 +113,15 @@ def job(env, fanout=()):
 def test_values_go_on_no_command_line_only_into_each_containers_file():
     j = job((("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "s3cr3t-value")))
     launch = j.launch()
-    assert "s3cr3t-value" not in launch and "INFO" not in launch
+    assert "s3cr3t-value" not in launch and "INFO" not in launch and " -e KIT_ENV=1 " in launch
     write, stdin = j.write_env("kit-lab-2")
     assert write == "docker exec -i kit-lab-2 sh -c 'umask 077 && mkdir -p /run/kit/env && cat > /run/kit/env/j1'"
     assert json.loads(stdin) == {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "s3cr3t-value"}
-    record = j.record_env()
-    assert "s3cr3t-value" not in record and "NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)" in record
-    assert record.startswith("docker exec kit-lab sh -c ") and "/var/lib/kit/lab/jobs/j1/environment" in record
-    assert "/run/kit/env" not in job(()).launch()  # no variables, nothing to tidy
+    record, shown = j.record_env()
+    assert "INFO" not in record and shown == b"NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
+    assert record == "docker exec -i kit-lab sh -c 'mkdir -p /var/lib/kit/lab/jobs/j1 && " \
+                     "cat > /var/lib/kit/lab/jobs/j1/environment'"
+    assert "/run/kit/env" not in job(()).launch() and "KIT_ENV" not in job(()).launch()  # no variables
 
 
 def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path):

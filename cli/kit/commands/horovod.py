@@ -32,11 +32,14 @@ def rank_launcher(env_dir: str = ENV_DIR) -> str:
 import json, os, runpy, sys, time
 def report(code):
     print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
-try:
-    with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
-        os.environ.update(json.load(f))
-except (FileNotFoundError, IsADirectoryError):
-    pass
+if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
+    try:
+        with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
+            os.environ.update(json.load(f))
+    except (OSError, ValueError) as e:
+        print("kit: this rank cannot read the job's variables (%s)" % e, file=sys.stderr, flush=True)
+        report(1)
+        sys.exit(1)
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 try:

@@ -18,7 +18,7 @@ LAUNCHERS = ("horovod", "torchrun", "tf")
 FRAMEWORK_LAUNCHERS = {"horovod": ("horovod", "torchrun"), "tensorflow": ("tf",)}
 # Variables of the primary's container that the commands on every host need (an SSH session starts
 # with sshd's environment, not the image's).
-FORWARDED = ("PATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "KIT_JOB")
+FORWARDED = ("PATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "KIT_JOB", "KIT_ENV")
 # torchrun prefixes every line of a worker with its global rank, as horovodrun does.
 TORCHRUN_PREFIX = "[${rank}]<stdout>:"
 
