@@ -296,7 +296,7 @@ def follow_command(container: str, folder: str, job_id: str) -> str:
     d = shlex.quote(folder)
     return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
         f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then tail -n +1 -F --pid=$sup {d}/output.log; "
+        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then tail -n +1 -s 0.2 -F --pid=$sup {d}/output.log; "
         f"else cat {d}/output.log; fi 2>/dev/null; "  # running: to its end; ended (or never started): as it is
         f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\""]))
 
