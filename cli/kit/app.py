@@ -555,6 +555,8 @@ def run(
                                             "NAME for this shell's value (repeatable)."),
     env_file: Optional[List[Path]] = typer.Option(None, help="Variables for every rank from a file of NAME=VALUE "
                                                   "lines (docker's format; repeatable; -e wins)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return: `kit logs ID -f` follows "
+                                "it, `kit jobs` lists it, `kit stop ID` stops it."),
 ) -> None:
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
     if launcher not in LAUNCHERS:
@@ -580,7 +582,7 @@ def run(
         _check_launcher(launcher, state)
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
         _run_job(cfg, state, script, args or [], np, workdir, options, variables, _job_printer(launcher), launcher,
-                 nproc_per_node)
+                 nproc_per_node, detach)
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:
@@ -597,8 +599,8 @@ def _check_launcher(launcher: str, state: st.ClusterState) -> None:
 def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
              workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
              on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
-             nproc_per_node: Optional[int] = None) -> jobs.Job:
-    """Copy the job's folder, run it, say how it ended; raise unless it succeeded."""
+             nproc_per_node: Optional[int] = None, detach: bool = False) -> jobs.Job:
+    """Copy the job's folder, run it, say how it ended; raise unless it succeeded. Detached: start it and return."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
@@ -623,6 +625,13 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
                       f"copied {sum(synced.sent.values())} changed files of {folder}")
         if env:
             console.print(f"environment: {escape(jobenv.shown(env))}", highlight=False)
+        if detach:
+            jobs.start(job, nodes)
+            console.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
+                          f"`kit jobs` lists it, `kit stop {job.id}` stops it" +
+                          ("" if state.workspace_shared else "; what its ranks write stays on the host that wrote "
+                           "it (copy storage spreads it only for a job kit run waits for)"))
+            return job
         outcome = jobs.run(job, nodes, on_line)
         try:
             spread = jobs.spread_outputs(nodes, state, synced.manifests)

@@ -216,20 +216,9 @@ def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     return {n.name: c for n, c in zip(nodes, counts) if c}
 
 
-def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
-    """Run the job, handing each line to on_line(rank, host of the rank, text). nodes[0] is the primary."""
-    ranks = job.ranks
-    failures = Failures()
-    ended = End()
-
-    def handle(line: str) -> None:
-        if ended.feed(line):
-            return
-        rank, text = split_rank(line)
-        failures.feed(rank, text)
-        if rank is None or exit_report(text) is None:
-            on_line(rank, ranks[rank].host if rank is not None and rank < len(ranks) else None, text)
-
+def start(job: Job, nodes: list[Node]) -> None:
+    """Give every host's container the job's variables, record them, and start the job under its supervisor.
+    nodes[0] is the primary."""
     primary = nodes[0]
     if job.env:
         def give(n: Node) -> None:
@@ -247,6 +236,25 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
         record, shown = job.record_env()
         primary.runner.run(record, stdin=shown, timeout=60).check("cannot write the job's record")
     primary.runner.run(job.launch(), timeout=60).check(f"cannot start job {job.id} on {primary.name}")
+
+
+def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
+    """Start the job and follow it to its end, handing each line to on_line(rank, host of the rank, text); then
+    stop what is left of it on every host. Ctrl-C stops it everywhere. nodes[0] is the primary."""
+    ranks = job.ranks
+    failures = Failures()
+    ended = End()
+
+    def handle(line: str) -> None:
+        if ended.feed(line):
+            return
+        rank, text = split_rank(line)
+        failures.feed(rank, text)
+        if rank is None or exit_report(text) is None:
+            on_line(rank, ranks[rank].host if rank is not None and rank < len(ranks) else None, text)
+
+    primary = nodes[0]
+    start(job, nodes)
     try:
         primary.runner.stream_out(job.follow(), handle)
     except KeyboardInterrupt:

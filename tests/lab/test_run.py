@@ -210,28 +210,31 @@ def test_a_job_outlives_a_killed_kit_and_kit_stop_ends_it_on_every_host(project,
     assert again.returncode == 0 and f"job {job['id']} is not running (stopped)" in again.stdout
 
 
-def test_a_job_whose_kit_was_killed_finishes_and_is_recorded_as_succeeded(project, lab, cluster):
-    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", str(REPO / "examples" / "cifar10_cnn_horovod.py"),
-                             "--np", "3", "--", "--epochs", "2", "--samples", "768",
-                             "--checkpoint", "checkpoints/outlived.pt"],
-                            cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_detached_job_is_listed_followed_and_recorded_with_its_checkpoint(project, lab, cluster):
+    r = kit(project, lab, "run", "--detach", str(REPO / "examples" / "cifar10_cnn_horovod.py"), "--np", "3", "--",
+            "--epochs", "2", "--samples", "768", "--checkpoint", "checkpoints/detached.pt")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    job_id = re.search(r"job (\S+) started \(detached\)", r.stdout)[1]
+    assert last_job(project, lab)["id"] == job_id
+    # a follower whose connection is cut mid-run (SIGKILL) ends nothing; the next one follows to the end
+    follower = subprocess.Popen([sys.executable, "-m", "kit", "logs", job_id, "-f"], cwd=project,
+                                env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, deadline = [], time.monotonic() + 120
     while not any(re.search(r"rank \d/3", line) for line in seen):  # the ranks have started
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+        line = follower.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen) + follower.stderr.read()
         seen.append(line)
-    proc.kill()
-    proc.communicate(timeout=30)
-    deadline = time.monotonic() + 300
-    while (job := last_job(project, lab))["state"] == "running":
-        assert time.monotonic() < deadline, job
-        time.sleep(2)
-    assert (job["state"], job["exit"]) == ("succeeded", 0), job
-    assert lab.hosts[0].run_in("test", "-s", "/var/lib/kit/lab/workspace/checkpoints/outlived.pt",
+    assert last_job(project, lab)["state"] == "running"
+    follower.kill()
+    follower.communicate(timeout=30)
+    followed = kit(project, lab, "logs", job_id, "-f", timeout=300)
+    assert followed.returncode == 0, followed.stderr
+    assert "epoch 2: loss" in followed.stdout and "saved checkpoint" in followed.stdout, followed.stdout[-2000:]
+    job = last_job(project, lab)
+    assert (job["id"], job["state"], job["exit"], job["np"]) == (job_id, "succeeded", 0, 3), job
+    assert lab.hosts[0].run_in("test", "-s", "/var/lib/kit/lab/workspace/checkpoints/detached.pt",
                                check=False).returncode == 0
-    log = kit(project, lab, "logs", job["id"])
-    assert "epoch 2: loss" in log.stdout and "saved checkpoint" in log.stdout, log.stdout[-2000:]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHES)
