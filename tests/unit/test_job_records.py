@@ -4,6 +4,7 @@ in the primary's container (run here on a folder of the same files)."""
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -150,8 +151,10 @@ def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
     folder.mkdir()
     script = shlex.split(jobs.interrupt_command("kit-lab", str(folder), "j1"))[-1]
     assert jobs.interrupt_command("kit-lab", str(folder), "j1").startswith("docker exec kit-lab sh -c ")
-    other = subprocess.Popen(["sleep", "60"])
-    mine = subprocess.Popen(["sleep", "60"], env={"KIT_JOB": "j1"})
+    # SIGINT as a launcher in a container gets it (whatever started the tests: a background job ignores SIGINT)
+    default = dict(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    other = subprocess.Popen(["sleep", "60"], **default)
+    mine = subprocess.Popen(["sleep", "60"], env={"KIT_JOB": "j1"}, **default)
     try:
         for pid in (str(other.pid), "-1", f"{other.pid} {mine.pid}"):
             (folder / "pid").write_text(pid + "\n")
