@@ -793,7 +793,7 @@ def logs(
         if job not in records:
             raise BadInput(f"no job {job or ''} on cluster {state.cluster}".replace("  ", " "),
                            hint="run one with kit run; `kit jobs` lists the cluster's jobs")
-        record, folder = records[job], f"{primary.place.jobs_dir}/{job}"
+        record, folder = records[job], primary.place.job_dir(job)
         printer = _job_printer(record.launcher)
         follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
             command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))

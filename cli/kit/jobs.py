@@ -53,7 +53,7 @@ class Job:
 
     @property
     def folder(self) -> str:
-        return f"{self.state.primary.place.jobs_dir}/{self.id}"
+        return self.state.primary.place.job_dir(self.id)
 
     @property
     def ranks(self) -> list[Slot]:
@@ -418,7 +418,7 @@ def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
     """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then whatever is left
     of it on any host, killed; its supervisor, untouched, records the end. nodes[0] is the primary."""
     primary = nodes[0]
-    folder, container = f"{primary.place.jobs_dir}/{job_id}", primary.place.container
+    folder, container = primary.place.job_dir(job_id), primary.place.container
     primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
     d = shlex.quote(folder)
     gone = command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +

@@ -32,6 +32,10 @@ class Place:
     def jobs_dir(self) -> str:
         return f"{self.kit_dir}/jobs"
 
+    def job_dir(self, job_id: str) -> str:
+        """A job's folder: its output and its record (kit.jobs)."""
+        return f"{self.jobs_dir}/{job_id}"
+
     @property
     def owner_file(self) -> str:
         """Whose cluster kit's folder here is (see kit.identity.Owner)."""
