@@ -840,8 +840,8 @@ def jobs_(
         table.add_column(column)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
-        table.add_row(row["id"], row["launcher"], str(row["np"]), " ".join(row["hosts"]), row["state"], started,
-                      _duration(row["seconds"]), "" if row["exit"] is None else str(row["exit"]))
+        table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
+                      row["state"], started, _duration(row["seconds"]), "" if row["exit"] is None else str(row["exit"]))
     console.print(table)
 
 
