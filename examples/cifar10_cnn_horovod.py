@@ -6,7 +6,8 @@
 Reads the real CIFAR-10 python batches (data_batch_1..5, test_batch) when
 --data holds them; otherwise it generates data of the same shape (32x32 RGB,
 10 classes, learnable) and says so. Rank 0 prints loss, accuracy and images/sec
-per epoch and saves a checkpoint.
+per epoch and saves a checkpoint after each. Started again by `kit run --restarts N` (KIT_RESTART > 0), it
+resumes after the last epoch its checkpoint holds, on however many ranks it now has.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 
-    for epoch in range(1, args.epochs + 1):
+    first = resume(args.checkpoint, model, optimizer) if int(os.environ.get("KIT_RESTART", "0")) else 1
+    for epoch in range(first, args.epochs + 1):
         sampler.set_epoch(epoch)
         model.train()
         started, seen, total_loss = time.monotonic(), 0, 0.0
@@ -138,12 +140,35 @@ def main() -> None:
         accuracy = evaluate(model, test_set, device)
         if hvd.rank() == 0:
             print(f"epoch {epoch}: loss {mean_loss:.4f} accuracy {accuracy:.3f} images/sec {rate:.1f}", flush=True)
-
+            save(args.checkpoint, model, optimizer, epoch)
     if hvd.rank() == 0:
-        path = Path(args.checkpoint)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epochs": args.epochs}, path)
-        print(f"saved checkpoint {path.resolve()}", flush=True)
+        print(f"saved checkpoint {Path(args.checkpoint).resolve()}", flush=True)
+
+
+def save(checkpoint: str, model: nn.Module, optimizer, epoch: int) -> None:
+    """Rank 0's model, optimizer and epoch; written aside and renamed, so a rank killed meanwhile leaves the last."""
+    path = Path(checkpoint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epochs": epoch},
+               path.with_suffix(".new"))
+    os.replace(path.with_suffix(".new"), path)
+
+
+def resume(checkpoint: str, model: nn.Module, optimizer) -> int:
+    """After a restart: rank 0 loads the checkpoint, every rank gets its weights and state; the epoch to go on from."""
+    done = 0
+    if hvd.rank() == 0 and Path(checkpoint).is_file():
+        saved = torch.load(checkpoint, map_location="cpu")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        done = saved["epochs"]
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    done = hvd.broadcast_object(done, root_rank=0)
+    if hvd.rank() == 0:
+        print(f"resumed from {checkpoint} after epoch {done} (restart {os.environ['KIT_RESTART']}, "
+              f"{hvd.size()} ranks)" if done else f"no checkpoint at {checkpoint}: starting over", flush=True)
+    return done + 1
 
 
 def evaluate(model: nn.Module, test_set: TensorDataset, device: torch.device) -> float:

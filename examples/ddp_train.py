@@ -6,7 +6,8 @@
 init_process_group reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR...); the model is
 wrapped in DistributedDataParallel; a DistributedSampler (set_epoch every epoch) gives each rank its
 share; each rank's batch is the global batch / world size; the loss is all-reduced for logging; the
-learning-rate scheduler steps each epoch; rank 0 saves model.module.state_dict() to the workspace.
+learning-rate scheduler steps each epoch; rank 0 saves model.module.state_dict() to the workspace after each
+epoch. Started again by `kit run --restarts N` (KIT_RESTART > 0), it resumes after the last epoch saved there.
 The data is generated (a fixed pattern per class plus noise), so there is something to learn.
 """
 
@@ -67,11 +68,14 @@ def main() -> None:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.global_batch // world, sampler=sampler)
     model = nn.Sequential(nn.Linear(args.features, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    done = resume(args.checkpoint, model, rank) if int(os.environ.get("KIT_RESTART", "0")) else 0
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # rank 0's weights to all
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    for _ in range(done):
+        scheduler.step()  # the learning rate of the epoch it goes on from
 
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(done + 1, args.epochs + 1):
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
         model.train()
         started, total, batches = time.monotonic(), torch.zeros(1, device=device), 0
@@ -90,14 +94,30 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch}: loss {mean.item():.4f} lr {scheduler.get_last_lr()[0]:.4f} "
                   f"({time.monotonic() - started:.1f} s)", flush=True)
+            path = Path(args.checkpoint)  # written aside and renamed: a rank killed meanwhile leaves the last
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.module.state_dict(), "epochs": epoch}, path.with_suffix(".new"))
+            os.replace(path.with_suffix(".new"), path)
 
     if rank == 0:
-        path = Path(args.checkpoint)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.module.state_dict(), path)
-        print(f"saved checkpoint {path.resolve()}", flush=True)
+        print(f"saved checkpoint {Path(args.checkpoint).resolve()}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def resume(checkpoint: str, model: nn.Module, rank: int) -> int:
+    """After a restart: rank 0 loads the checkpoint (DDP then gives its weights to every rank); the epochs done."""
+    done = [0]
+    if rank == 0 and Path(checkpoint).is_file():
+        saved = torch.load(checkpoint, map_location="cpu")
+        model.load_state_dict(saved["model"])
+        done = [saved["epochs"]]
+    dist.broadcast_object_list(done, src=0)
+    if rank == 0:
+        print(f"resumed from {checkpoint} after epoch {done[0]} (restart {os.environ['KIT_RESTART']}, "
+              f"{dist.get_world_size()} ranks)" if done[0] else f"no checkpoint at {checkpoint}: starting over",
+              flush=True)
+    return done[0]
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -27,3 +28,28 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run in an empty folder, so no ./kit.yaml is picked up by accident."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+SSH_SHIM = r"""#!/bin/bash
+# `ssh [-n] [-o OPTION]... HOST COMMAND...` run here (unit tests of what runs in the primary's container); a host
+# listed in $SHIM/down does not answer, as a host whose container is gone.
+while [ $# -gt 0 ]; do case "$1" in -n) shift;; -o) shift 2;; *) break;; esac; done
+host=$1; shift
+echo "$host $*" >> "$SHIM/calls"
+export KIT_PROGRESS_DIR="$SHIM/progress/$host"  # each host's container has its own /run
+if grep -qx "$host" "$SHIM/down" 2>/dev/null; then echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255; fi
+exec sh -c "$*"
+"""
+
+
+@pytest.fixture
+def ssh_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with an `ssh` first on PATH that runs the command here (see SSH_SHIM); write host addresses into
+    its file `down` to make them unreachable; `calls` lists what it ran."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "ssh").write_text(SSH_SHIM)
+    (shim / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    monkeypatch.setenv("SHIM", str(shim))
+    return shim

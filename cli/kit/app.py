@@ -557,6 +557,13 @@ def run(
                                                   "lines (docker's format; repeatable; -e wins)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return: `kit logs ID -f` follows "
                                 "it, `kit jobs` lists it, `kit stop ID` stops it."),
+    restarts: int = typer.Option(0, help="After a failure, start the job again (this many times) on the hosts that "
+                                 "still answer, with KIT_RESTART=<n> set: the script resumes from its checkpoint."),
+    min_np: Optional[int] = typer.Option(None, help="The fewest processes a restart may have (default: all of them); "
+                                         "horovod: processes, torchrun: all hosts' processes together."),
+    hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
+                                     "never), every rank's stack goes in the job's folder and the job is stopped "
+                                     "(or restarted)."),
 ) -> None:
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
     if launcher not in LAUNCHERS:
@@ -574,6 +581,15 @@ def run(
         raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                        else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
                        hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
+    hang = jobs.parse_duration(hang_timeout, "--hang-timeout")
+    if not 0 <= restarts <= 100:
+        raise BadInput(f"--restarts: {restarts} is not from 0 to 100", hint="give how often the job may start again")
+    if restarts and launcher == "tf":
+        raise BadInput("--restarts: kit does not start TF workers again (MultiWorkerMirroredStrategy fixes its "
+                       "workers at start)", hint="drop --restarts; a TF job resumes from its checkpoint when run again")
+    if min_np is not None and (not restarts or min_np < 1):
+        raise BadInput(f"--min-np: {min_np} " + ("is below 1" if min_np < 1 else "is for a job that restarts"),
+                       hint="give --restarts N with --min-np M, M from 1 to the job's processes")
     variables = jobenv.parse(env or [], env_file or [], os.environ)
     if fp16_allreduce:
         variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))
@@ -582,7 +598,7 @@ def run(
         _check_launcher(launcher, state)
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
         _run_job(cfg, state, script, args or [], np, workdir, options, variables, _job_printer(launcher), launcher,
-                 nproc_per_node, detach)
+                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang))
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:
@@ -599,7 +615,8 @@ def _check_launcher(launcher: str, state: st.ClusterState) -> None:
 def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
              workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
              on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
-             nproc_per_node: Optional[int] = None, detach: bool = False) -> jobs.Job:
+             nproc_per_node: Optional[int] = None, detach: bool = False,
+             policy: jobs.Policy = jobs.Policy()) -> jobs.Job:
     """Copy the job's folder, run it, say how it ended; raise unless it succeeded. Detached: start it and return."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
@@ -619,7 +636,10 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
         fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node) \
             if launcher != "horovod" else ((), ())
         job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
-                       tuple(rank_cmd), options, env, launcher, fanout, placed)
+                       tuple(rank_cmd), options, env, launcher, fanout, placed, nproc_per_node, policy)
+        if policy.min_np is not None and policy.min_np > job.np:
+            raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
+                           hint=f"give --min-np from 1 to {job.np}")
         synced = jobs.sync_workspace(nodes, folder, state)
         console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
                       f"copied {sum(synced.sent.values())} changed files of {folder}")
@@ -652,13 +672,21 @@ def _run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: lis
     if outcome.leftovers:
         console.print("stopped what was left of the job: " +
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
+    restarted = f" after {outcome.restarts} restart{'s' if outcome.restarts > 1 else ''}" if outcome.restarts else ""
     if outcome.exit_code == 0:
-        console.print(f"[green]✓[/] job {job.id} finished")
+        console.print(f"[green]✓[/] job {job.id} finished{restarted}")
         return job
+    if outcome.hang:
+        hung = KitError(f"job {job.id} hung{restarted}: {outcome.hang}; it was stopped on every host",
+                        hint=f"every rank's stack is in {job.folder}/stacks on {state.primary.name}; "
+                             f"`kit logs {job.id}` shows its output")
+        hung.exit_code = 1
+        raise hung
     if outcome.failure:
         rank, code = outcome.failure
         how = f"exit {code}" if code != 255 else "its process, container or host went away"
-        failed = KitError(f"rank {rank} on {job.ranks[rank].host} failed first ({how}); the job was stopped "
+        host = outcome.ranks[rank] if rank < len(outcome.ranks) else "?"
+        failed = KitError(f"rank {rank} on {host} failed first ({how}); the job was stopped "
                           "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
         failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
         raise failed
@@ -798,12 +826,18 @@ def logs(
         follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
             command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))
 
+        hosts = list(record.hosts)
+
         def show(line: str) -> None:
+            nonlocal hosts
             if line.startswith(jobs.END_MARK):
+                return
+            if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
+                hosts = launched
                 return
             r, text = split_rank(line)
             if (rank is None or r == rank) and exit_report(text) is None:
-                printer(r, record.hosts[r] if r is not None and r < len(record.hosts) else None, text)
+                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
         node.runner.stream_out(follower, show)
     finally:
         node.runner.close()
@@ -826,7 +860,8 @@ def jobs_(
         node.runner.close()
     now = time.time()
     rows = [dict(id=r.id, launcher=r.launcher, np=len(r.hosts), hosts=sorted(set(r.hosts)), state=r.state,
-                 started=r.started, seconds=r.seconds(now), exit=r.exit_code, environment=r.environment)
+                 started=r.started, seconds=r.seconds(now), exit=r.exit_code, restarts=r.restarts,
+                 left_out=list(r.left_out), hang=r.hang, environment=r.environment)
             for r in records]
     if as_json:
         for row in rows:
@@ -836,13 +871,18 @@ def jobs_(
         console.print(f"no jobs on cluster {state.cluster} yet: `kit run train.py` starts one")
         return
     table = Table(box=None, pad_edge=False)
-    for column in ("job", "launcher", "np", "hosts", "state", "started", "duration", "exit"):
+    for column in ("job", "launcher", "np", "hosts", "state", "started", "duration", "exit", "restarts"):
         table.add_column(column)
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
+        restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
         table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
-                      row["state"], started, _duration(row["seconds"]), "" if row["exit"] is None else str(row["exit"]))
+                      row["state"] + (" (hung)" if row["hang"] else ""), started, _duration(row["seconds"]),
+                      "" if row["exit"] is None else str(row["exit"]), escape(restarts))
     console.print(table)
+    for row in rows:
+        if row["hang"]:
+            console.print(f"{row['id']} hung: {escape(row['hang'])}", highlight=False)
 
 
 def _duration(seconds: int | None) -> str:
@@ -880,6 +920,37 @@ def stop(
         f"its launcher did not end within {jobs.STOP_WAIT_S} s"
     console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
                   + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
+
+
+@app.command()
+@reports_errors
+def stacks(
+    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
+    jobs.check_job_id(job)
+    cfg, identity, state = _recorded(name, config)
+    state = _need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, _connect(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        if record.state not in ("running", "restarting", "stopping"):
+            raise BadInput(f"job {job} is not running ({record.state})",
+                           hint=f"a hung job's stacks, taken when it was stopped, are in "
+                                f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
+        found = jobs.stacks(nodes, job)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    if not found:
+        console.print(f"no rank of job {job} is running a Python script now")
+    for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
+        console.print(f"[bold]rank {rank} on {escape(host)}[/]")
+        console.print(text, markup=False, highlight=False)
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED = {
     "KIT_JOB": "kit finds the job's processes by it", "KIT_SUPERVISOR": "kit finds the job's supervisor by it",
     "KIT_ENV": "kit tells the ranks that the job has variables by it",
+    "KIT_RESTART": "kit sets it at each start of the job (0, then 1, 2... after restarts)",
+    "KIT_PROGRESS_DIR": "kit's hang watch reads the ranks' heartbeats there",
     "PATH": "the image's venv must come first", "VIRTUAL_ENV": "the image's venv must come first",
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "--start-timeout sets it",
     "TF_CONFIG": "kit writes each worker's from the cluster",

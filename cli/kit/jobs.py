@@ -1,15 +1,16 @@
-"""`kit run`: a job across the cluster, launched from the primary's container: by horovodrun, or (torchrun,
-tf) by a script that starts each host's command over the cluster SSH.
+"""`kit run`: a job across the cluster, started in the primary's container under its supervisor (kit.supervisor),
+apart from kit's session: horovodrun, or (torchrun, tf) a script that starts each host's command over the cluster
+SSH. kit follows its output, lists the cluster's jobs from their folders and stops them.
 
-Every process of a job carries KIT_JOB=<id> in its environment (horovodrun
-passes its environment to the ranks it starts), so when the job ends, fails or
-is interrupted, kit finds and stops whatever is left of it on every host.
-Output is kept on the primary, in the job's folder, as horovodrun prints it.
-With copy storage, what the ranks wrote in the workspace is then copied to every host.
+Every process of a job carries KIT_JOB=<id> in its environment (horovodrun passes its environment to the ranks it
+starts), so when the job ends, fails or is interrupted, kit finds and stops whatever is left of it on every host.
+Output is kept on the primary, in the job's folder. With copy storage, what the ranks wrote in the workspace is then
+copied to every host.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import secrets
@@ -19,22 +20,39 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kit import jobenv, state as st
+from kit import jobenv, state as st, supervisor
 from kit.commands.docker import command, exec_argv
-from kit.commands.horovod import (ENV_DIR, Failures, HorovodOptions, Slot, common_interfaces, exit_report,
-                                  horovodrun_argv, placement, split_rank)
-from kit.commands.launchers import (FREE_PORT, TORCHRUN_PREFIX, NodeCommand, fanout_script, tf_config, torch_ranks,
-                                    torchrun_argv)
+from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
+from kit.commands.launchers import FREE_PORT, tf_config
 from kit.errors import BadInput, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
+from kit.supervisor import (ENV_DIR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK, TORCHRUN_PREFIX, NodeCommand, Plan,
+                            Slot, placement, reap_script, torch_ranks, torchrun_argv)
 
 STOP_WAIT_S = 20
 
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the supervisor does when a job fails or hangs."""
+
+    restarts: int = 0              # start it again after a failure, on the hosts that answer, this many times
+    min_np: int | None = None      # ... with at least this many processes (None: all of them)
+    hang_timeout: float = 600      # seconds without progress of any rank before it counts as hung (0: never)
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """30s, 10m, 2h, 90 (seconds), 0 -> seconds."""
+    m = re.fullmatch(r"(\d{1,7})([smh]?)", text.strip())
+    if not m:
+        raise BadInput(f"{flag}: '{text}' is not a duration", hint=f"give e.g. {flag} 30s, 10m or 2h (0: never)")
+    return float(int(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]])
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,8 @@ class Job:
     launcher: str = "horovod"
     fanout: tuple[NodeCommand, ...] = ()   # torchrun, tf: each host's command, started from the primary
     placed: tuple[Slot, ...] = ()          # torchrun, tf: the host of each rank
+    nproc: int | None = None               # torchrun: processes a host (None: its slots)
+    policy: Policy = Policy()
 
     @property
     def folder(self) -> str:
@@ -59,43 +79,34 @@ class Job:
     def ranks(self) -> list[Slot]:
         return list(self.placed) if self.fanout else placement(list(self.slots), self.np)
 
+    def plan(self) -> Plan:
+        return Plan(id=self.id, folder=self.folder, workspace=self.state.workspace, launcher=self.launcher,
+                    hosts=list(self.slots), np=self.np, nproc=self.nproc, port=self.state.ssh_port,
+                    nics=list(self.nics), args=[*self.options.argv(), *self.command] if self.launcher == "horovod"
+                    else list(self.command), nodes=list(self.fanout), restarts=self.policy.restarts,
+                    min_np=self.np if self.policy.min_np is None else self.policy.min_np,
+                    hang_timeout=self.policy.hang_timeout, env=bool(self.env))
+
     def argv(self) -> list[str]:
-        return horovodrun_argv(self.np, list(self.slots), self.state.ssh_port, list(self.nics), list(self.command),
-                               self.options)
+        return self.plan().launch(list(self.slots), MASTER_PORT)[0]
+
+    def write_plan(self) -> tuple[str, bytes]:
+        """(command, its stdin): the job's folder and its plan, in the primary's container."""
+        d = shlex.quote(self.folder)
+        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
+                         f"mkdir -p {d} && cat > {d}/plan.json"]), self.plan().dump().encode())
 
     def launch(self) -> str:
-        """Start the job in the primary's container, detached from kit's session (`docker exec -d`): a closed
-        laptop or a dropped VPN does not end it. A shell there (the supervisor) keeps the launcher's pid, the
-        output and the job's record (start, end, exit); kit follows the output with follow()."""
-        d = shlex.quote(self.folder)
-        ranks = shlex.quote(" ".join(s.host for s in self.ranks))
-        run = shlex.join(["bash", "-c", fanout_script(self.state.workspace, list(self.fanout))] if self.fanout
-                         else self.argv())
-        # The supervisor carries KIT_SUPERVISOR=<id>, the launcher and all below it KIT_JOB=<id>: stopping what is
-        # left of the job (reap) never takes the supervisor, which records the end.
-        inner = (f"mkdir -p {d}; echo {ranks} > {d}/ranks; echo {self.launcher} > {d}/launcher; "
-                 f"date +%s > {d}/started; echo $$ > {d}/supervisor; cd {shlex.quote(self.state.workspace)} && "
-                 f"(export KIT_JOB={self.id}; echo $BASHPID > {d}/pid; exec {run}) > {d}/output.log 2>&1; "
-                 f"code=$?; date +%s > {d}/ended; echo $code > {d}/exit{self._tidy_env()}")
+        """Start the job's supervisor in the primary's container, detached from kit's session (`docker exec -d`):
+        a closed laptop or a dropped VPN does not end the job. kit follows its output with follow()."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         variables = [("KIT_SUPERVISOR", self.id), ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))]
         if self.env:
             variables.append(("KIT_ENV", "1"))  # each rank must find the job's variables
         env = [arg for k, v in variables for arg in ("-e", f"{k}={v}")]
-        return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "bash", "-c", inner])
-
-    def _tidy_env(self) -> str:
-        """The supervisor's last step: the job's variables removed from every host's container (over the cluster
-        SSH, bounded), also when no kit waits for the job any more; a host where that failed goes in env_kept."""
-        if not self.env:
-            return ""
-        d = shlex.quote(self.folder)
-        rm = shlex.quote(shlex.join(["rm", "-f", self.env_path()]))
-        others = [h.address for h in self.state.hosts if not h.primary]
-        return ("; " + "".join(f"(ssh -n -o BatchMode=yes -o ConnectTimeout=10 {shlex.quote(a)} {rm} "
-                               f"|| echo {shlex.quote(a)} >> {d}/env_kept) & " for a in others)
-                + f"rm -f {self.env_path()}; wait")
+        return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "python", "-c",
+                        SUPERVISOR, f"{self.folder}/plan.json"])
 
     def follow(self) -> str:
         return follow_command(self.state.primary.place.container, self.folder, self.id)
@@ -115,11 +126,31 @@ class Job:
         return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
                          f"mkdir -p {d} && cat > {d}/environment"]), (jobenv.shown(self.env) + "\n").encode())
 
-    def env_kept(self) -> str:
-        """The addresses of the hosts whose container may still hold the job's variables (see _tidy_env)."""
-        return command(exec_argv(self.state.primary.place.container,
-                                 ["sh", "-c", f"cat {shlex.quote(self.folder)}/env_kept 2>/dev/null; true"]))
+    def ending(self) -> str:
+        """What the supervisor recorded at the end: each file of ENDING after a line `@@NAME`."""
+        d = shlex.quote(self.folder)
+        return command(exec_argv(self.state.primary.place.container, [
+            "sh", "-c", f"for f in {' '.join(ENDING)}; do echo \"@@$f\"; head -c 4000 {d}/$f 2>/dev/null; done; true"]))
 
+
+# env_kept: the addresses of the hosts whose container may still hold the job's variables (supervisor.tidy_env);
+# restarts: how often it was started again; hang: what the hang watch found.
+ENDING = ("env_kept", "restarts", "hang")
+
+
+def parse_ending(text: str) -> dict[str, str]:
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("@@") and line[2:] in ENDING:
+            current = found.setdefault(line[2:], [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip() for name, lines in found.items()}
+
+
+# What the primary's container runs as a job's supervisor: the module's own source (the standard library only).
+SUPERVISOR = inspect.getsource(supervisor)
 
 
 def free_port(node: Node) -> int:
@@ -129,38 +160,25 @@ def free_port(node: Node) -> int:
 
 def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
            nproc: int | None) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
-    """torchrun or tf: each host's command, and the host of each rank. Ports are picked free on the hosts
-    now (torchrun: the c10d store's on the primary; tf: one per worker). nodes[0] and slots[0] are the
+    """torchrun or tf: each host's command, and the host of each rank. tf: a port for each worker, picked free on
+    the hosts now (torchrun's store port is picked by the supervisor at each launch). nodes[0] and slots[0] are the
     primary's; slots are in the state's host order."""
     hosts = state.hosts
     if launcher == "torchrun":
-        port, addresses = free_port(nodes[0]), {h.name: h.address for h in hosts}
+        addresses = {h.name: h.address for h in hosts}
         commands = []
-        for i, (h, slot) in enumerate(zip(hosts, slots)):
+        for h, slot in zip(hosts, slots):  # nodes, rank and port are the launch's: the supervisor fills them in
             nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
                 "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
-                *torchrun_argv(len(hosts), nproc or slot.slots, i, hosts[0].address, port, rank_cmd)), None))
+                *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, hosts[0].address, MASTER_PORT, rank_cmd)),
+                None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
     ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
     workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
     commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
-
-
-def reap_script(job_id: str) -> str:
-    """Kill every process of the job; print how many. The job's processes carry KIT_JOB=<id>; their descendants
-    belong to it too, whatever their environment (a rank may start children with `env -i`)."""
-    return (
-        f"job=KIT_JOB={job_id}; pids=' '; "
-        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"$job\" && pids=\"$pids${p#/proc/} \"; done; "
-        # descendants, generation by generation (bounded: each round adds a process, or ends)
-        "while :; do more=''; for p in /proc/[0-9]*; do pid=${p#/proc/}; case \"$pids\" in *\" $pid \"*) continue;; esac; "
-        "ppid=$(sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null); "
-        "case \"$pids\" in *\" $ppid \"*) more=\"$more$pid \";; esac; done; "
-        "[ -z \"$more\" ] && break; pids=\"$pids$more\"; done; "
-        "n=0; for pid in $pids; do kill -9 $pid 2>/dev/null && n=$((n+1)); done; echo $n")
 
 
 def reap_command(container: str, job_id: str) -> str:
@@ -174,6 +192,9 @@ class Outcome:
     failure: tuple[int, int] | None          # (rank, exit code) that failed first
     leftovers: dict[str, int] = field(default_factory=dict)  # host -> processes kit had to stop
     env_kept: list[str] = field(default_factory=list)        # addresses whose container may still hold the variables
+    ranks: list[str] = field(default_factory=list)           # the host of each rank of the last launch
+    restarts: int = 0
+    hang: str = ""                                           # what the hang watch found, if it stopped the job
 
 
 @dataclass
@@ -208,6 +229,15 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
     return sum(fan_out("copying what the job wrote", list(plan), one))
 
 
+def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
+    """(host, rank) -> the rank's Python stack now, on every host at once."""
+    def one(n: Node) -> dict[int, str]:
+        r = n.runner.run(command(exec_argv(n.place.container, supervisor.stacks_argv(job_id))), timeout=120)
+        return supervisor.parse_stacks(r.check(f"cannot read the stacks of job {job_id}").stdout)
+    found = fan_out("reading every rank's stack", nodes, one, lambda n: n.name)
+    return {(n.name, rank): text for n, by_rank in zip(nodes, found) for rank, text in by_rank.items()}
+
+
 def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     def one(n: Node) -> int:
         r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
@@ -235,23 +265,35 @@ def start(job: Job, nodes: list[Node]) -> None:
             raise
         record, shown = job.record_env()
         primary.runner.run(record, stdin=shown, timeout=60).check("cannot write the job's record")
-    primary.runner.run(job.launch(), timeout=60).check(f"cannot start job {job.id} on {primary.name}")
+    plan, text = job.write_plan()
+    primary.runner.run(plan, stdin=text, timeout=60).check("cannot write the job's record")
+    launched = primary.runner.run(job.launch(), timeout=60)
+    if not launched.ok:  # recorded as failed, not left pending
+        d = shlex.quote(job.folder)
+        primary.runner.run(command(exec_argv(primary.place.container, ["sh", "-c", (
+            f"echo 'kit: the supervisor did not start' >> {d}/output.log; date +%s > {d}/ended; echo 1 > {d}/exit")])),
+            timeout=60)
+    launched.check(f"cannot start job {job.id} on {primary.name}")
 
 
 def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
     """Start the job and follow it to its end, handing each line to on_line(rank, host of the rank, text); then
     stop what is left of it on every host. Ctrl-C stops it everywhere. nodes[0] is the primary."""
-    ranks = job.ranks
+    ranks = [s.host for s in job.ranks]
     failures = Failures()
     ended = End()
 
     def handle(line: str) -> None:
+        nonlocal ranks, failures
         if ended.feed(line):
+            return
+        if (hosts := launch_ranks(line)) is not None:  # a launch (again, after a restart): its ranks' hosts
+            ranks, failures = hosts, Failures()
             return
         rank, text = split_rank(line)
         failures.feed(rank, text)
         if rank is None or exit_report(text) is None:
-            on_line(rank, ranks[rank].host if rank is not None and rank < len(ranks) else None, text)
+            on_line(rank, ranks[rank] if rank is not None and rank < len(ranks) else None, text)
 
     primary = nodes[0]
     start(job, nodes)
@@ -259,8 +301,9 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
         primary.runner.stream_out(job.follow(), handle)
     except KeyboardInterrupt:
         raise Interrupted(job, stop(nodes, job.id).killed) from None
-    kept = primary.runner.run(job.env_kept(), timeout=60).stdout.split() if job.env else []
-    return Outcome(ended.code, failures.first(), reap(nodes, job.id), kept)
+    end = parse_ending(primary.runner.run(job.ending(), timeout=60).stdout)
+    return Outcome(ended.code, failures.first(), reap(nodes, job.id), end.get("env_kept", "").split(), ranks,
+                   _int(end.get("restarts")) or 0, end.get("hang", ""))
 
 
 class Interrupted(KitError):
@@ -275,7 +318,7 @@ class Interrupted(KitError):
 # ---------------------------------------------------------------- the jobs of a cluster, as their folders record them
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
-STATES = ("running", "stopping", "succeeded", "failed", "stopped", "lost")
+STATES = ("pending", "running", "restarting", "stopping", "succeeded", "failed", "stopped", "lost")
 END_MARK = "@@kit-job-end"
 
 
@@ -291,6 +334,11 @@ class End:
         value = line[len(END_MARK):].strip()
         self.code = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None
         return True
+
+
+def launch_ranks(line: str) -> list[str] | None:
+    """The supervisor's line at each launch: the host of each rank."""
+    return line.split()[1:] if line.startswith(RANKS_MARK + " ") or line == RANKS_MARK else None
 
 
 # A pid a job's file names, read as digits only; it is the job's while that process carries the mark.
@@ -339,8 +387,9 @@ for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     folder = os.path.join(root, name)
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
-    record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment")}
-    record.update(id=name, stopped=read(folder, "stopped") is not None,
+    record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment", "restarts",
+                                           "left_out", "hang", "phase")}
+    record.update(id=name, stopped=read(folder, "stopped") is not None, planned=read(folder, "plan.json") is not None,
                   alive=carries(read(folder, "supervisor") or "", "KIT_SUPERVISOR=" + name))
     print(json.dumps(record))
 """
@@ -363,25 +412,34 @@ class Record:
     stopped: bool            # kit stop (or Ctrl-C) asked it to stop
     alive: bool              # its supervisor (the shell that records its end) is there, and still the job's
     environment: str = ""    # what kit showed of its variables
+    restarts: int = 0        # how often it was started again
+    left_out: tuple[str, ...] = ()  # the hosts a restart left out
+    hang: str = ""           # what the supervisor found when no rank made progress
+    restarting: bool = False  # between two launches
+    planned: bool = False    # kit wrote its plan (the supervisor may not have started yet)
 
     @classmethod
     def parse(cls, line: str) -> "Record":
         raw = json.loads(line)
         return cls(raw["id"], raw.get("launcher") or "horovod", tuple((raw.get("ranks") or "").split()),
                    _int(raw.get("started")), _int(raw.get("ended")), _int(raw.get("exit")), bool(raw.get("stopped")),
-                   bool(raw.get("alive")), raw.get("environment") or "")
+                   bool(raw.get("alive")), raw.get("environment") or "", _int(raw.get("restarts")) or 0,
+                   tuple((raw.get("left_out") or "").split()), raw.get("hang") or "", raw.get("phase") == "restarting",
+                   bool(raw.get("planned")))
 
     @property
     def state(self) -> str:
-        """running -> (stopping ->) succeeded | failed | stopped; lost when neither its supervisor nor its end is
-        there (its container was removed or restarted under it)."""
+        """pending -> running (-> restarting -> running ...) (-> stopping) -> succeeded | failed | stopped; lost when
+        neither its supervisor nor its end is there (its container was removed or restarted under it)."""
         if self.exit_code is not None:
             if self.stopped:
                 return "stopped"
             return "succeeded" if self.exit_code == 0 else "failed"
         if self.alive:
-            return "stopping" if self.stopped else "running"
-        return "stopped" if self.stopped else "lost"
+            return "stopping" if self.stopped else "restarting" if self.restarting else "running"
+        if self.stopped:
+            return "stopped"
+        return "pending" if self.planned and self.started is None else "lost"
 
     def seconds(self, now: float) -> int | None:
         if self.started is None:

@@ -131,7 +131,7 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
     return _template_env().get_template(TEMPLATES[config.framework]).render(
         c=config, base=base or config.base_image, builder=builder or config.builder_image, kit_version=__version__,
         single_stage=single_stage, extra_ca=extra_ca, image_indexes=image_indexes,
-        user_requirements=[image_requirement(spec) for spec in config.pip_packages], **framework)
+        user_requirements=[image_requirement(spec) for spec in config.pip_packages], tool_requirements=wheels.TOOLS, **framework)
 
 
 def image_requirement(spec: str) -> str:

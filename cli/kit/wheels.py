@@ -30,6 +30,8 @@ TAIL_LINES = 15
 
 # What the torch stage installs besides torch: Horovod's runtime needs, and numpy.
 HOROVOD_RUNTIME = ("cloudpickle", "psutil", "pyyaml", "packaging", "numpy")
+# What every image's last stage installs: py-spy, for the stacks of a hung job's ranks (`kit stacks`).
+TOOLS = ("py-spy>=0.4,<0.5",)
 # What Horovod's build needs besides torch (setup_requires asks for cffi when it builds the torch extension), and
 # CMake from pip: the current one (4.x) on every base, not the distribution's.
 HOROVOD_BUILD = ("setuptools", "wheel", "cffi", "cmake>=3.24")
@@ -87,7 +89,7 @@ def groups(config: BuildConfig) -> list[Group]:
                  Group("horovod", (horovod_requirement(config),), no_deps=True, sdist=True)]
     if user:
         found.append(Group("user", user, along=base))
-    return found
+    return found + [Group("tools", TOOLS)]
 
 
 @dataclass(frozen=True)

@@ -257,6 +257,75 @@ def test_ctrl_c_stops_the_job_on_every_host(request, lab, launcher):
     assert (job["state"], job["launcher"]) == ("stopped", launcher) and job["exit"] is not None, job
 
 
+RESTARTING = {  # launcher -> (kit run's options, the example and its options)
+    "horovod": (["--np", "3"], "cifar10_cnn_horovod.py", ["--samples", "768"]),
+    "torchrun": (["--launcher", "torchrun"], "ddp_train.py", ["--samples", "24576"]),
+}
+
+
+@pytest.mark.parametrize("launcher", RESTARTING)
+def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(project, lab, cluster, launcher):
+    """A host's container killed mid-run: kit starts the job again on the two others (--restarts 1 --min-np 2),
+    the example resumes from its last checkpoint and ends; kit jobs shows the restart and the host left out."""
+    run_options, example, job_options = RESTARTING[launcher]
+    checkpoint = f"checkpoints/restart-{launcher}.pt"
+    lab.hosts[0].run_in("rm", "-f", f"/var/lib/kit/lab/workspace/{checkpoint}")
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", *run_options, "--restarts", "1", "--min-np", "2",
+                             str(REPO / "examples" / example), "--", *job_options, "--epochs", "8",
+                             "--checkpoint", checkpoint],
+                            cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    h3 = lab.hosts[2]
+    seen, deadline = [], time.monotonic() + 300
+    try:
+        while not any(re.search(r"rank 0\] epoch 2: loss", line) for line in seen):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+            seen.append(line)
+        h3.docker("kill", "kit-lab")
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        h3.docker("start", "kit-lab")
+    out = "".join(seen) + out
+    assert proc.returncode == 0, out[-4000:] + err[-3000:]
+    assert f"kit: restart 1 of 1: left out {h3.address} (no answer); 2 processes on " in out, out[-4000:]
+    resumed = re.search(rf"rank 0\] resumed from {checkpoint} after epoch (\d) \(restart 1, 2 ranks\)", out)
+    assert resumed and int(resumed[1]) >= 2, out[-4000:]
+    epochs = [(int(e), float(loss)) for e, loss in re.findall(r"rank 0\] epoch (\d): loss ([\d.]+)", out)]
+    after = [loss for e, loss in epochs if e > int(resumed[1])]
+    assert [e for e, _ in epochs][-1] == 8 and after and after[-1] < epochs[0][1], epochs
+    assert not re.search(rf"^\[{re.escape(h3.address)} rank", out.split("resumed from")[1], re.M)  # none on h3
+    job = last_job(project, lab)
+    assert (job["state"], job["exit"], job["restarts"], job["left_out"]) == ("succeeded", 0, 1, [h3.address]), job
+    assert job["np"] == 2 and job_processes(lab, example) == {}
+    table = kit(project, lab, "jobs").stdout
+    assert re.search(rf"^{job['id']}\s.*succeeded\s.*\s1 \(left out {re.escape(h3.address)}\)", table, re.M), table
+
+
+def test_a_hang_is_named_with_every_ranks_stack_and_the_job_stopped(project, lab, cluster):
+    """Rank 2 blocks before an allreduce, the others wait in it: within the hang timeout + 60 s kit names rank 2 and
+    its host, keeps each rank's stack (py-spy) in the job's folder, and nothing of the job is left."""
+    started = time.monotonic()
+    r = kit(project, lab, "run", "--np", "3", "--hang-timeout", "20s", LOOP, "--", "--hang-rank", "2", timeout=300)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert elapsed < 20 + 60 + 30, elapsed  # + the ranks' start (torch and Horovod imported on a loaded host)
+    h3 = lab.hosts[2]
+    hung = re.search(r"hung: no rank has made progress for \d+ s: rank 2 on (\S+) is at (.*); the other 2 ranks "
+                     r"wait at (.*); it was stopped on every host", " ".join(r.stderr.split()))
+    assert hung and hung[1] == h3.address and "allreduce_loop.py" in hung[2], r.stderr[-3000:]
+    job = last_job(project, lab)
+    assert job["state"] == "failed" and job["hang"].startswith("no rank has made progress"), job
+    folder = f"/var/lib/kit/lab/jobs/{job['id']}/stacks"
+    stacks = {name: lab.hosts[0].run_in("cat", f"{folder}/{name}").stdout
+              for name in ("rank-0.txt", "rank-1.txt", "rank-2.txt")}
+    assert stacks["rank-2.txt"].startswith(f"rank 2 on {h3.address}\n"), stacks
+    assert re.search(r"<module> \(.*allreduce_loop\.py:\d+\)", stacks["rank-2.txt"]), stacks["rank-2.txt"]
+    assert "synchronize" in stacks["rank-0.txt"] or "allreduce" in stacks["rank-0.txt"], stacks["rank-0.txt"]
+    assert job_processes(lab, "allreduce_loop") == {}
+
+
 def test_a_launcher_the_image_cannot_run_is_refused_before_anything_runs(lab, cluster, tf_cluster):
     """Which launchers a cluster runs comes from its image's own flavor label, recorded by kit up."""
     for where, launcher, has in ((tf_cluster, "horovod", "TensorFlow, no torch or Horovod"),

@@ -1,9 +1,12 @@
 """horovodrun from the inventory, and its output read back."""
 
+import shlex
+
 import pytest
 
-from kit.commands.horovod import (Failures, HorovodOptions, Slot, check_np, common_interfaces, exit_report,
-                                  horovodrun_argv, placement, rank_command, split_rank)
+from kit.commands.horovod import (Failures, HorovodOptions, check_np, common_interfaces, exit_report, horovodrun_argv,
+                                  rank_command, split_rank)
+from kit.supervisor import Slot, placement
 from kit.errors import BadInput
 
 SLOTS = [Slot("gpu-1", "10.0.0.1", 2), Slot("gpu-2", "10.0.0.2", 1), Slot("gpu-3", "10.0.0.3", 1)]
@@ -121,7 +124,8 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
                          hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
     job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
               HorovodOptions(start_timeout=90))
-    launch = job.launch()
-    assert launch.startswith("docker exec -d -e KIT_SUPERVISOR=j1 -e HOROVOD_GLOO_TIMEOUT_SECONDS=90 kit-lab bash -c ")
-    assert "(export KIT_JOB=j1; " in launch
+    launch = shlex.split(job.launch())
+    assert launch[:9] == ["docker", "exec", "-d", "-e", "KIT_SUPERVISOR=j1", "-e", "HOROVOD_GLOO_TIMEOUT_SECONDS=90",
+                          "kit-lab", "python"] and launch[-1] == "/var/lib/kit/lab/jobs/j1/plan.json"
     assert job.folder == "/var/lib/kit/lab/jobs/j1"
+    assert job.argv()[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and job.argv()[-3:] == ["python", "-u", "t.py"]

@@ -2,12 +2,10 @@
 in the primary's container (run here on a folder of the same files)."""
 
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -101,34 +99,6 @@ def run_follow(j, folder, workspace) -> list[str]:
     r = subprocess.run(["sh", "-c", inner(j.follow(), folder, workspace)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
-
-
-def test_the_supervisor_records_the_job_and_kit_follows_it_to_its_exit_code(tmp_path):
-    """The launch's shell (its launcher replaced by a stand-in) started apart from kit, with the variables
-    `docker exec -d` gives it, and the follower run beside it: every line from the start, then the job's exit
-    code. A follower that goes away ends nothing."""
-    from test_jobenv import job
-    j = job(())
-    assert j.launch().startswith("docker exec -d -e KIT_SUPERVISOR=j1 ")
-    supervisor = re.sub(r"exec horovodrun [^)]*\)", "exec sh -c 'echo one; sleep 1; echo two; exit 3')",
-                        inner(j.launch(), tmp_path / "jobs", tmp_path))
-    started = subprocess.Popen(["bash", "-c", supervisor], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               env={**os.environ, "KIT_SUPERVISOR": "j1"})
-    reaped = threading.Thread(target=started.wait)  # reaped at once, as the container's runtime reaps it
-    reaped.start()
-    quitter = subprocess.run(f"sh -c {shlex.quote(inner(j.follow(), tmp_path / 'jobs', tmp_path))} | head -c 0",
-                             shell=True, timeout=30)  # its reader gone at once, as when kit is killed
-    lines = run_follow(j, tmp_path / "jobs", tmp_path)
-    reaped.join(timeout=30)
-    assert started.returncode == 0 and quitter is not None
-    assert lines == ["one", "two", f"{jobs.END_MARK} 3"]
-    end = jobs.End()
-    assert end.feed(lines[-1]) and end.code == 3 and not end.feed("two")
-    folder = tmp_path / "jobs"
-    assert (folder / "output.log").read_text() == "one\ntwo\n" and (folder / "exit").read_text() == "3\n"
-    assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
-    # followed again once it has ended: the whole output at once, and the same code
-    assert run_follow(j, folder, tmp_path) == lines
 
 
 def test_following_a_job_that_never_started_or_left_no_code_says_so(tmp_path):

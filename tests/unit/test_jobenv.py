@@ -3,7 +3,6 @@ reads them (the rank launcher, run here with the file kit writes into every cont
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 
@@ -121,23 +120,23 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
     assert "INFO" not in record and shown == b"NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
     assert record == "docker exec -i kit-lab sh -c 'mkdir -p /var/lib/kit/lab/jobs/j1 && " \
                      "cat > /var/lib/kit/lab/jobs/j1/environment'"
-    assert "/run/kit/env" not in job(()).launch() and "KIT_ENV" not in job(()).launch()  # no variables
+    assert "-e KIT_ENV=1" not in job(()).launch() and not job(()).plan().env  # no variables
+    assert j.plan().env and "s3cr3t-value" not in j.plan().dump() and "s3cr3t-value" not in j.write_plan()[1].decode()
 
 
-def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path):
-    state = ClusterState("lab", "img:1", "sha256:abc", 12345, "/w", hosts=[
-        HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True),
-        HostState("b", "10.0.0.2", Place("kit-lab", "/var/lib/kit/lab")),
-        HostState("c", "10.0.0.3", Place("kit-lab", "/var/lib/kit/lab"))])
-    j = Job("j1", state, 3, (), (), ("python", "-u", "t.py"), env=(("A", "1"),))
-    tidy = shlex.split(j.launch().split(" bash -c ", 1)[1])[0].split("echo $code > /var/lib/kit/lab/jobs/j1/exit; ")[1]
-    # run here: `ssh` answers for 10.0.0.2 and fails for 10.0.0.3; rm of the primary's own copy is real
+def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path, ssh_shim):
+    """supervisor.tidy_env, run here: `ssh` runs the command here for 10.0.0.2 and fails for 10.0.0.3 (down); the
+    primary's own copy is removed directly, the others' over the cluster SSH."""
+    from kit.supervisor import Plan, tidy_env
+    (ssh_shim / "down").write_text("10.0.0.3\n")
     env_dir = tmp_path / "env"
     env_dir.mkdir()
-    (env_dir / "j1").write_text("{}")
-    fake = 'ssh() { for a; do :; done; case "$*" in *10.0.0.3*) return 255;; esac; }\n'
-    script = fake + tidy.replace("/run/kit/env", str(env_dir)).replace("/var/lib/kit/lab/jobs/j1", str(tmp_path))
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert not (env_dir / "j1").exists() and (tmp_path / "env_kept").read_text() == "10.0.0.3\n"
-    assert tidy.count("ssh -n -o BatchMode=yes -o ConnectTimeout=10 ") == 2 and "10.0.0.1" not in tidy
+    for name in ("j1", "other"):
+        (env_dir / name).write_text("{}")
+    plan = Plan("j1", str(tmp_path), str(tmp_path), "horovod", [Slot("a", "10.0.0.1", 1), Slot("b", "10.0.0.2", 1),
+                Slot("c", "10.0.0.3", 1)], 3, None, 12345, [], [], [], env=True)
+    tidy_env(plan, str(env_dir))
+    assert not (env_dir / "j1").exists() and (env_dir / "other").exists()
+    assert (tmp_path / "env_kept").read_text() == "10.0.0.3\n"
+    calls = sorted((ssh_shim / "calls").read_text().splitlines())
+    assert calls == [f"10.0.0.2 rm -f {env_dir}/j1", f"10.0.0.3 rm -f {env_dir}/j1"]

@@ -29,6 +29,7 @@ def test_cpu_groups_follow_the_stages_and_ask_for_the_cpu_build_of_torch():
         Group("torch", torch),
         Group("build", ("setuptools", "wheel", "cffi", "cmake>=3.24"), along=torch),
         Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True),
+        Group("tools", ("py-spy>=0.4,<0.5",)),  # in every image: py-spy for a hung rank's stack
     ]
     assert wheels.torch_requirement(config(torch="2.12.0+cpu")) == "torch==2.12.0+cpu"
     assert wheels.torch_requirement(config(flavor="gpu")) == "torch==2.14.1"  # PyPI's torch is CUDA 13.0's
@@ -46,16 +47,20 @@ def test_the_gpu_build_takes_the_cuda_compiler_of_torchs_own_cuda_from_wheels():
 
 
 def test_user_packages_are_resolved_along_with_the_stage_below():
-    user = wheels.groups(config(pip_packages=("tqdm>=4",)))[-1]
+    user = wheels.groups(config(pip_packages=("tqdm>=4",)))[-2]
     assert user == Group("user", ("tqdm>=4",), along=wheels.groups(config())[0].requirements)
-    tf_user = wheels.groups(config(flavor="tf-cpu", pip_packages=("six",)))[-1]
+    tf_user = wheels.groups(config(flavor="tf-cpu", pip_packages=("six",)))[-2]
     assert tf_user == Group("user", ("six",), along=("tensorflow-cpu==2.21.0",))
+
+
+TOOLS = Group("tools", wheels.TOOLS)
 
 
 def test_tf_keras_comes_without_dependencies_beside_tensorflow_cpu():
     assert wheels.groups(config(flavor="tf-cpu")) == [
-        Group("tf", ("tensorflow-cpu==2.21.0",)), Group("tf", ("tf-keras==2.21.*",), no_deps=True)]
-    assert wheels.groups(config(flavor="tf-gpu")) == [Group("tf", ("tensorflow[and-cuda]==2.21.0", "tf-keras==2.21.*"))]
+        Group("tf", ("tensorflow-cpu==2.21.0",)), Group("tf", ("tf-keras==2.21.*",), no_deps=True), TOOLS]
+    assert wheels.groups(config(flavor="tf-gpu")) == [Group("tf", ("tensorflow[and-cuda]==2.21.0", "tf-keras==2.21.*")),
+                                                      TOOLS]
 
 
 def test_target_platform_options_cover_every_manylinux_level_up_to_the_bases_glibc():
@@ -115,6 +120,7 @@ def offline(tmp_path, monkeypatch):
     make_wheel(links, "numpy", "2.5.0", tag="cp311-cp311-manylinux_2_39_x86_64")  # too new a glibc for the base
     make_wheel(links, "tf-keras", "2.21.0", ("tensorflow<2.22",))
     make_wheel(links, "tqdm", "4.67.1", ("numpy",))
+    make_wheel(links, "py-spy", "0.4.3", tag="py2.py3-none-manylinux_2_5_x86_64")
     return PipSettings({"no-index": "1", "find-links": str(links)})
 
 
@@ -127,8 +133,9 @@ def test_real_resolution_fills_each_stages_folder_for_the_images_platform(offlin
                "tensorflow_cpu-2.21.0-cp311-cp311-manylinux_2_17_x86_64.whl",
                "tf_keras-2.21.0-py3-none-any.whl"],  # without its `tensorflow` dependency
         "user": ["tqdm-4.67.1-py3-none-any.whl"],  # numpy is the tf stage's, not repeated
+        "tools": ["py_spy-0.4.3-py2.py3-none-manylinux_2_5_x86_64.whl"],
     }
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tf", "user"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tf", "tools", "user"]
 
 
 def test_a_package_no_source_has_is_named_with_the_fix(offline, tmp_path):
@@ -189,7 +196,7 @@ def test_every_stage_resolved_along_with_torch_gets_only_its_own_files(tmp_path)
     made = {"torch==2.13.0+cpu": ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
                                   "cloudpickle-3.1.2-py3-none-any.whl"],
             "setuptools": ["setuptools-80.0.0-py3-none-any.whl"], "horovod==0.28.1": ["horovod-0.28.1.tar.gz"],
-            "six": ["six-1.17.0-py2.py3-none-any.whl"]}
+            "six": ["six-1.17.0-py2.py3-none-any.whl"], "py-spy>=0.4,<0.5": ["py_spy-0.4.3-py2.py3-none-any.whl"]}
 
     def pip(argv, **kwargs):
         dest = Path(argv[argv.index("--dest") + 1])
@@ -204,5 +211,5 @@ def test_every_stage_resolved_along_with_torch_gets_only_its_own_files(tmp_path)
                            env={"PATH": "/usr/bin:/bin"}, run=pip)
     assert {k: sorted(f.name for f in v) for k, v in found.files.items()} == {
         "torch": sorted(made["torch==2.13.0+cpu"]), "build": made["setuptools"], "horovod": made["horovod==0.28.1"],
-        "user": made["six"]}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["build", "horovod", "torch", "user"]
+        "user": made["six"], "tools": made["py-spy>=0.4,<0.5"]}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["build", "horovod", "tools", "torch", "user"]

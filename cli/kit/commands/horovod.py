@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from kit.errors import BadInput
+from kit.supervisor import ENV_DIR, PROGRESS_DIR, Slot, horovodrun
 
 _RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 _FAILED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
@@ -17,21 +18,66 @@ VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connectio
                 "Connection reset by peer")
 
 
-# The job's own variables (`kit run -e`), one JSON object a job, written by kit into every host's container
-# before the job starts and removed when it ends: a rank reads them from there, so their values are on no
-# command line (horovodrun passes its environment to other hosts on ssh's).
-ENV_DIR = "/run/kit/env"
-
-
 # Runs the script as `python script.py` would, with the job's variables, and says when and how it ended: at the
 # moment it raises or exits, before atexit handlers such as Horovod's shutdown (which lets the other ranks fail
 # first). horovodrun learns of exits over SSH, late and out of order, so its own account cannot say which rank
-# failed first.
-def rank_launcher(env_dir: str = ENV_DIR) -> str:
+# failed first. A thread beside the script keeps the rank's heartbeat (PROGRESS_DIR/<job>/<rank>): how often its main
+# thread was seen somewhere new, and where it is, for the supervisor's hang watch.
+def rank_launcher(env_dir: str = ENV_DIR, progress_dir: str = PROGRESS_DIR, every: float = 2.0) -> str:
     return f"""\
-import json, os, runpy, sys, time
+import json, os, runpy, sys, threading, time
+def rank_of(env):
+    if env.get("HOROVOD_RANK", env.get("RANK", "")).isdigit():
+        return int(env.get("HOROVOD_RANK", env.get("RANK")))
+    try:
+        return int(json.loads(env["TF_CONFIG"])["task"]["index"])
+    except (KeyError, ValueError, TypeError):
+        return None
+RANK, JOB = rank_of(os.environ), os.path.basename(os.environ.get("KIT_JOB", ""))
+BEAT = os.path.join(os.environ.get("KIT_PROGRESS_DIR", {progress_dir!r}), JOB, str(RANK)) if JOB and RANK is not None else None
+def place(frame):  # where the main thread is: its innermost frame, and the innermost of the job's own code
+    inner = "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    while frame is not None and ("/lib/python" in frame.f_code.co_filename or frame.f_code.co_filename.startswith("<")):
+        frame = frame.f_back
+    own = frame and "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    return inner if own in (None, inner) else inner + " (from " + own + ")"
+def heartbeat():
+    # The main thread moves when it is seen somewhere new (20 looks a second), or when it computed for a fifth of
+    # the time since the last beat (a loop that is seen at one place only, as it holds the interpreter elsewhere).
+    main, here, last, moves, where = threading.main_thread(), None, None, 0, "?"
+    clock = time.pthread_getcpuclockid(main.ident)
+    cpu, at = time.clock_gettime(clock), time.monotonic()
+    while True:
+        for _ in range({int(every / 0.05)}):
+            frame = sys._current_frames().get(main.ident)
+            if frame is not None:
+                here = (place(frame), frame.f_lasti)
+                if here != last:
+                    moves, last, where = moves + 1, here, here[0]
+            frame = None
+            time.sleep(0.05)
+        try:
+            now_cpu, now = time.clock_gettime(clock), time.monotonic()
+        except OSError:  # the main thread has ended
+            return
+        if now_cpu - cpu >= 0.2 * (now - at):
+            moves += 1
+        cpu, at = now_cpu, now
+        try:
+            os.makedirs(os.path.dirname(BEAT), exist_ok=True)
+            with open(BEAT + ".new", "w") as f:
+                json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
+            os.replace(BEAT + ".new", BEAT)
+        except OSError:
+            pass
 def report(code):
     print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
+    try:
+        os.remove(BEAT)
+    except (OSError, TypeError):
+        pass
+if BEAT:
+    threading.Thread(target=heartbeat, daemon=True, name="kit-heartbeat").start()
 if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
     try:
         with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
@@ -59,13 +105,6 @@ RANK_LAUNCHER = rank_launcher()
 
 def rank_command(script: str, args: list[str]) -> list[str]:
     return ["python", "-u", "-c", RANK_LAUNCHER, script, *args]
-
-
-@dataclass(frozen=True)
-class Slot:
-    host: str      # the name in hosts.txt
-    address: str   # where the containers reach it
-    slots: int
 
 
 @dataclass(frozen=True)
@@ -99,19 +138,6 @@ def check_np(np: int | None, slots: list[Slot]) -> int:
     return np
 
 
-def placement(slots: list[Slot], np: int) -> list[Slot]:
-    """The host of each rank: horovodrun fills the hosts in -H order, each up to its slots."""
-    ranks = [s for s in slots for _ in range(s.slots)]
-    return ranks[:np]
-
-
-def hosts_arg(slots: list[Slot], np: int) -> str:
-    used: dict[str, int] = {}
-    for s in placement(slots, np):
-        used[s.address] = used.get(s.address, 0) + 1
-    return ",".join(f"{address}:{count}" for address, count in used.items())
-
-
 def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], addresses: dict[str, str]) -> list[str]:
     """On every host, the interface whose subnet holds all the cluster's addresses (chosen by subnet, not name).
 
@@ -132,11 +158,7 @@ def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], address
 
 def horovodrun_argv(np: int, slots: list[Slot], port: int, nics: list[str], command: list[str],
                     options: HorovodOptions) -> list[str]:
-    # A job on one host is local to horovodrun (it talks over loopback): naming a NIC would contradict it.
-    one_host = len({s.address for s in placement(slots, np)}) == 1
-    nic = [] if one_host else ["--network-interface", ",".join(nics)]
-    return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port), *nic,
-            *options.argv(), *command]
+    return horovodrun(np, slots, port, nics, [*options.argv(), *command])
 
 
 def split_rank(line: str) -> tuple[int | None, str]:

@@ -1,6 +1,6 @@
 """A job for failure tests: every rank allreduces in a loop; one rank may exit on purpose.
 
-    python allreduce_loop.py [--seconds 300] [--fail-rank 2 --exit-code 3]   (horovodrun)
+    python allreduce_loop.py [--seconds 300] [--fail-rank 2 --exit-code 3] [--hang-rank 2]   (horovodrun)
     torchrun ... allreduce_loop.py --ddp [...]                                (torch.distributed, gloo)
     TF_CONFIG=... python allreduce_loop.py --tf [...]                         (MultiWorkerMirroredStrategy)
 """
@@ -15,6 +15,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=300)
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=3)
+parser.add_argument("--hang-rank", type=int, default=-1, help="this rank blocks forever before its 5th allreduce")
 parser.add_argument("--ddp", action="store_true", help="torch.distributed from torchrun's environment")
 parser.add_argument("--tf", action="store_true", help="TensorFlow's collectives from TF_CONFIG")
 args = parser.parse_args()
@@ -61,6 +62,9 @@ while time.monotonic() < deadline:
     if rank == args.fail_rank and step == 5:
         print(f"rank {rank} fails on purpose with exit code {args.exit_code}", flush=True)
         sys.exit(args.exit_code)
+    if rank == args.hang_rank and step == 5:
+        print(f"rank {rank} blocks on purpose", flush=True)
+        time.sleep(10 ** 6)  # the others wait for it in the allreduce below
     allreduce(1.0, name=f"step{step}")
     step += 1
     time.sleep(0.1)

@@ -1,0 +1,522 @@
+"""A job's supervisor, and the launch commands it starts: Python's standard library only.
+
+kit sends this module's source to the primary's container, where it runs as the job's supervisor
+(`python -c SOURCE PLAN`), apart from kit's session: it starts the launcher (horovodrun, or a script that
+starts torchrun or a TF worker on every host over the cluster SSH), keeps the job's record in its folder
+(pid, output.log, started, ended, exit), watches the ranks' progress (the rank launcher's heartbeat, see
+kit.commands.horovod) and, by the job's failure policy, starts it again on the hosts that still answer
+(`kit run --restarts N --min-np M`) with KIT_RESTART=<n> in its environment. kit imports the same builders
+(horovodrun, torchrun_argv, fanout_script, ...) for the first launch, so a restart is launched as the first.
+
+Every process of a job carries KIT_JOB=<id>; the supervisor carries KIT_SUPERVISOR=<id> alone, so stopping
+what is left of a job (reap_script) never stops the supervisor, which records the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+# The job's own variables (`kit run -e`), one JSON object a job, written by kit into every host's container before
+# the job starts and removed when it ends: a rank reads them from there, so their values are on no command line.
+ENV_DIR = "/run/kit/env"
+# Each rank's heartbeat, in its host's container: /run/kit/progress/<job>/<rank>, one JSON line (the rank launcher's,
+# kit.commands.horovod); KIT_PROGRESS_DIR moves it (the unit tests give each stand-in host its own).
+PROGRESS_DIR = "/run/kit/progress"
+PROGRESS = f"${{KIT_PROGRESS_DIR:-{PROGRESS_DIR}}}"  # the same, in sh
+# Variables of the primary's container that the commands on every host need (an SSH session starts with sshd's
+# environment, not the image's).
+FORWARDED = ("PATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "KIT_JOB", "KIT_ENV", "KIT_RESTART")
+# torchrun prefixes every line of a worker with its global rank, as horovodrun does.
+TORCHRUN_PREFIX = "[${rank}]<stdout>:"
+# Lines the supervisor writes in the job's output for kit: the host of each rank of the launch that starts now.
+RANKS_MARK = "@@kit-ranks"
+# Placeholders of a torchrun node command that depend on the hosts of the launch (filled by for_hosts()).
+NNODES, NODE_RANK, MASTER_PORT = "@KIT_NNODES@", "@KIT_NODE_RANK@", "@KIT_MASTER_PORT@"
+SSH = ("ssh", "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
+REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
+
+
+# ------------------------------------------------------------------------------------------------ launch commands
+
+@dataclass(frozen=True)
+class Slot:
+    host: str      # the name in hosts.txt
+    address: str   # where the containers reach it
+    slots: int
+
+
+def placement(slots: list[Slot], np: int) -> list[Slot]:
+    """The host of each rank: horovodrun fills the hosts in -H order, each up to its slots."""
+    ranks = [s for s in slots for _ in range(s.slots)]
+    return ranks[:np]
+
+
+def hosts_arg(slots: list[Slot], np: int) -> str:
+    used: dict[str, int] = {}
+    for s in placement(slots, np):
+        used[s.address] = used.get(s.address, 0) + 1
+    return ",".join(f"{address}:{count}" for address, count in used.items())
+
+
+def horovodrun(np: int, slots: list[Slot], port: int, nics: list[str], args: list[str]) -> list[str]:
+    """horovodrun over Gloo; args: its options, then what each rank runs."""
+    # A job on one host is local to horovodrun (it talks over loopback): naming a NIC would contradict it.
+    one_host = len({s.address for s in placement(slots, np)}) == 1
+    nic = [] if one_host else ["--network-interface", ",".join(nics)]
+    return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port), *nic, *args]
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    host: str          # the name in hosts.txt
+    address: str       # where the primary's container reaches it
+    argv: tuple[str, ...]
+    rank: int | None   # every line is this rank's (tf: one worker a host); None: lines carry their rank
+
+
+def torchrun_argv(nodes: int | str, nproc: int, node_rank: int | str, master: str, port: int | str,
+                  command: list[str]) -> list[str]:
+    """One node of a static rendezvous: the c10d store on the primary's cluster address, node ranks in the
+    inventory's order (hosts.txt), so global ranks are node_rank * nproc + local rank."""
+    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={nproc}", f"--node-rank={node_rank}",
+            f"--master-addr={master}", f"--master-port={port}", "--tee=3", "--no-python", *command]
+
+
+def torch_ranks(slots: list[Slot], nproc: int | None) -> list[Slot]:
+    """The host of each global rank: torchrun numbers node 0's workers first, then node 1's..."""
+    return [s for s in slots for _ in range(nproc or s.slots)]
+
+
+def _filter(node: NodeCommand) -> str:
+    """sed (unbuffered: lines stream) that makes each line of a host's output a rank line, or labels it
+    with the host."""
+    if node.rank is not None:
+        program = f"s/^/[{node.rank}]<stdout>:/"
+    else:
+        program = f"/^\\[[0-9]*\\]<std\\(out\\|err\\)>:/!s/^/{node.host}: /"
+    return "sed -u " + shlex.quote(program)
+
+
+def fanout_script(workspace: str, nodes: list[NodeCommand]) -> str:
+    """bash for the primary's container: every host's command at once over the cluster SSH; lines as they
+    come; at the first failure the others' SSH sessions are closed (what is left is then stopped on every
+    host by KIT_JOB). Exits 0, or with the first failure's status."""
+    lines = [
+        "set -m -o pipefail  # job control: each host's pipeline is a process group, stopped as one",
+        "stop() { for group in $(jobs -p); do kill -- -$group 2>/dev/null; done; }",
+        "trap 'stop; exit 130' INT TERM",
+        "fwd=''; for v in " + " ".join(FORWARDED) + "; do [ -n \"${!v}\" ] && fwd+=\"$v=$(printf %q \"${!v}\") \"; done",
+        "declare -A running",
+    ]
+    for n in nodes:
+        remote = shlex.quote(shlex.join(n.argv))
+        lines.append(f"ssh {shlex.quote(n.address)} \"cd {shlex.quote(workspace)} && exec env $fwd\" "
+                     f"{remote} < /dev/null 2>&1 | {_filter(n)} &")
+        lines.append(f"running[$!]={shlex.quote(n.host)}")
+    lines += [
+        "code=0",
+        "while [ ${#running[@]} -gt 0 ]; do",
+        "  wait -n -p ended 2>/dev/null; rc=$?  # (without the job-control chatter about stopped jobs)",
+        "  [ -z \"$ended\" ] && break",
+        "  host=${running[$ended]}; unset \"running[$ended]\"",
+        "  if [ $rc -ne 0 ] && [ $code -eq 0 ]; then",
+        "    code=$rc; echo \"$host: its processes ended with status $rc; stopping the others\"",
+        "    stop",
+        "  fi",
+        "done",
+        "exit $code",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def reap_script(job_id: str) -> str:
+    """Kill every process of the job; print how many. The job's processes carry KIT_JOB=<id>; their descendants
+    belong to it too, whatever their environment (a rank may start children with `env -i`)."""
+    return (
+        f"job=KIT_JOB={job_id}; pids=' '; "
+        "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"$job\" && pids=\"$pids${p#/proc/} \"; done; "
+        # descendants, generation by generation (bounded: each round adds a process, or ends)
+        "while :; do more=''; for p in /proc/[0-9]*; do pid=${p#/proc/}; case \"$pids\" in *\" $pid \"*) continue;; esac; "
+        "ppid=$(sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null); "
+        "case \"$pids\" in *\" $ppid \"*) more=\"$more$pid \";; esac; done; "
+        "[ -z \"$more\" ] && break; pids=\"$pids$more\"; done; "
+        f"n=0; for pid in $pids; do kill -9 $pid 2>/dev/null && n=$((n+1)); done; rm -rf \"{PROGRESS}/{job_id}\"; echo $n")
+
+
+def discovery_script(hosts: list[Slot]) -> str:
+    """sh that prints `address:slots` of each host whose container answers over the cluster SSH now, in the
+    inventory's order: horovodrun's --host-discovery-script format, and how a restart finds its hosts. Every
+    host is tried at once, each within ConnectTimeout."""
+    probe = shlex.join([*SSH[:-1], "ConnectTimeout=5"])
+    lines = ["#!/bin/sh", "# kit: the hosts of this job that answer now (address:slots)",
+             'out=$(mktemp -d) || exit 1', "trap 'rm -rf \"$out\"' EXIT"]
+    for i, h in enumerate(hosts):
+        lines.append(f"({probe} {shlex.quote(h.address)} true >/dev/null 2>&1 && "
+                     f"echo {shlex.quote(f'{h.address}:{h.slots}')} > \"$out/{i}\") &")
+    lines += ["wait", f"for i in {' '.join(str(i) for i in range(len(hosts)))}; do "
+              "cat \"$out/$i\" 2>/dev/null; done; exit 0"]
+    return "\n".join(lines) + "\n"
+
+
+def parse_discovery(text: str, hosts: list[Slot]) -> list[Slot]:
+    """The hosts a discovery script's output names, in the inventory's order."""
+    answered = {line.strip().rsplit(":", 1)[0] for line in text.splitlines() if ":" in line}
+    return [h for h in hosts if h.address in answered]
+
+
+# ---------------------------------------------------------------------------------------------- ranks' heartbeats
+
+# In each host's container: every heartbeat of the job, one JSON line each (see heartbeat()).
+def progress_script(job_id: str) -> str:
+    return f"for f in \"{PROGRESS}/{job_id}\"/*; do [ -f \"$f\" ] && head -c 2000 \"$f\" && echo; done; true"
+
+
+# In each host's container: every rank's Python stack (py-spy), each after a line `@@kit-stack RANK PID`; only
+# for a pid that carries the job's mark (a rank writes its heartbeat: its pid is not taken on trust).
+STACKS = r"""
+import json, os, subprocess, sys
+job = sys.argv[1]
+folder = os.path.join(os.environ.get("KIT_PROGRESS_DIR", sys.argv[2]), job)
+for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    try:
+        with open(os.path.join(folder, name)) as f:
+            beat = json.loads(f.read(2000))
+        rank, pid = int(beat["rank"]), int(beat["pid"])
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            if ("KIT_JOB=" + job).encode() not in f.read().split(b"\0"):
+                continue
+    except (OSError, ValueError, KeyError, TypeError):
+        continue
+    print("@@kit-stack %d %d" % (rank, pid), flush=True)
+    try:
+        r = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+        print((r.stdout + r.stderr).strip(), flush=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print("py-spy could not read it: %s" % e, flush=True)
+"""
+
+
+def stacks_argv(job_id: str) -> list[str]:
+    return ["python", "-c", STACKS, job_id, PROGRESS_DIR]
+
+
+def parse_stacks(text: str) -> dict[int, str]:
+    """rank -> its stack, from the output of stacks_argv()."""
+    found: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        parts = line.split()
+        if line.startswith("@@kit-stack ") and len(parts) == 3 and parts[1].isdigit():
+            current = found.setdefault(int(parts[1]), [])
+        elif current is not None:
+            current.append(line)
+    return {rank: "\n".join(lines) for rank, lines in found.items()}
+
+
+@dataclass(frozen=True)
+class Beat:
+    host: str
+    rank: int
+    moves: int     # how often the rank's main thread was seen somewhere else than before
+    where: str     # where it is now: file:line in function
+
+
+def parse_beats(host: str, text: str) -> list[Beat]:
+    beats = []
+    for line in text.splitlines():
+        try:
+            raw = json.loads(line)
+            beats.append(Beat(host, int(raw["rank"]), int(raw["moves"]), str(raw["where"])[:300]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a rank writes these: whatever is not a heartbeat is skipped
+    return beats
+
+
+def odd_ones(beats: list[Beat]) -> tuple[list[Beat], str]:
+    """The ranks that are somewhere else than most, and where most are. All in one place: none is odd."""
+    if not beats:
+        return [], ""
+    common, _ = Counter(b.where for b in beats).most_common(1)[0]
+    return [b for b in beats if b.where != common], common
+
+
+def hang_report(beats: list[Beat], seconds: float) -> str:
+    odd, common = odd_ones(beats)
+    if not beats:
+        return f"no rank has started in {seconds:.0f} s"
+    head = f"no rank has made progress for {seconds:.0f} s"
+    if not odd:
+        return f"{head}: all {len(beats)} ranks wait at {common}"
+    named = "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(odd, key=lambda b: b.rank))
+    rest = len(beats) - len(odd)
+    return f"{head}: {named}; the other {rest} {'rank waits' if rest == 1 else 'ranks wait'} at {common}"
+
+
+# ---------------------------------------------------------------------------------------------------- the job
+
+@dataclass
+class Plan:
+    """What kit hands the supervisor (the job folder's plan.json)."""
+
+    id: str
+    folder: str
+    workspace: str
+    launcher: str                    # horovod, torchrun, tf
+    hosts: list[Slot]                # the cluster's hosts in the inventory's order, the primary first
+    np: int                          # horovod: processes
+    nproc: int | None                # torchrun: processes a host (None: its slots)
+    port: int                        # the cluster's SSH port
+    nics: list[str]
+    args: list[str]                  # horovod: horovodrun's options, then the rank command; torchrun: the rank command
+    nodes: list[NodeCommand]         # tf: each host's command (a launch on every host, never restarted)
+    restarts: int = 0
+    min_np: int = 1
+    hang_timeout: float = 0          # seconds; 0: no watch
+    env: bool = False                # the job has variables in every container (ENV_DIR), removed at its end
+
+    @classmethod
+    def load(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        raw["hosts"] = [Slot(**h) for h in raw["hosts"]]
+        raw["nodes"] = [NodeCommand(n["host"], n["address"], tuple(n["argv"]), n["rank"]) for n in raw["nodes"]]
+        return cls(**raw)
+
+    def dump(self) -> str:
+        return json.dumps({**self.__dict__, "hosts": [h.__dict__ for h in self.hosts],
+                           "nodes": [n.__dict__ for n in self.nodes]})
+
+    def np_on(self, hosts: list[Slot]) -> int:
+        """Processes of a launch on these hosts."""
+        if self.launcher == "horovod":
+            return min(self.np, sum(h.slots for h in hosts))
+        return len(torch_ranks(hosts, self.nproc)) if self.launcher == "torchrun" else len(hosts)
+
+    def launch(self, hosts: list[Slot], port: int) -> tuple[list[str], list[str]]:
+        """(the launcher's argv, the host of each rank) for a launch on these hosts; port: torchrun's store."""
+        if self.launcher == "horovod":
+            np = self.np_on(hosts)
+            return horovodrun(np, hosts, self.port, self.nics, self.args), [s.host for s in placement(hosts, np)]
+        if self.launcher == "torchrun":
+            by_host = {n.host: n for n in self.nodes}
+            nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_PORT: port})
+                     for i, h in enumerate(hosts)]
+            ranks = [s.host for s in torch_ranks(hosts, self.nproc)]
+        else:
+            nodes, ranks = self.nodes, [h.host for h in hosts]
+        return ["bash", "-c", fanout_script(self.workspace, nodes)], ranks
+
+
+def fill(node: NodeCommand, values: dict[str, str]) -> NodeCommand:
+    """A torchrun node command with its placeholders filled: in torchrun's own options only (the script's
+    arguments, after --no-python, are the user's and stay as they are)."""
+    end = node.argv.index("--no-python") if "--no-python" in node.argv else len(node.argv)
+    head = []
+    for a in node.argv[:end]:
+        for mark, value in values.items():
+            a = a.replace(mark, value)
+        head.append(a)
+    return NodeCommand(node.host, node.address, (*head, *node.argv[end:]), node.rank)
+
+
+def _write(folder: str, name: str, text: str) -> None:
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(text + "\n")
+
+
+class Supervisor:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.log = open(os.path.join(plan.folder, "output.log"), "a", buffering=1)
+
+    def say(self, text: str) -> None:
+        self.log.write(f"kit: {text}\n")
+
+    def stopped(self) -> bool:
+        return os.path.exists(os.path.join(self.plan.folder, "stopped"))
+
+    def remote(self, host: Slot, argv: list[str], timeout: float = REMOTE_TIMEOUT_S) -> subprocess.CompletedProcess:
+        """A command in a host's container: here for the primary, over the cluster SSH for the others."""
+        full = argv if host is self.plan.hosts[0] else [*SSH, host.address, shlex.join(argv)]
+        try:
+            return subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(full, 124, "", f"no answer from {host.host} in {timeout:.0f} s")
+
+    def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
+        results: list = [None] * len(hosts)
+
+        def one(i: int) -> None:
+            results[i] = self.remote(hosts[i], argv)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(hosts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def run(self) -> int:
+        plan, folder = self.plan, self.plan.folder
+        _write(folder, "discover", discovery_script(plan.hosts))
+        os.chmod(os.path.join(folder, "discover"), 0o755)
+        hosts, attempt, left_out = list(plan.hosts), 0, []
+        while True:
+            code = self.attempt(hosts, attempt)
+            if code == 0 or self.stopped() or attempt >= plan.restarts:
+                break
+            _write(folder, "phase", "restarting")
+            self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])  # what is left of this launch, on every host
+            found = subprocess.run([os.path.join(folder, "discover")], capture_output=True, text=True, timeout=120)
+            alive = parse_discovery(found.stdout, hosts)
+            gone = [h for h in hosts if h not in alive]
+            if plan.hosts[0] not in alive:
+                alive.insert(0, plan.hosts[0])  # the supervisor runs there: it answers
+            if self.stopped():
+                break
+            if plan.np_on(alive) < plan.min_np:
+                self.say(f"cannot start the job again: {plan.np_on(alive)} processes fit on the hosts that answer "
+                         f"({', '.join(h.host for h in alive)}), and --min-np is {plan.min_np}")
+                break
+            attempt += 1
+            left_out += [h.host for h in gone]
+            _write(folder, "restarts", str(attempt))
+            _write(folder, "left_out", " ".join(left_out))
+            self.say(f"restart {attempt} of {plan.restarts}: " +
+                     (f"left out {', '.join(h.host for h in gone)} (no answer); " if gone else "") +
+                     f"{plan.np_on(alive)} processes on {', '.join(h.host for h in alive)}, KIT_RESTART={attempt}")
+            hosts = alive
+        if os.path.exists(os.path.join(folder, "phase")):
+            os.remove(os.path.join(folder, "phase"))
+        return code
+
+    def attempt(self, hosts: list[Slot], attempt: int) -> int:
+        plan = self.plan
+        port = free_port() if plan.launcher == "torchrun" else 0
+        argv, ranks = plan.launch(hosts, str(port))
+        _write(plan.folder, "ranks", " ".join(ranks))
+        self.log.write(f"{RANKS_MARK} {' '.join(ranks)}\n")
+        env = {k: v for k, v in os.environ.items() if k != "KIT_SUPERVISOR"}
+        env.update(KIT_JOB=plan.id, KIT_RESTART=str(attempt))
+        proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=plan.workspace, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        _write(plan.folder, "pid", str(proc.pid))
+        watch = Watch(plan.hang_timeout)
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=watch.every)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if plan.hang_timeout and watch.stalled(self.beats(hosts)):
+                self.hung(hosts, watch)
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])
+        code = proc.wait()
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
+
+    def beats(self, hosts: list[Slot]) -> list[Beat]:
+        found = self.on_all(hosts, ["sh", "-c", progress_script(self.plan.id)])
+        return [b for h, r in zip(hosts, found) for b in parse_beats(h.host, r.stdout)]
+
+    def hung(self, hosts: list[Slot], watch: "Watch") -> None:
+        """Every rank's stack into the job's folder, and which rank(s) differ from the others, named."""
+        stacks = os.path.join(self.plan.folder, "stacks")
+        os.makedirs(stacks, exist_ok=True)
+        for h, r in zip(hosts, self.on_all(hosts, stacks_argv(self.plan.id))):
+            for rank, text in parse_stacks(r.stdout).items():
+                _write(stacks, f"rank-{rank}.txt", f"rank {rank} on {h.host}\n{text}")
+        report = hang_report(watch.last, watch.quiet())
+        _write(self.plan.folder, "hang", report)
+        self.say(f"{report}. Every rank's stack: {stacks}; stopping the job")
+
+
+class Watch:
+    """Whether any rank has moved lately: by the heartbeats' counters, on the supervisor's own clock."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.every = max(1.0, min(30.0, timeout / 6)) if timeout else 3600.0
+        self.since = time.monotonic()   # the last time any rank moved (or the launch)
+        self.seen: dict[tuple[str, int], int] = {}
+        self.last: list[Beat] = []
+
+    def stalled(self, beats: list[Beat]) -> bool:
+        moved = {(b.host, b.rank): b.moves for b in beats}
+        if moved != self.seen:
+            self.since, self.seen = time.monotonic(), moved
+        self.last = beats
+        return self.quiet() >= self.timeout
+
+    def quiet(self) -> float:
+        return time.monotonic() - self.since
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
+    """The job's variables removed from every host's container, also when no kit waits for the job any more; a
+    host where that failed goes in env_kept."""
+    path = os.path.join(env_dir, plan.id)
+    kept = []
+
+    def one(h: Slot) -> None:
+        try:
+            r = subprocess.run([*SSH, h.address, shlex.join(["rm", "-f", path])], capture_output=True,
+                               timeout=REMOTE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            if r.returncode != 0:
+                kept.append(h.address)
+        except subprocess.TimeoutExpired:
+            kept.append(h.address)
+    threads = [threading.Thread(target=one, args=(h,)) for h in plan.hosts[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if os.path.exists(path):
+        os.remove(path)
+    if kept:
+        _write(plan.folder, "env_kept", "\n".join(kept))
+
+
+def main(plan_path: str) -> None:
+    with open(plan_path) as f:
+        plan = Plan.load(f.read())
+    folder = plan.folder
+    _write(folder, "launcher", plan.launcher)
+    _write(folder, "started", str(int(time.time())))
+    _write(folder, "supervisor", str(os.getpid()))
+    supervisor = Supervisor(plan)
+    code = 1
+    try:
+        code = supervisor.run()
+    except Exception as e:  # noqa: BLE001 - said in the job's output, and the job still gets its end
+        supervisor.say(f"the supervisor failed: {e!r}")
+    finally:
+        if plan.env:
+            tidy_env(plan)
+        _write(folder, "ended", str(int(time.time())))
+        _write(folder, "exit", str(code))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,228 @@
+"""The job's supervisor (kit.supervisor), run here as the primary's container runs it: `python -c SOURCE PLAN`,
+apart from any kit, with the cluster SSH replaced by a local shell (the ssh_shim fixture; tests/lab runs it over
+the real cluster SSH, with real launchers). Its record, the follower reading it, restarts on the hosts that still
+answer, the hang watch, and the discovery script."""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import jobs
+from kit.commands.horovod import rank_command
+from kit.commands.launchers import tf_config
+from kit.supervisor import (MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot, discovery_script, fill,
+                            hang_report, parse_discovery)
+
+HOSTS = [Slot("a", "10.0.0.1", 1), Slot("b", "10.0.0.2", 1), Slot("c", "10.0.0.3", 1)]
+
+
+def job_id() -> str:
+    return jobs.new_job_id()
+
+
+def supervise(tmp_path: Path, plan: Plan, timeout: float = 90) -> tuple[subprocess.CompletedProcess, Path]:
+    """Write the plan and run the supervisor to its end, as `docker exec -d` starts it; then its folder."""
+    folder = Path(plan.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(plan.dump())
+    r = subprocess.run([sys.executable, "-c", jobs.SUPERVISOR, str(folder / "plan.json")], capture_output=True,
+                       text=True, timeout=timeout, env={**os.environ, "KIT_SUPERVISOR": plan.id,
+                                                        "KIT_PROGRESS_DIR": f"{os.environ['SHIM']}/progress/10.0.0.1"},
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert r.returncode == 0, r.stderr
+    return r, folder
+
+
+def tf_plan(tmp_path: Path, job: str, scripts: list[str], hosts=HOSTS, **kw) -> Plan:
+    """A tf-style launch: one rank a host, each host's command a script run by kit's rank launcher."""
+    workers = [f"{h.address}:0" for h in hosts]
+    nodes = [NodeCommand(h.host, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}",
+                                             *rank_command(script, [])), i)
+             for i, (h, script) in enumerate(zip(hosts, scripts))]
+    return Plan(job, str(tmp_path / "jobs" / job), str(tmp_path), "tf", list(hosts), len(hosts), None, 12345, [],
+                [], nodes, **kw)
+
+
+def leftovers(job: str) -> list[int]:
+    """Processes here that still carry the job's mark."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and f"KIT_JOB={job}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_the_supervisor_records_the_job_and_kit_follows_it_to_its_exit_code(tmp_path, ssh_shim):
+    """Every line from the start, the hosts of the ranks, then the exit code of the first failure; a follower whose
+    reader went away (kit killed) ends nothing."""
+    (tmp_path / "ok.py").write_text("print('from', __import__('os').environ['KIT_JOB'])\n")
+    (tmp_path / "fail.py").write_text("import time\ntime.sleep(1)\nprint('failing')\nraise SystemExit(3)\n")
+    job = job_id()
+    plan = tf_plan(tmp_path, job, ["ok.py", "fail.py", "ok.py"])
+    done = threading.Thread(target=supervise, args=(tmp_path, plan))
+    done.start()
+    follow = shlex.split(jobs.follow_command("kit-lab", plan.folder, job))[-1]
+    quitter = subprocess.run(f"sh -c {shlex.quote(follow)} | head -c 0", shell=True, timeout=60)
+    lines = subprocess.run(["sh", "-c", follow], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    done.join(timeout=90)
+    assert quitter.returncode == 0
+    assert lines[0] == "@@kit-ranks a b c" and jobs.launch_ranks(lines[0]) == ["a", "b", "c"]
+    assert f"[0]<stdout>:from {job}" in lines and "[1]<stdout>:failing" in lines
+    assert "b: its processes ended with status 3; stopping the others" in lines
+    assert lines[-1] == f"{jobs.END_MARK} 3"
+    folder = Path(plan.folder)
+    assert (folder / "exit").read_text() == "3\n" and (folder / "ranks").read_text() == "a b c\n"
+    assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
+    assert not (folder / "restarts").exists() and not leftovers(job)
+    # followed again once it has ended: the whole output at once, and the same code
+    assert subprocess.run(["sh", "-c", follow], capture_output=True, text=True, timeout=60).stdout.splitlines() == lines
+
+
+RESUMING = """\
+import os, sys
+restart = int(os.environ["KIT_RESTART"])
+print("restart", restart, "nodes", sys.argv[1], "rank", sys.argv[2], flush=True)
+if restart == 0 and sys.argv[2] == "2":
+    open(os.environ["SHIM"] + "/down", "w").write("10.0.0.3\\n")  # its host goes away
+    raise SystemExit(3)
+"""
+
+
+def torch_plan(tmp_path: Path, job: str, **kw) -> Plan:
+    """A torchrun-style launch (its node count, node rank and store port filled in at each launch), each host's
+    command a script that prints them."""
+    (tmp_path / "node.py").write_text(RESUMING)
+    nodes = [NodeCommand(h.host, h.address, ("python", "-u", str(tmp_path / "node.py"), NNODES, NODE_RANK), None)
+             for h in HOSTS]
+    return Plan(job, str(tmp_path / "jobs" / job), str(tmp_path), "torchrun", list(HOSTS), 3, 1, 12345, [], [],
+                nodes, **kw)
+
+
+def test_a_job_whose_host_went_away_starts_again_on_the_hosts_that_answer(tmp_path, ssh_shim):
+    job = job_id()
+    r, folder = supervise(tmp_path, torch_plan(tmp_path, job, restarts=1, min_np=2))
+    out = (folder / "output.log").read_text()
+    assert (folder / "exit").read_text() == "0\n", out
+    assert "restart 0 nodes 3 rank 2" in out and "restart 1 nodes 2 rank 1" in out and "restart 1 nodes 2 rank 2" not in out
+    assert "kit: restart 1 of 1: left out c (no answer); 2 processes on a, b, KIT_RESTART=1" in out
+    assert out.count("@@kit-ranks") == 2 and "@@kit-ranks a b\n" in out
+    assert (folder / "restarts").read_text() == "1\n" and (folder / "left_out").read_text() == "c\n"
+    assert not (folder / "phase").exists() and not leftovers(job)
+
+
+def test_no_restart_below_min_np_and_none_left(tmp_path, ssh_shim):
+    job = job_id()
+    r, folder = supervise(tmp_path, torch_plan(tmp_path, job, restarts=1, min_np=3))
+    out = (folder / "output.log").read_text()
+    assert (folder / "exit").read_text() == "3\n"
+    assert "kit: cannot start the job again: 2 processes fit on the hosts that answer (a, b), and --min-np is 3" in out
+    job = job_id()
+    (ssh_shim / "down").unlink()
+    r, folder = supervise(tmp_path, torch_plan(tmp_path, job, restarts=0))
+    assert (folder / "exit").read_text() == "3\n" and "kit: restart" not in (folder / "output.log").read_text()
+
+
+def test_a_stopped_job_is_not_started_again(tmp_path, ssh_shim):
+    (tmp_path / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    job = job_id()
+    plan = tf_plan(tmp_path, job, ["wait.py"] * 3, restarts=2)
+    done = threading.Thread(target=supervise, args=(tmp_path, plan))
+    done.start()
+    folder = Path(plan.folder)
+    for _ in range(200):
+        if (folder / "output.log").exists() and (folder / "output.log").read_text().count("up") == 3:
+            break
+        time.sleep(0.1)
+    subprocess.run(["sh", "-c", shlex.split(jobs.interrupt_command("c", str(folder), job))[-1]], check=True, timeout=30)
+    done.join(timeout=60)
+    assert (folder / "exit").read_text() == "130\n" and not (folder / "restarts").exists()
+    assert not leftovers(job)
+
+
+WAIT = "import threading\n\ndef collective():\n    threading.Event().wait()\n\ncollective()\n"
+SLEEP = "import time\n\ndef blocked():\n    time.sleep(600)\n\nblocked()\n"
+
+
+def test_a_hang_is_found_named_and_stopped_with_every_ranks_stack(tmp_path, ssh_shim):
+    """Three ranks that stop moving, one of them elsewhere: the supervisor names that one, keeps a stack for each
+    rank and stops the job everywhere."""
+    (tmp_path / "wait.py").write_text(WAIT)
+    (tmp_path / "sleep.py").write_text(SLEEP)
+    job = job_id()
+    started = time.monotonic()
+    r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["wait.py", "wait.py", "sleep.py"], hang_timeout=6))
+    hang = (folder / "hang").read_text().strip()
+    assert hang.startswith("no rank has made progress for ") and time.monotonic() - started < 60
+    assert ": rank 2 on c is at sleep.py:4 in blocked; the other 2 ranks wait at " in hang
+    assert hang.endswith(" in wait (from wait.py:4 in collective)") and "/threading.py:" in hang
+    assert f"kit: {hang}. Every rank's stack: {folder}/stacks; stopping the job" in (folder / "output.log").read_text()
+    assert sorted(p.name for p in (folder / "stacks").iterdir()) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    assert (folder / "stacks" / "rank-2.txt").read_text().startswith("rank 2 on c\n")
+    assert (folder / "exit").read_text() != "0\n" and not leftovers(job)
+    assert not any((ssh_shim / "progress").glob(f"*/{job}"))  # the heartbeats went with the ranks
+
+
+def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
+    (tmp_path / "busy.py").write_text("import time\nend = time.time() + 12\nwhile time.time() < end:\n"
+                                      "    sum(range(300000))\n    time.sleep(0.01)\n")  # a step, then a wait
+    job = job_id()
+    r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["busy.py"] * 2, hosts=HOSTS[:2], hang_timeout=5))
+    assert (folder / "exit").read_text() == "0\n" and not (folder / "hang").exists()
+
+
+def test_the_hang_report_names_the_odd_ones():
+    beats = [Beat("a", 0, 5, "mpi_ops.py:90 in synchronize"), Beat("b", 1, 5, "mpi_ops.py:90 in synchronize"),
+             Beat("c", 2, 3, "train.py:40 in main")]
+    assert hang_report(beats, 600) == ("no rank has made progress for 600 s: rank 2 on c is at train.py:40 in main; "
+                                       "the other 2 ranks wait at mpi_ops.py:90 in synchronize")
+    assert hang_report(beats[:2], 60) == "no rank has made progress for 60 s: all 2 ranks wait at mpi_ops.py:90 in synchronize"
+    assert hang_report([], 60) == "no rank has started in 60 s"
+
+
+def test_the_discovery_script_lists_the_hosts_that_answer_in_order(tmp_path, ssh_shim):
+    """Generated from the cluster's hosts; horovodrun's --host-discovery-script format (address:slots)."""
+    hosts = [Slot("a", "10.0.0.1", 2), Slot("b", "10.0.0.2", 1), Slot("c", "10.0.0.3", 4)]
+    script = tmp_path / "discover"
+    script.write_text(discovery_script(hosts))
+    script.chmod(0o755)
+    assert subprocess.run([str(script)], capture_output=True, text=True, timeout=30).stdout == \
+        "10.0.0.1:2\n10.0.0.2:1\n10.0.0.3:4\n"
+    (ssh_shim / "down").write_text("10.0.0.2\n")
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=30).stdout
+    assert out == "10.0.0.1:2\n10.0.0.3:4\n" and parse_discovery(out, hosts) == [hosts[0], hosts[2]]
+    assert sorted(set(line.split()[1] for line in (ssh_shim / "calls").read_text().splitlines())) == ["true"]
+    assert "'10.0.0.2'" in discovery_script(hosts) or " 10.0.0.2 " in discovery_script(hosts)
+
+
+def test_placeholders_are_filled_in_torchruns_options_only():
+    node = NodeCommand("a", "10.0.0.1", ("torchrun", f"--nnodes={NNODES}", f"--node-rank={NODE_RANK}",
+                                         f"--master-port={MASTER_PORT}", "--no-python", "python", "t.py", NNODES), None)
+    assert fill(node, {NNODES: "2", NODE_RANK: "1", MASTER_PORT: "29500"}).argv == (
+        "torchrun", "--nnodes=2", "--node-rank=1", "--master-port=29500", "--no-python", "python", "t.py", NNODES)
+
+
+def test_a_plan_survives_its_file():
+    plan = Plan(
+        "j1", "/f", "/w", "torchrun", list(HOSTS), 3, 2, 12345, ["eth0"], ["python", "t.py"],
+        [NodeCommand("a", "10.0.0.1", ("x",), None)], restarts=2, min_np=2, hang_timeout=30)
+    assert Plan.load(plan.dump()) == plan
+    assert json.loads(plan.dump())["hosts"][0] == {"host": "a", "address": "10.0.0.1", "slots": 1}
+
+
+@pytest.mark.parametrize("hosts, np", [(HOSTS, 3), (HOSTS[:2], 2)])
+def test_a_horovod_launch_on_the_hosts_that_answer(hosts, np):
+    plan = Plan("j1", "/f", "/w", "horovod", list(HOSTS), 3, None, 2222, ["eth0"], ["--start-timeout", "60", "python", "t.py"], [])
+    argv, ranks = plan.launch(list(hosts), "0")
+    assert argv[:6] == ["horovodrun", "--gloo", "-np", str(np), "-H", ",".join(f"{h.address}:1" for h in hosts)]
+    assert ranks == [h.host for h in hosts]
