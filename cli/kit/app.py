@@ -877,7 +877,7 @@ def jobs_(
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
         restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
         table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
-                      row["state"] + (" (hung)" if row["hang"] else ""), started, _duration(row["seconds"]),
+                      row["state"] + (" (hung)" if row["hang"] and row["state"] == "failed" else ""), started, _duration(row["seconds"]),
                       "" if row["exit"] is None else str(row["exit"]), escape(restarts))
     console.print(table)
     for row in rows:

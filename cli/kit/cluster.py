@@ -18,7 +18,7 @@ from kit.identity import Identity, Owner
 from kit.inventory import Host
 from kit.place import Place
 from kit.runners import DryRunner, Runner
-from kit.steps import check, containers, image as img, keys, preflight, storage
+from kit.steps import check, containers, image as img, keys, preflight, sharing, storage
 from kit.steps.facts import HostFacts
 from kit.steps.node import Node
 from kit.steps.storage import Storage
@@ -212,14 +212,14 @@ class Up:
         s, primary = self.storage, nodes[0]
         if s.exports(primary.host.primary):
             line = storage.export_line(s, [n.address for n in nodes[1:]])
-            self._step("exporting the workspace", [primary], lambda n: storage.export(n, s, line), "NFS export")
+            self._step("exporting the workspace", [primary], lambda n: sharing.export(n, s, line), "NFS export")
 
     def _mounts(self, nodes: list[Node], primary_address: str) -> set[str]:
         """Mount the shared workspace where it is not yet; the names of the hosts where kit mounted it."""
         done = set()
 
         def mount(n: Node) -> None:
-            if storage.mount(n, self.storage, primary_address):
+            if sharing.mount(n, self.storage, primary_address):
                 done.add(n.name)
         self._step("mounting the workspace", nodes, mount, f"{self.storage.mode} mount")
         return done

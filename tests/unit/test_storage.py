@@ -13,7 +13,7 @@ from kit.errors import BadInput
 from kit.inventory import Host
 from kit.runners.base import Result
 from kit.state import ClusterState, HostState
-from kit.steps import storage
+from kit.steps import sharing, storage
 from kit.steps.facts import HostFacts, parse_facts
 from kit.steps.node import Node
 from kit.steps.storage import Storage
@@ -123,14 +123,14 @@ def node(primary: bool, facts: HostFacts) -> Node:
 
 def test_up_exports_and_mounts_once():
     server, client = node(True, HostFacts(uid=0, docker_version="24.0")), node(False, HostFacts(0, "24.0"))
-    storage.export(server, NFS, EXPORT_LINE)
-    assert storage.mount(client, NFS, PRIMARY) is True
+    sharing.export(server, NFS, EXPORT_LINE)
+    assert sharing.mount(client, NFS, PRIMARY) is True
     assert server.runner.commands == [storage.export_command(NFS, EXPORT_LINE)]
     assert client.runner.commands == [f"mount -t nfs -o rw,hard,noatime 10.0.0.1:{WS} {WS}"]
     done = parse_facts(0, FACTS)  # a second `kit up` finds both in place: nothing runs
     again_server, again_client = node(True, done), node(False, done)
-    storage.export(again_server, NFS, EXPORT_LINE)
-    assert storage.mount(again_client, NFS, PRIMARY) is False
+    sharing.export(again_server, NFS, EXPORT_LINE)
+    assert sharing.mount(again_client, NFS, PRIMARY) is False
     assert again_server.runner.commands == again_client.runner.commands == []
 
 

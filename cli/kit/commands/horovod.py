@@ -36,40 +36,33 @@ def rank_of(env):
 RANK, JOB = rank_of(os.environ), os.path.basename(os.environ.get("KIT_JOB", ""))
 BEAT = os.path.join(os.environ.get("KIT_PROGRESS_DIR", {progress_dir!r}), JOB, str(RANK)) if JOB and RANK is not None else None
 def place(frame):  # where the main thread is: its innermost frame, and the innermost of the job's own code
-    inner = "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    inner = "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     while frame is not None and ("/lib/python" in frame.f_code.co_filename or frame.f_code.co_filename.startswith("<")):
         frame = frame.f_back
-    own = frame and "%s:%d in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    own = frame and "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     return inner if own in (None, inner) else inner + " (from " + own + ")"
 def heartbeat():
-    # The main thread moves when it is seen somewhere new (20 looks a second), or when it computed for a fifth of
-    # the time since the last beat (a loop that is seen at one place only, as it holds the interpreter elsewhere).
-    main, here, last, moves, where = threading.main_thread(), None, None, 0, "?"
-    clock = time.pthread_getcpuclockid(main.ident)
-    cpu, at = time.clock_gettime(clock), time.monotonic()
+    # The main thread moves when it is seen somewhere new; it is looked at 20 times a second, so that a loop that
+    # waits at one place most of the time is still seen elsewhere now and then. (Its CPU time says nothing: a rank
+    # that waits in a collective may spin.)
+    main, last, moves, where = threading.main_thread().ident, None, 0, "?"
     while True:
-        for _ in range({int(every / 0.05)}):
-            frame = sys._current_frames().get(main.ident)
-            if frame is not None:
+        try:
+            for _ in range({int(every / 0.05)}):
+                frame = sys._current_frames().get(main)
+                if frame is None:
+                    return  # the main thread has ended
                 here = (place(frame), frame.f_lasti)
+                frame = None
                 if here != last:
                     moves, last, where = moves + 1, here, here[0]
-            frame = None
-            time.sleep(0.05)
-        try:
-            now_cpu, now = time.clock_gettime(clock), time.monotonic()
-        except OSError:  # the main thread has ended
-            return
-        if now_cpu - cpu >= 0.2 * (now - at):
-            moves += 1
-        cpu, at = now_cpu, now
-        try:
+                time.sleep(0.05)
             os.makedirs(os.path.dirname(BEAT), exist_ok=True)
             with open(BEAT + ".new", "w") as f:
                 json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
             os.replace(BEAT + ".new", BEAT)
-        except OSError:
-            pass
+        except Exception:  # the job's output is the job's: the heartbeat never writes there
+            time.sleep({every!r})
 def report(code):
     print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
     try:

@@ -10,21 +10,17 @@
 
 Mounts are made on the hosts before their containers start, so the containers' bind mount of
 the workspace sees them. Every command here is built by a pure function and asserted in
-tests/unit/test_storage.py; `kit down` undoes only what `kit up` added (recorded in the state).
+tests/unit/test_storage.py (kit.steps.sharing runs them on the hosts); `kit down` undoes only what `kit up` added
+(recorded in the state).
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kit.config import ClusterConfig
 from kit.place import Place
-from kit.runners import SSHD_READY_S, run_until_ok
-
-if TYPE_CHECKING:  # (facts, which node imports, reads this module's facts script)
-    from kit.steps.node import Node
 
 EXPORTS = "/etc/exports"
 # Root in the containers writes checkpoints and logs, so root is not squashed; sync: a rank that
@@ -131,28 +127,6 @@ def mount_command(s: Storage, place: Place, primary_address: str) -> str:
                 s.source(primary_address), ws]
         return shlex.join(argv)
     return shlex.join(["mount", "-t", "nfs", "-o", NFS_MOUNT_OPTIONS, s.source(primary_address), ws])
-
-
-def export(node: "Node", s: Storage, line: str) -> None:
-    if node.facts.export == line:
-        return
-    node.runner.run(export_command(s, line), changes=True).check(
-        f"cannot export {s.workspace} over NFS", hint="check that nfs-kernel-server runs (systemctl status nfs-server)")
-    node.changes.append(f"exported {s.workspace} to the cluster in {EXPORTS}")
-
-
-def mount(node: "Node", s: Storage, primary_address: str) -> bool:
-    """Mount the shared workspace unless it is; True when kit mounted it now."""
-    if mounted_here(s, node.facts.mount, primary_address):
-        return False
-    # sshfs: the primary's container was just started, and its sshd may need a moment.
-    r = run_until_ok(node.runner, mount_command(s, node.place, primary_address),
-                     SSHD_READY_S if s.mode == "sshfs" else 0, changes=True)
-    r.check(f"cannot mount {s.source(primary_address)} at {s.workspace}",
-            hint="check that the primary is reachable on the cluster port" if s.mode == "sshfs" else
-            "check that the export allows this host (showmount -e on the server)")
-    node.changes.append(f"mounted {s.source(primary_address)} at {s.workspace} ({s.mode})")
-    return True
 
 
 def unmount_command(s: Storage) -> str:
