@@ -127,7 +127,7 @@ def test_a_bug_is_one_line_not_a_traceback(capsys, monkeypatch):
     import pytest
     import typer
 
-    from kit.app import reports_errors
+    from kit.cli.common import reports_errors
 
     @reports_errors
     def broken():

@@ -3,7 +3,7 @@
 
 import pytest
 
-from kit.app import cuda_rows
+from kit.cli.build import cuda_rows
 from kit.errors import VerifyFailed
 from kit.steps import check
 from kit.verify import CudaFacts, GpuCheck, ImageReport, check_gpus, gpu_check_plan, parse_allreduce

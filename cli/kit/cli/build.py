@@ -1,0 +1,162 @@
+"""`kit build`: the training image, its plan and its verification report."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kit import pipconfig
+from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch
+from kit.config import build_config, read_config
+from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
+from kit.verify import ImageReport, verify_image
+from kit.cli.common import app, console, reports_errors
+
+
+@app.command()
+@reports_errors
+def build(
+    flavor: Optional[str] = typer.Option(None, help="cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, NCCL + "
+                                                     "Gloo), tf-cpu or tf-gpu (TensorFlow, no torch or Horovod)."),
+    image: Optional[str] = typer.Option(None, help="Repository name of the image; kit derives the tag."),
+    base_image: Optional[str] = typer.Option(None, help="Base of the final image (and, for cpu, of the build)."),
+    builder_image: Optional[str] = typer.Option(None, help="Base of the gpu build stage (a CUDA devel image)."),
+    python: Optional[str] = typer.Option(None, help="Python minor version from the base's packages, e.g. 3.11."),
+    torch: Optional[str] = typer.Option(None, help="torch version, e.g. 2.13.0."),
+    torch_index_url: Optional[str] = typer.Option(None, help="Extra pip index for torch builds; '' for none."),
+    index_url: List[str] = typer.Option([], help="pip index URL (repeat: the first is the index, others extra)."),
+    wheelhouse: Optional[Path] = typer.Option(None, help="Folder of .whl files, copied into the build and preferred."),
+    ca_bundle: Optional[Path] = typer.Option(None, help="PEM CA bundle the image trusts (proxies, private mirrors)."),
+    horovod_version: Optional[str] = typer.Option(None, help="Horovod release from PyPI (default 0.28.1)."),
+    tensorflow: Optional[str] = typer.Option(None, help="TensorFlow release of the tf flavors (default 2.21.0)."),
+    horovod_source: Optional[str] = typer.Option(None, help="Build Horovod from this pip URL instead (pin a commit)."),
+    pip: List[str] = typer.Option([], help="Extra pip package for the image (repeat)."),
+    apt: List[str] = typer.Option([], help="Extra apt package for the image (repeat)."),
+    with_mpi: Optional[bool] = typer.Option(None, "--with-mpi/--without-mpi", help="Also build Open MPI support."),
+    cuda: Optional[str] = typer.Option(None, help="gpu: the CUDA line of torch's build: 13.0 (default) or 12.8."),
+    cuda_arch: List[str] = typer.Option([], help="gpu: build Horovod's kernels for this compute capability only, "
+                                                 "e.g. 90 (repeat; default: every GPU nvcc knows)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
+    single_stage: bool = typer.Option(False, help="Build one stage with the compilers left in (for comparison)."),
+    verify: bool = typer.Option(True, help="Check after building that the image's processes all-reduce."),
+    dry_run: bool = typer.Option(False, help="Print the Dockerfile and the plan; touch no Docker engine."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the whole build log."),
+) -> None:
+    """Build (or reuse) the training image and check that its processes all-reduce (Horovod or TensorFlow)."""
+    flags = dict(flavor=flavor, image=image, base_image=base_image, builder_image=builder_image, python=python,
+                 torch=torch, torch_index_url=torch_index_url, pip_index_urls=tuple(index_url),
+                 wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version, tensorflow=tensorflow,
+                 horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi,
+                 cuda=cuda, cuda_archs=tuple(cuda_arch))
+    plan = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
+    if dry_run:
+        _print_plan(plan, verify)
+        return
+    client = connect()
+    tag = ensure_image(client, plan, verbose)
+    if verify:
+        with console.status(f"verifying: {VERIFIES[plan.config.framework]}"):
+            report = verify_image(client, tag, plan.config.flavor, cuda=plan.config.cuda)
+        _print_report(report)
+
+
+# What `kit build` checks in a new image, per framework.
+VERIFIES = {"horovod": "horovodrun --check-build and a 2-process Horovod allreduce",
+            "tensorflow": "a 2-worker MultiWorkerMirroredStrategy allreduce"}
+
+
+def ensure_image(client, plan: Recipe, verbose: bool) -> str:
+    """The image of these settings: the one built before from them (its key), else resolved and built now. Its tag."""
+    built = find_built(client, plan)
+    if built:
+        console.print(f"[green]✓[/] {built} is up to date (built before from the same settings)")
+        return built
+    with tempfile.TemporaryDirectory(prefix="kit-build-", dir=scratch()) as work:
+        with console.status("finding the base image and the Python packages") as status:
+            sources = resolve_sources(client, plan.config, Path(work), on_status=status.update)
+        _print_rows("sources", sources.lines())
+        recipe = make_recipe(plan.config, single_stage=plan.single_stage, base=sources.base.ref,
+                             builder=sources.builder.ref if sources.builder else None,
+                             wheelhouse=sources.wheelhouse, ca_bundle=sources.ca_bundle)
+        console.print(f"building {recipe.tag} ({recipe.config.flavor}, {len(recipe.files)} files in the context)")
+        with console.status("starting the build") as status:
+            build_image(client, recipe, on_step=functools.partial(_show_step, status),
+                        on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
+    console.print(f"[green]✓[/] built {recipe.tag}")
+    return recipe.tag
+
+
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
+    """A titled list of `name  value` lines, each whole (soft-wrapped: URLs and paths stay copyable)."""
+    console.print(f"[bold]{title}[/]")
+    for key, value in rows:
+        console.print(f"  {key:<8}  {escape(value)}")
+
+
+def _show_step(status, step: Step) -> None:
+    how = "cached" if step.cached else f"{step.seconds:.0f}s"
+    width = max(20, console.width - 16)
+    label = step.label if len(step.label) <= width else step.label[: width - 1] + "…"
+    console.print(f"  [dim]{how:>6}[/]  {escape(label)}")
+    status.update(f"step {step.number + 1}/{step.total}" if step.number < step.total else "finishing")
+
+
+def _print_plan(recipe: Recipe, verify: bool) -> None:
+    console.print(recipe.dockerfile, markup=False)
+    console.print("[bold]plan[/] (dry run: no Docker engine or package index was contacted)")
+    console.print(f"  key      {recipe.key} (the image of these settings carries it as io.kit.key)")
+    bases = [b for b in (recipe.config.base_image, recipe.config.builder_image) if b]
+    console.print(f"  bases    {', '.join(bases)} (this machine's, else its registry's; debian and ubuntu "
+                  "are made from this machine's apt mirror when no registry answers)")
+    console.print(f"  wheels   resolved with this machine's pip for the image's Python: "
+                  f"{'; '.join(pipconfig.read().describe())}")
+    for f in recipe.files:
+        console.print(f"  context  {f.name} ({f.size():,} bytes)")
+    if verify and recipe.config.framework == "horovod":
+        frameworks, controllers, operations = EXPECTED_BUILD[recipe.config.flavor]
+        console.print(f"  verify   horovodrun --check-build lists {', '.join(sorted(frameworks | controllers))} "
+                      f"and operations {', '.join(sorted(operations))}; a 2-process allreduce sums to 3")
+    elif verify:
+        console.print(f"  verify   {VERIFIES['tensorflow']} sums to 3"
+                      + ("; TensorFlow is a CUDA build" if recipe.config.gpu else ""))
+
+
+def _print_report(r: ImageReport) -> None:
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_row("image", r.tag)
+    table.add_row("id", r.image_id.removeprefix("sha256:")[:12])
+    table.add_row("size", f"{r.size_bytes / 1e9:.2f} GB")
+    table.add_row("versions", ", ".join(f"{name} {version}" for name, version in r.versions.items()))
+    if r.check:
+        table.add_row("frameworks", ", ".join(sorted(r.check.frameworks)))
+        table.add_row("controllers", ", ".join(sorted(r.check.controllers)))
+        table.add_row("operations", ", ".join(sorted(r.check.operations)))
+    sums = ", ".join(f"rank {a.rank} = {a.total:g}" for a in r.allreduce)
+    table.add_row("allreduce", f"{len(r.allreduce)} processes, sum {sums} (expected {r.allreduce[0].expected:g}) ✓")
+    for key, value in cuda_rows(r):
+        table.add_row(key, escape(value))
+    console.print("[green]✓[/] verified")
+    console.print(table)
+
+
+def cuda_rows(r: ImageReport) -> list[tuple[str, str]]:
+    """The gpu flavor's lines of the build summary: what the image is built for, and whether its NCCL path ran."""
+    if r.cuda is None:
+        return []
+    rows = [("CUDA", f"{r.cuda.cuda} (torch's build), GPU architectures {' '.join(r.cuda.archs)}"),
+            ("NCCL", f"{r.cuda.nccl} (torch's), built into Horovod")]
+    g = r.gpu_check
+    if g is not None and g.verified:
+        first = g.horovod[0]
+        rows.append(("GPU check", f"{len(g.horovod)} GPUs ({first.fact('gpu').replace('_', ' ')}, driver "
+                                  f"{first.fact('driver')}, CUDA {first.fact('cuda')}, NCCL {first.fact('nccl')}): "
+                                  f"CUDA tensors allreduced through NCCL by Horovod and by torch.distributed ✓"))
+    elif g is not None:
+        rows.append(("GPU check", f"the NCCL path was not verified: {g.why_not}; kit up checks it on the hosts' GPUs"))
+    return rows

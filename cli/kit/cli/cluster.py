@@ -1,0 +1,249 @@
+"""`kit up`, `kit prepare`, `kit status`, `kit down`, `kit exec`: the cluster and its hosts."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from ipaddress import IPv4Network
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kit import state as st
+from kit.build import connect, find_built
+from kit.cluster import (HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status,
+                         what_may_remain)
+from kit.config import ClusterConfig, ConfigFile, build_config
+from kit.commands.docker import command, exec_argv
+from kit.errors import BadInput, KitError
+from kit.identity import Identity, state_root
+from kit.inventory import read_hosts
+from kit.lock import cluster_lock
+from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
+from kit import prepare as prepare_hosts
+from kit.runners.ssh import ssh_hostname
+from kit.recipe import make_recipe
+from kit.steps.image import archive, local_image
+from kit.steps.node import Node
+from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
+                             need_state, progress_bar, recorded, reports_errors)
+
+
+def _image_tag(client, cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
+    """The image the cluster runs (cluster.image_tag, or the one `kit build` made from kit.yaml's settings), and
+    kit.yaml's build flavor: what an image without kit's flavor label is taken to be."""
+    build = build_config(cfg_file, {})
+    tag = cfg.image_tag or find_built(client, make_recipe(build))
+    if tag is None:
+        raise BadInput(f"no image built from the build settings of {cfg_file.path or 'the defaults (no kit.yaml)'} "
+                       "is on this machine", hint="run `kit build` first with the same kit.yaml, or set "
+                                                 "cluster.image_tag")
+    return tag, build.flavor
+
+def _print_changes(nodes: list[Node], dry_run: bool) -> None:
+    for n in nodes:
+        planned = getattr(n.runner, "planned", None)
+        lines = planned if dry_run else n.changes
+        if not lines:
+            console.print(f"  {escape(n.name)}: no change")
+        for line in lines:
+            console.print(f"  {escape(n.name)}: {escape(line)}")
+
+def _print_notes(nodes: list[Node]) -> None:
+    """Each note once, with the hosts it applies to."""
+    by_note: dict[str, list[str]] = {}
+    for n in nodes:
+        for note in n.notes:
+            by_note.setdefault(note, []).append(n.name)
+    for note, hosts in by_note.items():
+        console.print(f"  [yellow]note[/] ({escape(', '.join(hosts))}): {escape(note)}")
+
+
+@app.command()
+@reports_errors
+def up(
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: one host a line (host, host:slots, "
+                                                                 "user@host...). Without it: a local cluster."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Containers of the local cluster (when there is no "
+                                                                 "--hosts; default 3)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    ssh_port: Optional[int] = typer.Option(None, help="Port of the containers' sshd (default 12345)."),
+    workspace: Optional[str] = typer.Option(None, help="Folder mounted at the same path in every container."),
+    shm_size: Optional[str] = typer.Option(None, help="Size of /dev/shm (default: share the host's IPC)."),
+    image_tag: Optional[str] = typer.Option(None, help="Image to run (default: the one kit build makes)."),
+    dry_run: bool = typer.Option(False, help="Check the hosts and print what would change; change nothing."),
+) -> None:
+    """Bring the cluster up: keys, image, containers on every host, then verify it.
+
+    Without --hosts, the cluster is N containers on this machine, on a private Docker network."""
+    cfg_file, cfg = cluster_settings(config, dict(name=name, ssh_port=ssh_port, workspace=workspace,
+                                              shm_size=shm_size, image_tag=image_tag))
+    if hosts is not None and nodes is not None:
+        raise BadInput("--nodes is for the local cluster; with --hosts, hosts.txt lists the hosts",
+                       hint="drop --nodes, or drop --hosts to make a local cluster of N containers")
+    with cluster_lock(cfg.name):
+        bring_up(cfg_file, cfg, hosts, LOCAL_NODES if nodes is None else nodes, dry_run)
+
+
+def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], count: int, dry_run: bool) -> None:
+    inventory = read_hosts(hosts) if hosts is not None else None
+    count = check_count(count)  # bad input is found before anything is contacted
+    st.load(Identity(cfg.name, persist=False).folder)  # a damaged record too
+    client = connect()
+    if inventory is None:
+        inventory, places = local_cluster(cfg, count, _local_subnet(client, cfg))
+        if cfg.storage != "copy":
+            console.print(f"[yellow]note[/] the local cluster's containers share one folder of this machine; "
+                          f"storage: {cfg.storage} is for clusters of hosts")
+            cfg = cfg.model_copy(update={"storage": "copy", "nfs_server": None})
+    else:
+        places = {h.name: cfg.host_place() for h in inventory}
+    tag, flavor = _image_tag(client, cfg_file, cfg)
+    image = local_image(client, tag)
+    flavor = image.flavor or flavor
+    identity = Identity(cfg.name, persist=not dry_run)
+    with progress_bar() as bar:
+        workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / ".images"),
+                      connect=connector(cfg.connect_timeout), places=places, dry_run=dry_run,
+                      progress=LiveProgress(bar))
+        nodes = workflow.run(inventory)
+    changed = any(n.changes for n in nodes + workflow.left) or dry_run
+    where = "on this machine in " if hosts is None else "on "
+    console.print(("[bold]plan[/] (dry run: nothing was changed)" if dry_run else
+                   f"[green]✓[/] cluster {cfg.name} is up {where}{len(nodes)} {'containers' if hosts is None else 'hosts'}"
+                   + ("" if changed else ": no change")))
+    if changed:
+        _print_changes(nodes, dry_run)
+    for n in workflow.left:
+        console.print(f"  {escape(n.name)} (no longer in hosts.txt): {escape('; '.join(n.changes) or 'nothing of the cluster was there')}")
+    if workflow.copied and not dry_run:
+        console.print(f"  {workflow.copied}")
+    _print_notes(nodes)
+
+
+def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
+    """The local cluster's network keeps its subnet; a new one gets a /24 nothing here uses."""
+    networks = client.networks.list()
+    kept = docker_subnets([n.attrs for n in networks if n.name == network_name(cfg)])
+    taken = routes(Path("/proc/net/route").read_text()) + docker_subnets([n.attrs for n in networks])
+    return kept[0] if kept else free_subnet(taken)
+
+
+@app.command()
+@reports_errors
+def prepare(
+    hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
+    check: bool = typer.Option(False, "--check", help="Say what would change (Ansible check mode); change nothing."),
+    storage: Optional[str] = typer.Option(None, help="copy, sshfs or nfs (default: cluster.storage in kit.yaml)."),
+    nfs_server: Optional[str] = typer.Option(None, help="An existing NFS export, server:/path (default: "
+                                                        "cluster.nfs_server; without one the primary exports)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
+    inventory = read_hosts(hosts)
+    program = prepare_hosts.ansible_playbook()
+    addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
+    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).gpu)
+    with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
+        argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
+        console.print(f"running {shlex.join(argv)}", style="dim")
+        code = subprocess.run(argv, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+    if code != 0:
+        raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
+                       hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
+    console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
+
+
+@app.command()
+@reports_errors
+def status(
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Each host of the cluster: reachable, container, image, port, GPUs."""
+    cfg, identity, state = recorded(name, config)
+    if state is None:
+        raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
+                       hint="bring it up with `kit up --hosts hosts.txt`")
+    rows = cluster_status(state, connector(cfg.connect_timeout), identity.owner)
+    if as_json:
+        console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
+                                 "hosts": [r.as_dict() for r in rows]})
+    else:
+        _print_status(state, rows)
+    if not all(r.reachable and r.container == "running" and r.image_matches for r in rows):
+        raise typer.Exit(1)
+
+
+def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
+    table = Table(title=f"cluster {state.cluster}: {state.image}, port {state.ssh_port}")
+    for column in ("host", "address", "reachable", "container", "image", "port", "GPUs", "slots"):
+        table.add_column(column)
+    for r in rows:
+        mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
+        table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
+                      mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
+                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
+                      str(r.slots))
+    console.print(table)
+
+
+@app.command()
+@reports_errors
+def down(
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    dry_run: bool = typer.Option(False, help="Print what would be removed; remove nothing."),
+    force: bool = typer.Option(False, help="Forget hosts that cannot be cleaned (gone for good), saying what "
+                                           "may be left there."),
+) -> None:
+    """Remove exactly what `kit up` made: containers, kit's folders and files. Safe to run twice."""
+    with locked(name, config) as (cfg, identity, state):
+        if state is None:
+            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
+            return
+        with progress_bar() as bar:
+            done = down_cluster(state, identity, connector(cfg.connect_timeout), dry_run=dry_run, force=force,
+                                progress=LiveProgress(bar))
+    console.print("[bold]plan[/] (dry run: nothing was removed)" if dry_run else
+                  f"[green]✓[/] cluster {cfg.name} is down; images were kept on the hosts"
+                  + (f", except on {len(done.forgotten)} forgotten" if done.forgotten else ""))
+    _print_changes([n for n in done.nodes if n.name not in done.forgotten], dry_run)
+    for host, why in done.forgotten.items():
+        err_console.print(f"[yellow]forgot[/] {escape(host)} ({escape(why.message)}): what kit made there may "
+                          f"remain: {escape(what_may_remain(state.host(host)))}; remove it by hand if "
+                          "the host comes back")
+
+
+@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+@reports_errors
+def exec_(
+    host: str = typer.Argument(..., help="A host of the cluster, as in hosts.txt or by address."),
+    argv: List[str] = typer.Argument(..., help="The command (after --)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Run a command in a host's container; exit with its exit code."""
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    found = next((h for h in state.hosts if host in (h.name, h.address)), None)
+    if found is None:
+        raise BadInput(f"{host} is not a host of cluster {state.cluster}",
+                       hint=f"use one of: {', '.join(h.name for h in state.hosts)}")
+    argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
+    (node,) = recorded_nodes([found], connector(cfg.connect_timeout))
+    try:
+        code = node.runner.stream_out(command(exec_argv(found.place.container, argv)),
+                                      lambda line: console.print(f"[{found.name}] {line}", markup=False))
+    finally:
+        node.runner.close()
+    raise typer.Exit(code)

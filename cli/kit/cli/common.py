@@ -1,0 +1,160 @@
+"""What every command shares: the Typer app, the consoles, the error report (KitError -> exit 1, BadInput ->
+exit 2), the --config/--name options and the cluster's recorded state. Only kit.cli prints for the user and exits."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn
+from rich.text import Text
+
+from kit import __version__
+from kit import state as st
+from kit import pipconfig
+from kit.config import ClusterConfig, ConfigFile, cluster_config, read_config
+from kit.errors import BadInput, KitError
+from kit.identity import Identity
+from kit.lock import cluster_lock
+from kit.runners.local import LocalRunner
+from kit.runners.ssh import SshRunner
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Turn a few Linux servers into a Horovod / PyTorch cluster of Docker containers.")
+# soft_wrap: long lines (Dockerfile, commands) stay whole, so they can be copied.
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def reports_errors(command: Callable) -> Callable:
+    """Print a KitError as `error:` / output tail / `fix:` lines and exit with its code. Anything else is a bug
+    of kit's: one line saying so, not a traceback (KIT_DEBUG=1 shows the traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KitError as e:
+            _report(e)
+        except (KeyboardInterrupt, typer.Exit):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("KIT_DEBUG"):
+                raise
+            _report(KitError(f"kit failed unexpectedly: {type(e).__name__}: {pipconfig.redact_text(str(e))}",
+                             hint="this is a bug in kit: run the command again with KIT_DEBUG=1 for the traceback, "
+                                  "and report it"))
+
+    return wrapper
+
+
+def _report(e: KitError) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(str(e))}")
+    for host, failure in getattr(e, "failures", {}).items():
+        err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")
+        _details(failure, indent="    ", shown_hint=e.hint)
+    _details(e, indent="  ", shown_hint=e.hint)
+    if e.hint:
+        err_console.print(f"[bold]fix:[/] {escape(e.hint)}")
+    raise typer.Exit(e.exit_code) from None
+
+
+def _details(e: KitError, indent: str, shown_hint: str | None) -> None:
+    """Command and output tail of a failure; its own fix only when it is not the one shown for all."""
+    if e.command:
+        err_console.print(f"{indent}command: {escape(e.command)}")
+    if e.output_tail:
+        err_console.print(indent + escape(e.output_tail).replace("\n", "\n" + indent), style="dim")
+    if e.hint and e.hint != shown_hint:
+        err_console.print(f"{indent}fix: {escape(e.hint)}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"kit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print kit's version."),
+) -> None:
+    pass
+
+
+CONFIG = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml).")
+NAME = typer.Option(None, "--name", help="Cluster name (default kit).")
+
+
+class LiveProgress:
+    """A live line per host (what it is doing) and a bar while the image is copied."""
+
+    def __init__(self, progress) -> None:
+        self.bar = progress
+        self.tasks: dict[str, int] = {}
+
+    def _task(self, host: str) -> int:
+        if host not in self.tasks:
+            self.tasks[host] = self.bar.add_task(host, total=None, what="")
+        return self.tasks[host]
+
+    def status(self, host: str, text: str) -> None:
+        self.bar.update(self._task(host), what=text)
+
+    def transfer(self, host: str, done: int, total: int) -> None:
+        self.bar.update(self._task(host), completed=done, total=total)
+
+
+class _WhileCopying(ProgressColumn):
+    """A column shown only for hosts that are being sent the image."""
+
+    def __init__(self, column: ProgressColumn) -> None:
+        super().__init__()
+        self.column = column
+
+    def render(self, task):
+        return self.column.render(task) if task.total else Text("")
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description:<24}"), TextColumn("{task.fields[what]:<32}"),
+                    _WhileCopying(BarColumn()), _WhileCopying(DownloadColumn()), console=console)
+
+
+def connector(timeout: int):
+    """How kit reaches a host: over SSH, or directly for a container of the local cluster."""
+    return lambda host: LocalRunner(host.name) if host.local else SshRunner(host, connect_timeout=timeout)
+
+
+def cluster_settings(config: Optional[Path], flags: dict) -> tuple[ConfigFile, ClusterConfig]:
+    cfg_file = read_config(config)
+    return cfg_file, cluster_config(cfg_file, flags)
+
+
+@contextlib.contextmanager
+def locked(name: Optional[str], config: Optional[Path]):
+    """(cluster settings, identity, recorded state) read while holding the cluster's lock (kit.lock)."""
+    _, cfg = cluster_settings(config, dict(name=name))
+    with cluster_lock(cfg.name):
+        identity = Identity(cfg.name)
+        yield cfg, identity, st.load(identity.folder)
+
+
+def recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig, Identity, st.ClusterState | None]:
+    _, cfg = cluster_settings(config, dict(name=name))
+    identity = Identity(cfg.name)
+    return cfg, identity, st.load(identity.folder)
+
+
+def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
+    if state is None:
+        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
+                       hint="bring it up first: kit up --hosts hosts.txt")
+    return state

@@ -1,0 +1,354 @@
+"""`kit run`, `kit logs`, `kit jobs`, `kit stop`, `kit stacks`, `kit attach`: jobs on the cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kit import state as st
+from kit.cluster import recorded_nodes
+from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
+from kit import jobenv, jobs
+from kit.commands.docker import command, exec_argv
+from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
+from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_np, common_interfaces, exit_report,
+                                  rank_command, split_rank)
+from kit.errors import BadInput, KitError
+from kit.cli.common import CONFIG, NAME, app, connector, console, locked, need_state, recorded, reports_errors
+
+
+def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
+    """Prints a job's line: a rank's with its host and rank, the launcher's own with the launcher's name."""
+    label = "[horovodrun]" if launcher == "horovod" else f"[{launcher}]"
+
+    def show(rank: int | None, host: str | None, text: str) -> None:
+        prefix = f"[{host} rank {rank}]" if rank is not None else label
+        console.print(f"{prefix} {text}", markup=False, highlight=False)
+    return show
+
+
+@app.command()
+@reports_errors
+def run(
+    script: Path = typer.Argument(..., help="The training script (python), inside the job's folder."),
+    args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script (after --)."),
+    launcher: str = typer.Option("horovod", help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
+                                                 "(MultiWorkerMirroredStrategy, one worker a host)."),
+    np: Optional[int] = typer.Option(None, "--np", help="horovod: processes (default: every slot of the cluster)."),
+    nproc_per_node: Optional[int] = typer.Option(None, help="torchrun: processes on each host (default: its slots)."),
+    workdir: Optional[Path] = typer.Option(None, help="Folder copied to every host (default: the script's)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    fusion_threshold_mb: Optional[int] = typer.Option(None, help="Horovod tensor fusion buffer (MB)."),
+    cycle_time_ms: Optional[float] = typer.Option(None, help="Horovod cycle time (ms)."),
+    fp16_allreduce: bool = typer.Option(False, help="Hint the script to compress gradients to fp16 "
+                                                     "(sets KIT_FP16_ALLREDUCE=1)."),
+    timeline: Optional[str] = typer.Option(None, help="Write a Horovod timeline to this file (in the workspace)."),
+    verbose_horovod: bool = typer.Option(False, help="horovodrun --verbose."),
+    start_timeout: int = typer.Option(60, help="Seconds for every rank to start."),
+    env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="A variable for every rank: NAME=VALUE, or "
+                                            "NAME for this shell's value (repeatable)."),
+    env_file: Optional[List[Path]] = typer.Option(None, help="Variables for every rank from a file of NAME=VALUE "
+                                                  "lines (docker's format; repeatable; -e wins)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return: `kit logs ID -f` follows "
+                                "it, `kit jobs` lists it, `kit stop ID` stops it."),
+    restarts: int = typer.Option(0, help="After a failure, start the job again (this many times) on the hosts that "
+                                 "still answer, with KIT_RESTART=<n> set: the script resumes from its checkpoint."),
+    min_np: Optional[int] = typer.Option(None, help="The fewest processes a restart may have (default: all of them); "
+                                         "horovod: processes, torchrun: all hosts' processes together."),
+    hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
+                                     "never), every rank's stack goes in the job's folder and the job is stopped "
+                                     "(or restarted)."),
+) -> None:
+    """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
+    if launcher not in LAUNCHERS:
+        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    if launcher != "horovod" and np is not None:
+        raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
+                       hint="drop --np" + ("; --nproc-per-node sets the processes of each host"
+                                           if launcher == "torchrun" else ""))
+    knobs = {"--fusion-threshold-mb": fusion_threshold_mb, "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
+             "--verbose-horovod": verbose_horovod or None}
+    if launcher != "horovod" and (given := [flag for flag, value in knobs.items() if value is not None]):
+        raise BadInput(f"{', '.join(given)}: Horovod's, and --launcher {launcher} does not start Horovod",
+                       hint=f"drop {', '.join(given)}, or run the job with --launcher horovod")
+    if nproc_per_node is not None and (launcher != "torchrun" or not 1 <= nproc_per_node <= 256):
+        raise BadInput(f"--nproc-per-node: {nproc_per_node} is not for --launcher {launcher}" if launcher != "torchrun"
+                       else f"--nproc-per-node: {nproc_per_node} is not from 1 to 256",
+                       hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
+    hang = jobs.parse_duration(hang_timeout, "--hang-timeout")
+    if not 0 <= restarts <= 100:
+        raise BadInput(f"--restarts: {restarts} is not from 0 to 100", hint="give how often the job may start again")
+    if restarts and launcher == "tf":
+        raise BadInput("--restarts: kit does not start TF workers again (MultiWorkerMirroredStrategy fixes its "
+                       "workers at start)", hint="drop --restarts; a TF job resumes from its checkpoint when run again")
+    if min_np is not None and (not restarts or min_np < 1):
+        raise BadInput(f"--min-np: {min_np} " + ("is below 1" if min_np < 1 else "is for a job that restarts"),
+                       hint="give --restarts N with --min-np M, M from 1 to the job's processes")
+    variables = jobenv.parse(env or [], env_file or [], os.environ)
+    if fp16_allreduce:
+        variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))
+    with locked(name, config) as (cfg, identity, state):  # no up or down changes the cluster under the job
+        state = need_state(cfg, identity, state)
+        _check_launcher(launcher, state)
+        options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
+        run_job(cfg, state, script, args or [], np, workdir, options, variables, job_printer(launcher), launcher,
+                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang))
+
+
+def _check_launcher(launcher: str, state: st.ClusterState) -> None:
+    """The cluster's image must have what the launcher starts (torch and Horovod, or TensorFlow)."""
+    kind = framework(state.flavor)
+    if launcher not in FRAMEWORK_LAUNCHERS[kind]:
+        needs = [f for f in FLAVORS if launcher in FRAMEWORK_LAUNCHERS[framework(f)]]
+        raise BadInput(f"--launcher {launcher}: cluster {state.cluster} runs {state.image}, a {state.flavor} image "
+                       f"({CONTENTS[kind]})",
+                       hint=f"use --launcher {' or '.join(FRAMEWORK_LAUNCHERS[kind])} on it, or bring up a cluster "
+                            f"of a {' or '.join(needs)} image (another --name) for this launcher")
+
+
+def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list[str], np: Optional[int],
+             workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
+             on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
+             nproc_per_node: Optional[int] = None, detach: bool = False,
+             policy: jobs.Policy = jobs.Policy()) -> jobs.Job:
+    """Copy the job's folder, run it, say how it ended; raise unless it succeeded. Detached: start it and return."""
+    folder = (workdir or script.parent).resolve()
+    if not script.is_file():
+        raise BadInput(f"{script}: no such file", hint="give the path of your training script")
+    if not script.resolve().is_relative_to(folder):
+        raise BadInput(f"{script} is not inside --workdir {folder}", hint="put the script in the folder kit copies")
+    slots = [Slot(h.name, h.address, h.slots or 1) for h in state.hosts]
+    count = check_np(np, slots)
+    nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in state.hosts},
+                             {h.name: h.address for h in state.hosts})
+    rank_cmd = rank_command(script.resolve().relative_to(folder).as_posix(), args)
+    if len(nics) > 1 and launcher == "horovod":
+        console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
+                      "kit chose each by subnet and passes them all")
+    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    try:
+        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node) \
+            if launcher != "horovod" else ((), ())
+        job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
+                       tuple(rank_cmd), options, env, launcher, fanout, placed, nproc_per_node, policy)
+        if policy.min_np is not None and policy.min_np > job.np:
+            raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
+                           hint=f"give --min-np from 1 to {job.np}")
+        synced = jobs.sync_workspace(nodes, folder, state)
+        console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
+                      f"copied {sum(synced.sent.values())} changed files of {folder}")
+        if env:
+            console.print(f"environment: {escape(jobenv.shown(env))}", highlight=False)
+        if detach:
+            jobs.start(job, nodes)
+            console.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
+                          f"`kit jobs` lists it, `kit stop {job.id}` stops it" +
+                          ("" if state.workspace_shared else "; what its ranks write stays on the host that wrote "
+                           "it (copy storage spreads it only for a job kit run waits for)"))
+            return job
+        outcome = jobs.run(job, nodes, on_line)
+        try:
+            spread = jobs.spread_outputs(nodes, state, synced.manifests)
+        except KitError as e:
+            if outcome.exit_code == 0:
+                raise
+            spread = 0  # the job's own failure, said below, comes first; a host that went away has nothing to give
+            console.print(f"[yellow]note[/] what the failed job wrote was not copied between the hosts: {escape(str(e))}")
+        if spread:
+            console.print(f"copied {spread} files the job wrote to every host's {state.workspace}")
+    finally:
+        for n in nodes:
+            n.runner.close()
+    if outcome.env_kept:
+        console.print(f"[yellow]note[/] the job's variables may remain in the container on "
+                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job.id}): it could not be reached to remove them; "
+                      "`kit down` removes the containers")
+    if outcome.leftovers:
+        console.print("stopped what was left of the job: " +
+                      ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
+    restarted = f" after {outcome.restarts} restart{'s' if outcome.restarts > 1 else ''}" if outcome.restarts else ""
+    if outcome.exit_code == 0:
+        console.print(f"[green]✓[/] job {job.id} finished{restarted}")
+        return job
+    if outcome.hang:
+        hung = KitError(f"job {job.id} hung{restarted}: {outcome.hang}; it was stopped on every host",
+                        hint=f"every rank's stack is in {job.folder}/stacks on {state.primary.name}; "
+                             f"`kit logs {job.id}` shows its output")
+        hung.exit_code = 1
+        raise hung
+    if outcome.failure:
+        rank, code = outcome.failure
+        how = f"exit {code}" if code != 255 else "its process, container or host went away"
+        host = outcome.ranks[rank] if rank < len(outcome.ranks) else "?"
+        failed = KitError(f"rank {rank} on {host} failed first ({how}); the job was stopped "
+                          "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
+        failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
+        raise failed
+    if outcome.exit_code is None:
+        raise KitError(f"job {job.id} left no exit code on {state.primary.name}: it did not start, or its container "
+                       "was restarted or removed while it ran", hint=f"`kit status` shows the containers; "
+                       f"`kit logs {job.id}` shows what it printed")
+    program = "horovodrun" if job.launcher == "horovod" else job.launcher
+    raise KitError(f"job {job.id} failed ({program} exit {outcome.exit_code})",
+                   hint=f"its output is above; `kit logs {job.id}` shows it again")
+
+
+@app.command()
+@reports_errors
+def logs(
+    job: Optional[str] = typer.Argument(None, help="Job id (default: the last job)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's lines."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the job runs."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Output of a job, kept on the primary; per rank with --rank."""
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    primary = state.primary
+    (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
+    try:
+        records = {r.id: r for r in jobs.read_records(node)}
+        job = jobs.check_job_id(job) if job else next(reversed(records), None)
+        if job not in records:
+            raise BadInput(f"no job {job or ''} on cluster {state.cluster}".replace("  ", " "),
+                           hint="run one with kit run; `kit jobs` lists the cluster's jobs")
+        record, folder = records[job], primary.place.job_dir(job)
+        printer = job_printer(record.launcher)
+        follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
+            command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))
+
+        hosts = list(record.hosts)
+
+        def show(line: str) -> None:
+            nonlocal hosts
+            if line.startswith(jobs.END_MARK):
+                return
+            if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
+                hosts = launched
+                return
+            r, text = split_rank(line)
+            if (rank is None or r == rank) and exit_report(text) is None:
+                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
+        node.runner.stream_out(follower, show)
+    finally:
+        node.runner.close()
+
+
+@app.command("jobs")
+@reports_errors
+def jobs_(
+    as_json: bool = typer.Option(False, "--json", help="One JSON object a job."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost."""
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    (node,) = recorded_nodes([state.primary], connector(cfg.connect_timeout))
+    try:
+        records = jobs.read_records(node)
+    finally:
+        node.runner.close()
+    now = time.time()
+    rows = [dict(id=r.id, launcher=r.launcher, np=len(r.hosts), hosts=sorted(set(r.hosts)), state=r.state,
+                 started=r.started, seconds=r.seconds(now), exit=r.exit_code, restarts=r.restarts,
+                 left_out=list(r.left_out), hang=r.hang, environment=r.environment)
+            for r in records]
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    if not rows:
+        console.print(f"no jobs on cluster {state.cluster} yet: `kit run train.py` starts one")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("job", "launcher", "np", "hosts", "state", "started", "duration", "exit", "restarts"):
+        table.add_column(column)
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
+        restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
+        table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
+                      row["state"] + (" (hung)" if row["hang"] and row["state"] == "failed" else ""), started,
+                      _duration(row["seconds"]),
+                      "" if row["exit"] is None else str(row["exit"]), escape(restarts))
+    console.print(table)
+    for row in rows:
+        if row["hang"]:
+            console.print(f"{row['id']} hung: {escape(row['hang'])}", highlight=False)
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "?"
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+@app.command()
+@reports_errors
+def stop(
+    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
+    jobs.check_job_id(job)
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        if record.state not in ("running", "stopping"):
+            console.print(f"job {job} is not running ({record.state}); nothing to stop")
+            return
+        done = jobs.stop(nodes, record.id)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
+    how = "its launcher stopped its ranks" if done.ended_by_itself else \
+        f"its launcher did not end within {jobs.STOP_WAIT_S} s"
+    console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
+                  + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
+
+
+@app.command()
+@reports_errors
+def stacks(
+    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
+    jobs.check_job_id(job)
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        if record.state not in ("running", "restarting", "stopping"):
+            raise BadInput(f"job {job} is not running ({record.state})",
+                           hint=f"a hung job's stacks, taken when it was stopped, are in "
+                                f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
+        found = jobs.stacks(nodes, job)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    if not found:
+        console.print(f"no rank of job {job} is running a Python script now")
+    for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
+        console.print(f"[bold]rank {rank} on {escape(host)}[/]")
+        console.print(text, markup=False, highlight=False)
