@@ -17,6 +17,7 @@ import argparse
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -72,8 +73,10 @@ def main() -> None:
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # rank 0's weights to all
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    for _ in range(done):
-        scheduler.step()  # the learning rate of the epoch it goes on from
+    with warnings.catch_warnings():  # (stepped before any optimizer.step(), on purpose)
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(done):
+            scheduler.step()  # the learning rate of the epoch it goes on from
 
     for epoch in range(done + 1, args.epochs + 1):
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank

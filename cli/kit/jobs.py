@@ -79,6 +79,9 @@ class Job:
     def ranks(self) -> list[Slot]:
         return list(self.placed) if self.fanout else placement(list(self.slots), self.np)
 
+    def ranks_hosts(self) -> list[str]:
+        return [s.host for s in self.ranks]
+
     def plan(self) -> Plan:
         return Plan(id=self.id, folder=self.folder, workspace=self.state.workspace, launcher=self.launcher,
                     hosts=list(self.slots), np=self.np, nproc=self.nproc, port=self.state.ssh_port,
@@ -108,9 +111,6 @@ class Job:
         return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "python", "-c",
                         SUPERVISOR, f"{self.folder}/plan.json"])
 
-    def follow(self) -> str:
-        return follow_command(self.state.primary.place.container, self.folder, self.id)
-
     def env_path(self) -> str:
         return f"{ENV_DIR}/{self.id}"
 
@@ -126,16 +126,18 @@ class Job:
         return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
                          f"mkdir -p {d} && cat > {d}/environment"]), (jobenv.shown(self.env) + "\n").encode())
 
-    def ending(self) -> str:
-        """What the supervisor recorded at the end: each file of ENDING after a line `@@NAME`."""
-        d = shlex.quote(self.folder)
-        return command(exec_argv(self.state.primary.place.container, [
-            "sh", "-c", f"for f in {' '.join(ENDING)}; do echo \"@@$f\"; head -c 4000 {d}/$f 2>/dev/null; done; true"]))
+
+def ending_command(container: str, folder: str) -> str:
+    """What the supervisor recorded at the end: each file of ENDING after a line `@@NAME`."""
+    d = shlex.quote(folder)
+    return command(exec_argv(container, [
+        "sh", "-c", f"for f in {' '.join(ENDING)}; do echo \"@@$f\"; head -c 4000 {d}/$f 2>/dev/null; done; true"]))
 
 
 # env_kept: the addresses of the hosts whose container may still hold the job's variables (supervisor.tidy_env);
-# restarts: how often it was started again; hang: what the hang watch found.
-ENDING = ("env_kept", "restarts", "hang")
+# restarts: how often it was started again; left_out: the hosts a restart went on without; hang: what the hang watch
+# found.
+ENDING = ("env_kept", "restarts", "left_out", "hang")
 
 
 def parse_ending(text: str) -> dict[str, str]:
@@ -195,6 +197,7 @@ class Outcome:
     ranks: list[str] = field(default_factory=list)           # the host of each rank of the last launch
     restarts: int = 0
     hang: str = ""                                           # what the hang watch found, if it stopped the job
+    left_out: list[str] = field(default_factory=list)        # hosts a restart went on without
 
 
 @dataclass
@@ -219,7 +222,7 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
         return 0
     after = fan_out("reading what the job wrote", nodes, lambda n: workspace.read_manifest(n, state.workspace),
                     lambda n: n.name)
-    plan = workspace.spread_plan(before, {n.name: m for n, m in zip(nodes, after)})
+    plan = workspace.spread_plan({n.name: before[n.name] for n in nodes}, {n.name: m for n, m in zip(nodes, after)})
     by_name = {n.name: n for n in nodes}
 
     def one(source: str) -> int:
@@ -277,11 +280,18 @@ def start(job: Job, nodes: list[Node]) -> None:
 
 
 def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
-    """Start the job and follow it to its end, handing each line to on_line(rank, host of the rank, text); then
-    stop what is left of it on every host. Ctrl-C stops it everywhere. nodes[0] is the primary."""
-    ranks = [s.host for s in job.ranks]
-    failures = Failures()
-    ended = End()
+    """Start the job and follow it to its end (follow_to_end). nodes[0] is the primary."""
+    start(job, nodes)
+    return follow_to_end(nodes, job.id, job.ranks_hosts(), on_line)
+
+
+def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
+                  on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
+    """Follow a job's output to its end, handing each line to on_line(rank, host of the rank, text); then stop what
+    is left of it on every host (but the hosts a restart left out). Ctrl-C stops it everywhere. ranks: the host of
+    each rank, as far as known (a launch's own line says it again). nodes[0] is the primary."""
+    primary = nodes[0]
+    failures, ended = Failures(), End()
 
     def handle(line: str) -> None:
         nonlocal ranks, failures
@@ -295,24 +305,25 @@ def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, 
         if rank is None or exit_report(text) is None:
             on_line(rank, ranks[rank] if rank is not None and rank < len(ranks) else None, text)
 
-    primary = nodes[0]
-    start(job, nodes)
+    folder, container = primary.place.job_dir(job_id), primary.place.container
     try:
-        primary.runner.stream_out(job.follow(), handle)
+        primary.runner.stream_out(follow_command(container, folder, job_id), handle)
     except KeyboardInterrupt:
-        raise Interrupted(job, stop(nodes, job.id).killed) from None
-    end = parse_ending(primary.runner.run(job.ending(), timeout=60).stdout)
-    return Outcome(ended.code, failures.first(), reap(nodes, job.id), end.get("env_kept", "").split(), ranks,
-                   _int(end.get("restarts")) or 0, end.get("hang", ""))
+        raise Interrupted(job_id, stop(nodes, job_id).killed) from None
+    end = parse_ending(primary.runner.run(ending_command(container, folder), timeout=60).stdout)
+    left_out = set(end.get("left_out", "").split())  # a restart went on without them: they did not answer
+    return Outcome(ended.code, failures.first(), reap([n for n in nodes if n.name not in left_out], job_id),
+                   end.get("env_kept", "").split(), ranks, _int(end.get("restarts")) or 0, end.get("hang", ""),
+                   sorted(left_out))
 
 
 class Interrupted(KitError):
     exit_code = 130
 
-    def __init__(self, job: Job, leftovers: dict[str, int]) -> None:
+    def __init__(self, job_id: str, leftovers: dict[str, int]) -> None:
         stopped = ", ".join(f"{n} on {h}" for h, n in leftovers.items()) or "none left"
-        super().__init__(f"interrupted: job {job.id} was stopped on every host (processes kit stopped: {stopped})",
-                         hint=f"`kit logs {job.id}` shows its output")
+        super().__init__(f"interrupted: job {job_id} was stopped on every host (processes kit stopped: {stopped})",
+                         hint=f"`kit logs {job_id}` shows its output")
 
 
 # ---------------------------------------------------------------- the jobs of a cluster, as their folders record them

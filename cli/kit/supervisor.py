@@ -347,7 +347,9 @@ class Supervisor:
 
     def remote(self, host: Slot, argv: list[str], timeout: float = REMOTE_TIMEOUT_S) -> subprocess.CompletedProcess:
         """A command in a host's container: here for the primary, over the cluster SSH for the others."""
-        full = argv if host is self.plan.hosts[0] else [*SSH, host.address, shlex.join(argv)]
+        # An SSH session starts with sshd's environment: the image's PATH (its venv: python, py-spy) goes along.
+        full = argv if host is self.plan.hosts[0] else \
+            [*SSH, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
         try:
             return subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:

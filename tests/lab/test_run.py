@@ -228,6 +228,10 @@ def test_a_detached_job_is_listed_followed_and_recorded_with_its_checkpoint(proj
     assert last_job(project, lab)["state"] == "running"
     follower.kill()
     follower.communicate(timeout=30)
+    attached = kit(project, lab, "attach", job_id, timeout=300)  # from the start to the end, as kit run
+    assert attached.returncode == 0, attached.stdout[-2000:] + attached.stderr
+    assert re.search(r"^\[\S+ rank 0\] rank 0/3", attached.stdout, re.M), attached.stdout[-2000:]
+    assert f"job {job_id} finished" in attached.stdout, attached.stdout[-2000:]
     followed = kit(project, lab, "logs", job_id, "-f", timeout=300)
     assert followed.returncode == 0, followed.stderr
     assert "epoch 2: loss" in followed.stdout and "saved checkpoint" in followed.stdout, followed.stdout[-2000:]

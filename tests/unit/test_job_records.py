@@ -96,7 +96,7 @@ def inner(cmd: str, folder, workspace) -> str:
 
 
 def run_follow(j, folder, workspace) -> list[str]:
-    r = subprocess.run(["sh", "-c", inner(j.follow(), folder, workspace)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["sh", "-c", inner(jobs.follow_command("kit-lab", j.folder, j.id), folder, workspace)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 

@@ -156,7 +156,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             return job
         outcome = jobs.run(job, nodes, on_line)
         try:
-            spread = jobs.spread_outputs(nodes, state, synced.manifests)
+            spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests)
         except KitError as e:
             if outcome.exit_code == 0:
                 raise
@@ -167,21 +167,29 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
     finally:
         for n in nodes:
             n.runner.close()
+    report(outcome, job.id, job.launcher, state)
+    return job
+
+
+def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState) -> None:
+    """How a followed job ended; raises unless it succeeded, with the job's own exit code where it has one."""
     if outcome.env_kept:
         console.print(f"[yellow]note[/] the job's variables may remain in the container on "
-                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job.id}): it could not be reached to remove them; "
+                      f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job_id}): it could not be reached to remove them; "
                       "`kit down` removes the containers")
     if outcome.leftovers:
         console.print("stopped what was left of the job: " +
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
     restarted = f" after {outcome.restarts} restart{'s' if outcome.restarts > 1 else ''}" if outcome.restarts else ""
+    if outcome.left_out:
+        console.print(f"left out by a restart (no answer): {', '.join(outcome.left_out)}")
     if outcome.exit_code == 0:
-        console.print(f"[green]✓[/] job {job.id} finished{restarted}")
-        return job
+        console.print(f"[green]✓[/] job {job_id} finished{restarted}")
+        return
     if outcome.hang:
-        hung = KitError(f"job {job.id} hung{restarted}: {outcome.hang}; it was stopped on every host",
-                        hint=f"every rank's stack is in {job.folder}/stacks on {state.primary.name}; "
-                             f"`kit logs {job.id}` shows its output")
+        hung = KitError(f"job {job_id} hung{restarted}: {outcome.hang}; it was stopped on every host",
+                        hint=f"every rank's stack is in {state.primary.place.job_dir(job_id)}/stacks on "
+                             f"{state.primary.name}; `kit logs {job_id}` shows its output")
         hung.exit_code = 1
         raise hung
     if outcome.failure:
@@ -189,16 +197,16 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
         how = f"exit {code}" if code != 255 else "its process, container or host went away"
         host = outcome.ranks[rank] if rank < len(outcome.ranks) else "?"
         failed = KitError(f"rank {rank} on {host} failed first ({how}); the job was stopped "
-                          "on every host", hint=f"its output is above; `kit logs {job.id} --rank {rank}` shows it alone")
+                          "on every host", hint=f"its output is above; `kit logs {job_id} --rank {rank}` shows it alone")
         failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
         raise failed
     if outcome.exit_code is None:
-        raise KitError(f"job {job.id} left no exit code on {state.primary.name}: it did not start, or its container "
+        raise KitError(f"job {job_id} left no exit code on {state.primary.name}: it did not start, or its container "
                        "was restarted or removed while it ran", hint=f"`kit status` shows the containers; "
-                       f"`kit logs {job.id}` shows what it printed")
-    program = "horovodrun" if job.launcher == "horovod" else job.launcher
-    raise KitError(f"job {job.id} failed ({program} exit {outcome.exit_code})",
-                   hint=f"its output is above; `kit logs {job.id}` shows it again")
+                       f"`kit logs {job_id}` shows what it printed")
+    program = "horovodrun" if launcher == "horovod" else launcher
+    raise KitError(f"job {job_id} failed ({program} exit {outcome.exit_code})",
+                   hint=f"its output is above; `kit logs {job_id}` shows it again")
 
 
 @app.command()
@@ -321,6 +329,30 @@ def stop(
         f"its launcher did not end within {jobs.STOP_WAIT_S} s"
     console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
                   + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
+
+
+@app.command()
+@reports_errors
+def attach(
+    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+) -> None:
+    """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
+    stops it on every host (`kit logs ID -f` follows without that)."""
+    jobs.check_job_id(job)
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        outcome = jobs.follow_to_end(nodes, job, list(record.hosts), job_printer(record.launcher))
+    finally:
+        for n in nodes:
+            n.runner.close()
+    report(outcome, job, record.launcher, state)
 
 
 @app.command()
