@@ -249,9 +249,9 @@ def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     return {n.name: c for n, c in zip(nodes, counts) if c}
 
 
-def start(job: Job, nodes: list[Node]) -> None:
-    """Give every host's container the job's variables, record them, and start the job under its supervisor.
-    nodes[0] is the primary."""
+def start(job: Job, nodes: list[Node], setup: tuple[str, ...] = ()) -> None:
+    """Give every host's container the job's variables, record them, and start the job under its supervisor; the
+    setup's lines (what kit said of it before) open its log. nodes[0] is the primary."""
     primary = nodes[0]
     if job.env:
         def give(n: Node) -> None:
@@ -270,6 +270,10 @@ def start(job: Job, nodes: list[Node]) -> None:
         primary.runner.run(record, stdin=shown, timeout=60).check("cannot write the job's record")
     plan, text = job.write_plan()
     primary.runner.run(plan, stdin=text, timeout=60).check("cannot write the job's record")
+    if setup:
+        log = command(exec_argv(primary.place.container, ["sh", "-c", f"cat > {shlex.quote(job.folder)}/output.log"]))
+        primary.runner.run(log, stdin="".join(f"kit: {line}\n" for line in setup).encode(),
+                           timeout=60).check("cannot write the job's log")
     launched = primary.runner.run(job.launch(), timeout=60)
     if not launched.ok:  # recorded as failed, not left pending
         d = shlex.quote(job.folder)
@@ -279,9 +283,10 @@ def start(job: Job, nodes: list[Node]) -> None:
     launched.check(f"cannot start job {job.id} on {primary.name}")
 
 
-def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
+def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None],
+        setup: tuple[str, ...] = ()) -> Outcome:
     """Start the job and follow it to its end (follow_to_end). nodes[0] is the primary."""
-    start(job, nodes)
+    start(job, nodes, setup)
     return follow_to_end(nodes, job.id, job.ranks_hosts(), on_line)
 
 

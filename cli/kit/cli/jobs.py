@@ -29,8 +29,8 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
     label = "[horovodrun]" if launcher == "horovod" else f"[{launcher}]"
 
     def show(rank: int | None, host: str | None, text: str) -> None:
-        prefix = f"[{host} rank {rank}]" if rank is not None else label
-        console.print(f"{prefix} {text}", markup=False, highlight=False)
+        prefix = f"[{host} rank {rank}] " if rank is not None else "" if text.startswith("kit: ") else label + " "
+        console.print(f"{prefix}{text}", markup=False, highlight=False)
     return show
 
 
@@ -143,18 +143,22 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
         synced = jobs.sync_workspace(nodes, folder, state)
-        console.print(f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
-                      f"copied {sum(synced.sent.values())} changed files of {folder}")
-        if env:
-            console.print(f"environment: {escape(jobenv.shown(env))}", highlight=False)
+        setup = (f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
+                 f"copied {sum(synced.sent.values())} changed files of {folder}",
+                 *([f"environment: {jobenv.shown(env)}"] if env else []),
+                 *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
+                   if policy.restarts else []),
+                 f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}")
         if detach:
-            jobs.start(job, nodes)
+            for line in setup:
+                console.print(line, markup=False, highlight=False)
+            jobs.start(job, nodes, setup)
             console.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
                           f"`kit jobs` lists it, `kit stop {job.id}` stops it" +
                           ("" if state.workspace_shared else "; what its ranks write stays on the host that wrote "
                            "it (copy storage spreads it only for a job kit run waits for)"))
             return job
-        outcome = jobs.run(job, nodes, on_line)
+        outcome = jobs.run(job, nodes, on_line, setup)
         try:
             spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests)
         except KitError as e:

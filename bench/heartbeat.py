@@ -1,0 +1,62 @@
+"""What the rank launcher's heartbeat (the hang watch of `kit run`) costs a rank: the same work run by kit's rank
+launcher with the heartbeat (as in a job) and without it, side by side.
+
+    .venv/bin/python bench/heartbeat.py [--repeat 5]
+
+Two kinds of work, each in the rank's main thread: Python bytecode (a loop that holds the interpreter), and native
+code that lets it go (sha256 of large buffers, as torch's kernels do). Runs here, with this Python; writes the
+heartbeats in a temporary folder. Prints figures and ratios; never passes or fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "cli"))
+from kit.commands.horovod import RANK_LAUNCHER  # noqa: E402
+
+WORK = {
+    "python bytecode": "x = 0\nfor i in range(20_000_000):\n    x += i * i % 7\n",
+    "native (no GIL)": "import hashlib\nb = bytes(64 << 20)\nfor _ in range(12):\n    hashlib.sha256(b).digest()\n",
+}
+
+
+def once(script: Path, beat: bool, progress: str) -> float:
+    env = {**os.environ, "KIT_PROGRESS_DIR": progress}
+    env.pop("KIT_JOB", None)
+    if beat:
+        env.update(KIT_JOB="bench", HOROVOD_RANK="0")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", RANK_LAUNCHER, str(script)], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{'work':<18} {'without heartbeat':>18} {'with heartbeat':>16} {'ratio':>7}")
+    with tempfile.TemporaryDirectory(prefix="kit-bench-") as tmp:
+        for name, code in WORK.items():
+            script = Path(tmp) / "work.py"
+            script.write_text(code)
+            without, with_ = [], []
+            for _ in range(args.repeat):  # interleaved, so a change of the machine's load hits both alike
+                without.append(once(script, False, tmp))
+                with_.append(once(script, True, tmp))
+            a, b = statistics.median(without), statistics.median(with_)
+            print(f"{name:<18} {a:>16.2f} s {b:>14.2f} s {b / a:>7.3f}")
+    print("(medians of", args.repeat, "runs each; ratio: with / without)")
+
+
+if __name__ == "__main__":
+    main()
