@@ -23,7 +23,8 @@ VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connectio
 # first). horovodrun learns of exits over SSH, late and out of order, so its own account cannot say which rank
 # failed first. A thread beside the script keeps the rank's heartbeat (PROGRESS_DIR/<job>/<rank>): how often its main
 # thread was seen somewhere new, and where it is, for the supervisor's hang watch.
-def rank_launcher(env_dir: str = ENV_DIR, progress_dir: str = PROGRESS_DIR, every: float = 2.0) -> str:
+def rank_launcher(env_dir: str = ENV_DIR, progress_dir: str = PROGRESS_DIR, every: float = 2.0,
+                  look: float = 0.2) -> str:
     return f"""\
 import json, os, runpy, sys, threading, time
 def rank_of(env):
@@ -42,13 +43,13 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
     own = frame and "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     return inner if own in (None, inner) else inner + " (from " + own + ")"
 def heartbeat():
-    # The main thread moves when it is seen somewhere new; it is looked at 20 times a second, so that a loop that
+    # The main thread moves when it is seen somewhere new; it is looked at {1 / look:g} times a second, so that a loop that
     # waits at one place most of the time is still seen elsewhere now and then. (Its CPU time says nothing: a rank
     # that waits in a collective may spin.)
     main, last, moves, where = threading.main_thread().ident, None, 0, "?"
     while True:
         try:
-            for _ in range({int(every / 0.05)}):
+            for _ in range({int(every / look)}):
                 frame = sys._current_frames().get(main)
                 if frame is None:
                     return  # the main thread has ended
@@ -56,7 +57,7 @@ def heartbeat():
                 frame = None
                 if here != last:
                     moves, last, where = moves + 1, here, here[0]
-                time.sleep(0.05)
+                time.sleep({look!r})
             os.makedirs(os.path.dirname(BEAT), exist_ok=True)
             with open(BEAT + ".new", "w") as f:
                 json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
