@@ -188,7 +188,9 @@ def last_job(project, lab) -> dict:
 
 
 def test_a_job_outlives_a_killed_kit_and_kit_stop_ends_it_on_every_host(project, lab, cluster):
+    before = {h.name: listeners(h) for h in lab.hosts}  # sshd, and whatever the host had
     proc = start_loop(project, lab)
+    assert any(listeners(h) - before[h.name] for h in lab.hosts)  # the job's own servers (Gloo, horovodrun's)
     proc.kill()  # SIGKILL: the way a closed laptop or a dropped VPN ends kit's SSH session
     proc.communicate(timeout=30)
     time.sleep(3)
@@ -204,6 +206,7 @@ def test_a_job_outlives_a_killed_kit_and_kit_stop_ends_it_on_every_host(project,
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert f"job {job['id']} stopped on every host" in stopped.stdout
     assert elapsed < 30 and job_processes(lab, "allreduce_loop") == {}, (elapsed, stopped.stdout)
+    assert {h.name: listeners(h) - before[h.name] for h in lab.hosts} == {h.name: set() for h in lab.hosts}
     after = last_job(project, lab)
     assert (after["id"], after["state"]) == (job["id"], "stopped") and after["exit"] is not None, after
     again = kit(project, lab, "stop", job["id"])
@@ -310,11 +313,23 @@ def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(p
 def test_a_hang_is_named_with_every_ranks_stack_and_the_job_stopped(project, lab, cluster):
     """Rank 2 blocks before an allreduce, the others wait in it: within the hang timeout + 60 s kit names rank 2 and
     its host, keeps each rank's stack (py-spy) in the job's folder, and nothing of the job is left."""
-    started = time.monotonic()
-    r = kit(project, lab, "run", "--np", "3", "--hang-timeout", "20s", LOOP, "--", "--hang-rank", "2", timeout=300)
-    elapsed = time.monotonic() - started
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--np", "3", "--hang-timeout", "20s", LOOP, "--",
+                             "--hang-rank", "2"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200"}, text=True)
+    seen, deadline = [], time.monotonic() + 180
+    try:
+        while not any("rank 2 blocks on purpose" in line for line in seen):
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+            seen.append(line)
+        blocked = time.monotonic()
+        out, err = proc.communicate(timeout=300)
+        elapsed = time.monotonic() - blocked
+    finally:
+        proc.kill()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + out, err)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    assert elapsed < 20 + 60 + 30, elapsed  # + the ranks' start (torch and Horovod imported on a loaded host)
+    assert elapsed < 20 + 60, elapsed  # reported and stopped within the hang timeout + 60 s of the rank blocking
     h3 = lab.hosts[2]
     hung = re.search(r"hung: no rank has made progress for \d+ s: rank 2 on (\S+) is at (.*); the other 2 ranks "
                      r"wait at (.*); it was stopped on every host", " ".join(r.stderr.split()))

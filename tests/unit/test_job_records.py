@@ -29,6 +29,12 @@ def record(**kw) -> Record:
     (dict(alive=False, ended=160, exit_code=0, stopped=True), "stopped"),  # asked to stop as it ended
     (dict(alive=False), "lost"),                                            # no launcher, no end: container gone
     (dict(alive=False, stopped=True), "stopped"),                           # stopped before it recorded its end
+    (dict(alive=False, started=None, planned=True), "pending"),            # planned, its supervisor not up yet
+    (dict(restarting=True, restarts=1), "restarting"),                      # between two launches
+    (dict(restarts=1, left_out=("c",)), "running"),                         # launched again, on fewer hosts
+    (dict(alive=False, ended=160, exit_code=0, restarts=1), "succeeded"),  # after a restart
+    (dict(alive=False, ended=160, exit_code=130, hang="no rank has made progress"), "failed"),  # hung, stopped
+    (dict(restarting=True, stopped=True), "stopping"),                      # kit stop between two launches
 ])
 def test_the_state_of_a_job(kw, state):
     assert record(**kw).state == state and state in jobs.STATES
@@ -57,15 +63,18 @@ def test_the_reader_gives_each_folders_record(tmp_path):
     write(tmp_path / "20261123-100000-aaaa", launcher="torchrun\n", ranks="a a b\n", started="100\n", ended="160\n",
           exit="0\n", pid="999999999\n", environment="NCCL_DEBUG=INFO, HF_TOKEN=(hidden)\n")
     write(tmp_path / "20261123-110000-bbbb", launcher="horovod\n", ranks="a b\n", started="200\n",
-          pid="999999999\n", supervisor=f"{supervisor.pid}\n")  # alive, and carrying its mark
+          pid="999999999\n", supervisor=f"{supervisor.pid}\n", restarts="1\n", left_out="c\n", phase="restarting\n")
     write(tmp_path / "20261123-120000-cccc", ranks="a\n", started="300\n", supervisor=f"{os.getpid()}\n")
-    try:  # the last one's supervisor pid is a process, but not the job's (a pid used again after a restart)
-        done, running, lost = run_reader(tmp_path)
+    write(tmp_path / "20261123-130000-dddd", **{"plan.json": "{}"})  # kit planned it; no supervisor yet
+    try:  # the third one's supervisor pid is a process, but not the job's (a pid used again after a restart)
+        done, restarting, lost, pending = run_reader(tmp_path)
     finally:
         supervisor.kill()
+    assert (restarting.state, restarting.restarts, restarting.left_out) == ("restarting", 1, ("c",))
+    assert pending.state == "pending" and pending.started is None
     assert (done.id, done.launcher, done.hosts, done.state, done.seconds(0), done.environment) == \
            ("20261123-100000-aaaa", "torchrun", ("a", "a", "b"), "succeeded", 60, "NCCL_DEBUG=INFO, HF_TOKEN=(hidden)")
-    assert (running.state, running.hosts) == ("running", ("a", "b"))
+    assert restarting.hosts == ("a", "b")
     assert (lost.state, lost.launcher) == ("lost", "horovod")  # no launcher file: an older kit's job, horovodrun
 
 
