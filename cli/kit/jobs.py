@@ -99,6 +99,12 @@ class Job:
         return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
                          f"mkdir -p {d} && cat > {d}/plan.json"]), self.plan().dump().encode())
 
+    def write_log(self, lines: tuple[str, ...]) -> tuple[str, bytes]:
+        """(command, its stdin): the job's log begun with kit's own lines (`kit: ...`), before its supervisor's."""
+        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
+                         f"cat > {shlex.quote(self.folder)}/output.log"]),
+                "".join(f"kit: {line}\n" for line in lines).encode())
+
     def launch(self) -> str:
         """Start the job's supervisor in the primary's container, detached from kit's session (`docker exec -d`):
         a closed laptop or a dropped VPN does not end the job. kit follows its output with follow()."""
@@ -271,9 +277,8 @@ def start(job: Job, nodes: list[Node], setup: tuple[str, ...] = ()) -> None:
     plan, text = job.write_plan()
     primary.runner.run(plan, stdin=text, timeout=60).check("cannot write the job's record")
     if setup:
-        log = command(exec_argv(primary.place.container, ["sh", "-c", f"cat > {shlex.quote(job.folder)}/output.log"]))
-        primary.runner.run(log, stdin="".join(f"kit: {line}\n" for line in setup).encode(),
-                           timeout=60).check("cannot write the job's log")
+        log, lines = job.write_log(setup)
+        primary.runner.run(log, stdin=lines, timeout=60).check("cannot write the job's log")
     launched = primary.runner.run(job.launch(), timeout=60)
     if not launched.ok:  # recorded as failed, not left pending
         d = shlex.quote(job.folder)

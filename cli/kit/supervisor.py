@@ -397,6 +397,8 @@ class Supervisor:
                      (f"left out {', '.join(h.host for h in gone)} (no answer); " if gone else "") +
                      f"{plan.np_on(alive)} processes on {', '.join(h.host for h in alive)}, KIT_RESTART={attempt}")
             hosts = alive
+            if self.stopped():  # (kit stop while this launch was being prepared)
+                break
         if os.path.exists(os.path.join(folder, "phase")):
             os.remove(os.path.join(folder, "phase"))
         return code

@@ -136,7 +136,7 @@ def test_every_rank_gets_the_jobs_variables_and_no_secret_value_is_shown_or_kept
     assert f"environment: {shown}" in r.stdout
     assert "s3cr3t-42" not in r.stdout + r.stderr
     # The job's record keeps what was shown; the values left the primary with the job.
-    job = re.search(r"^job (\S+):", r.stdout, re.M)[1]
+    job = re.search(r"^kit: job (\S+):", r.stdout, re.M)[1]
     cluster = "tf" if launcher == "tf" else "lab"
     folder = f"/var/lib/kit/{cluster}/jobs/{job}"
     record = lab.hosts[0].docker("exec", f"kit-{cluster}", "sh", "-c", f"ls {folder}; cat {folder}/environment")

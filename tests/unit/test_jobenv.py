@@ -121,6 +121,9 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
     assert record == "docker exec -i kit-lab sh -c 'mkdir -p /var/lib/kit/lab/jobs/j1 && " \
                      "cat > /var/lib/kit/lab/jobs/j1/environment'"
     assert "-e KIT_ENV=1" not in job(()).launch() and not job(()).plan().env  # no variables
+    log, lines = j.write_log(("job j1: 1 processes", f"environment: {jobenv.shown(j.env)}"))
+    assert log == "docker exec -i kit-lab sh -c 'cat > /var/lib/kit/lab/jobs/j1/output.log'"
+    assert lines == b"kit: job j1: 1 processes\nkit: environment: NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
     assert j.plan().env and "s3cr3t-value" not in j.plan().dump() and "s3cr3t-value" not in j.write_plan()[1].decode()
 
 

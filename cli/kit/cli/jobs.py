@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -298,6 +299,23 @@ def jobs_(
             console.print(f"{row['id']} hung: {escape(row['hang'])}", highlight=False)
 
 
+@contextlib.contextmanager
+def _the_job(job: str, name: Optional[str], config: Optional[Path]):
+    """(the cluster's state, a node a host (the primary first), the job's record), the nodes closed afterwards."""
+    jobs.check_job_id(job)
+    cfg, identity, state = recorded(name, config)
+    state = need_state(cfg, identity, state)
+    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    try:
+        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
+        if record is None:
+            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+        yield state, nodes, record
+    finally:
+        for n in nodes:
+            n.runner.close()
+
+
 def _duration(seconds: int | None) -> str:
     if seconds is None:
         return "?"
@@ -313,21 +331,11 @@ def stop(
     name: Optional[str] = NAME,
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
-    jobs.check_job_id(job)
-    cfg, identity, state = recorded(name, config)
-    state = need_state(cfg, identity, state)
-    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
-    try:
-        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
-        if record is None:
-            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
-        if record.state not in ("running", "stopping"):
+    with _the_job(job, name, config) as (state, nodes, record):
+        if record.state not in ("running", "restarting", "stopping"):
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
         done = jobs.stop(nodes, record.id)
-    finally:
-        for n in nodes:
-            n.runner.close()
     killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
     how = "its launcher stopped its ranks" if done.ended_by_itself else \
         f"its launcher did not end within {jobs.STOP_WAIT_S} s"
@@ -344,18 +352,8 @@ def attach(
 ) -> None:
     """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
     stops it on every host (`kit logs ID -f` follows without that)."""
-    jobs.check_job_id(job)
-    cfg, identity, state = recorded(name, config)
-    state = need_state(cfg, identity, state)
-    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
-    try:
-        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
-        if record is None:
-            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+    with _the_job(job, name, config) as (state, nodes, record):
         outcome = jobs.follow_to_end(nodes, job, list(record.hosts), job_printer(record.launcher))
-    finally:
-        for n in nodes:
-            n.runner.close()
     report(outcome, job, record.launcher, state)
 
 
@@ -367,22 +365,12 @@ def stacks(
     name: Optional[str] = NAME,
 ) -> None:
     """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
-    jobs.check_job_id(job)
-    cfg, identity, state = recorded(name, config)
-    state = need_state(cfg, identity, state)
-    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
-    try:
-        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
-        if record is None:
-            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
+    with _the_job(job, name, config) as (state, nodes, record):
         if record.state not in ("running", "restarting", "stopping"):
             raise BadInput(f"job {job} is not running ({record.state})",
                            hint=f"a hung job's stacks, taken when it was stopped, are in "
                                 f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
         found = jobs.stacks(nodes, job)
-    finally:
-        for n in nodes:
-            n.runner.close()
     if not found:
         console.print(f"no rank of job {job} is running a Python script now")
     for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
