@@ -179,7 +179,8 @@ def parse_discovery(text: str, hosts: list[Slot]) -> list[Slot]:
 
 # In each host's container: every heartbeat of the job, one JSON line each (see heartbeat()).
 def progress_script(job_id: str) -> str:
-    return f"for f in \"{PROGRESS}/{job_id}\"/*; do [ -f \"$f\" ] && head -c 2000 \"$f\" && echo; done; true"
+    return (f"for f in \"{PROGRESS}/{job_id}\"/*; do case \"$f\" in *.new) continue;; esac; "  # (one being written)
+            "[ -f \"$f\" ] && head -c 2000 \"$f\" && echo; done; true")
 
 
 # In each host's container: every rank's Python stack (py-spy), each after a line `@@kit-stack RANK PID`; only
@@ -189,6 +190,8 @@ import json, os, subprocess, sys
 job = sys.argv[1]
 folder = os.path.join(os.environ.get("KIT_PROGRESS_DIR", sys.argv[2]), job)
 for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    if name.endswith(".new"):  # (one being written)
+        continue
     try:
         with open(os.path.join(folder, name)) as f:
             beat = json.loads(f.read(2000))

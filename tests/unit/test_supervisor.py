@@ -181,6 +181,18 @@ def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
     assert (folder / "exit").read_text() == "0\n" and not (folder / "hang").exists()
 
 
+def test_a_heartbeat_being_written_is_read_once(tmp_path):
+    from kit.supervisor import parse_beats, progress_script
+    folder = tmp_path / "j1"
+    folder.mkdir()
+    (folder / "0").write_text('{"rank": 0, "pid": 1, "moves": 3, "where": "t.py:1 in f"}')
+    (folder / "0.new").write_text('{"rank": 0, "pid": 1, "moves": 4, "where": "t.py:2 in f"}')
+    (folder / "1").write_text("junk a rank wrote")
+    out = subprocess.run(["sh", "-c", progress_script("j1")], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "KIT_PROGRESS_DIR": str(tmp_path)}).stdout
+    assert parse_beats("a", out) == [Beat("a", 0, 3, "t.py:1 in f")]
+
+
 def test_the_hang_report_names_the_odd_ones():
     beats = [Beat("a", 0, 5, "mpi_ops.py:90 in synchronize"), Beat("b", 1, 5, "mpi_ops.py:90 in synchronize"),
              Beat("c", 2, 3, "train.py:40 in main")]
