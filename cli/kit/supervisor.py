@@ -381,7 +381,9 @@ class Supervisor:
                 break
             _write(folder, "phase", "restarting")
             self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])  # what is left of this launch, on every host
-            found = subprocess.run([os.path.join(folder, "discover")], capture_output=True, text=True, timeout=120)
+            # (the script from here, not its copy in the job's folder, which the job's ranks could change)
+            found = subprocess.run(["sh", "-c", discovery_script(plan.hosts)], capture_output=True, text=True,
+                                   timeout=120)
             alive = parse_discovery(found.stdout, hosts)
             gone = [h for h in hosts if h not in alive]
             if plan.hosts[0] not in alive:
