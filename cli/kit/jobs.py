@@ -90,9 +90,6 @@ class Job:
                     min_np=self.np if self.policy.min_np is None else self.policy.min_np,
                     hang_timeout=self.policy.hang_timeout, env=bool(self.env))
 
-    def argv(self) -> list[str]:
-        return self.plan().launch(list(self.slots), MASTER_PORT)[0]
-
     def write_plan(self) -> tuple[str, bytes]:
         """(command, its stdin): the job's folder and its plan, in the primary's container."""
         d = shlex.quote(self.folder)
@@ -340,6 +337,7 @@ class Interrupted(KitError):
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 STATES = ("pending", "running", "restarting", "stopping", "succeeded", "failed", "stopped", "lost")
+ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job can be stopped, its stacks read
 END_MARK = "@@kit-job-end"
 
 

@@ -359,16 +359,7 @@ class Supervisor:
             return subprocess.CompletedProcess(full, 124, "", f"no answer from {host.host} in {timeout:.0f} s")
 
     def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
-        results: list = [None] * len(hosts)
-
-        def one(i: int) -> None:
-            results[i] = self.remote(hosts[i], argv)
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(hosts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
+        return at_once(hosts, lambda h: self.remote(h, argv))
 
     def run(self) -> int:
         plan, folder = self.plan, self.plan.folder
@@ -482,6 +473,20 @@ def free_port() -> int:
     return port
 
 
+def at_once(hosts: list[Slot], step) -> list:
+    """step(host) for every host at once, each in its own thread; the results in the hosts' order."""
+    results: list = [None] * len(hosts)
+
+    def one(i: int) -> None:
+        results[i] = step(hosts[i])
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(hosts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
     """The job's variables removed from every host's container, also when no kit waits for the job any more; a
     host where that failed goes in env_kept."""
@@ -496,11 +501,7 @@ def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
                 kept.append(h.address)
         except subprocess.TimeoutExpired:
             kept.append(h.address)
-    threads = [threading.Thread(target=one, args=(h,)) for h in plan.hosts[1:]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    at_once(plan.hosts[1:], one)
     if os.path.exists(path):
         os.remove(path)
     if kept:

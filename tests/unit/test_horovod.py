@@ -128,4 +128,5 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
     assert launch[:9] == ["docker", "exec", "-d", "-e", "KIT_SUPERVISOR=j1", "-e", "HOROVOD_GLOO_TIMEOUT_SECONDS=90",
                           "kit-lab", "python"] and launch[-1] == "/var/lib/kit/lab/jobs/j1/plan.json"
     assert job.folder == "/var/lib/kit/lab/jobs/j1"
-    assert job.argv()[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and job.argv()[-3:] == ["python", "-u", "t.py"]
+    argv, _ = job.plan().launch(list(job.slots), "0")
+    assert argv[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and argv[-3:] == ["python", "-u", "t.py"]

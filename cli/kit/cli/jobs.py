@@ -332,7 +332,7 @@ def stop(
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
     with _the_job(job, name, config) as (state, nodes, record):
-        if record.state not in ("running", "restarting", "stopping"):
+        if record.state not in jobs.ACTIVE:
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
         done = jobs.stop(nodes, record.id)
@@ -366,7 +366,7 @@ def stacks(
 ) -> None:
     """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
     with _the_job(job, name, config) as (state, nodes, record):
-        if record.state not in ("running", "restarting", "stopping"):
+        if record.state not in jobs.ACTIVE:
             raise BadInput(f"job {job} is not running ({record.state})",
                            hint=f"a hung job's stacks, taken when it was stopped, are in "
                                 f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
