@@ -273,13 +273,14 @@ RESTARTING = {  # launcher -> (kit run's options, the example and its options)
 @pytest.mark.parametrize("launcher", RESTARTING)
 def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(project, lab, cluster, launcher):
     """A host's container killed mid-run: kit starts the job again on the two others (--restarts 1 --min-np 2),
-    the example resumes from its last checkpoint and ends; kit jobs shows the restart and the host left out."""
+    the example resumes from its last checkpoint and ends; kit jobs shows the restart and the host left out. The
+    hang watch, at 10 s, sees the training steps move all along (before, during and after the restart)."""
     run_options, example, job_options = RESTARTING[launcher]
     checkpoint = f"checkpoints/restart-{launcher}.pt"
     lab.hosts[0].run_in("rm", "-f", f"/var/lib/kit/lab/workspace/{checkpoint}")
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", *run_options, "--restarts", "1", "--min-np", "2",
-                             str(REPO / "examples" / example), "--", *job_options, "--epochs", "8",
-                             "--checkpoint", checkpoint],
+                             "--hang-timeout", "10s", str(REPO / "examples" / example), "--", *job_options,
+                             "--epochs", "8", "--checkpoint", checkpoint],
                             cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     h3 = lab.hosts[2]

@@ -174,8 +174,11 @@ def test_a_hang_is_found_named_and_stopped_with_every_ranks_stack(tmp_path, ssh_
 
 
 def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
+    """Steps of Python work (longer than the interpreter's 5 ms switch interval, so the heartbeat sees them), each
+    followed by a wait at the same line. A step that is one native call holding the GIL is not seen: README says so."""
     (tmp_path / "busy.py").write_text("import time\nend = time.time() + 12\nwhile time.time() < end:\n"
-                                      "    sum(range(300000))\n    time.sleep(0.01)\n")  # a step, then a wait
+                                      "    total = 0\n    for i in range(200000):\n        total += i\n"
+                                      "    time.sleep(0.01)\n")
     job = job_id()
     r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["busy.py"] * 2, hosts=HOSTS[:2], hang_timeout=5))
     assert (folder / "exit").read_text() == "0\n" and not (folder / "hang").exists()
