@@ -283,7 +283,7 @@ def status(state: st.ClusterState, connect: Connect, owner: Owner) -> list[HostS
         runner = connect(h.host)
         try:
             probe = Node(h.host, runner, h.place)
-            preflight.gather(probe, _state_cfg(state), state.image)
+            preflight.gather(probe, state_cfg(state), state.image)
             f: HostFacts = probe.facts
         except KitError as e:
             return HostStatus(h.name, h.address, h.primary, reachable=False, error=e.message, slots=h.slots)
@@ -297,7 +297,7 @@ def status(state: st.ClusterState, connect: Connect, owner: Owner) -> list[HostS
     return fan_out("status", state.hosts, one, lambda h: h.name)
 
 
-def _state_cfg(state: st.ClusterState) -> ClusterConfig:
+def state_cfg(state: st.ClusterState) -> ClusterConfig:
     return ClusterConfig(name=state.cluster, ssh_port=state.ssh_port, workspace=state.workspace,
                          storage=state.storage, nfs_server=state.nfs_server or None)
 
@@ -308,7 +308,7 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
     """(command, what it does) to undo `up` on one host, decided from its facts. Pure."""
     q, p = shlex.quote, h.place
     plan = []
-    s = Storage.of(_state_cfg(state))
+    s = Storage.of(state_cfg(state))
     if f.container is not None and f.container.cluster == state.cluster:
         plan.append((command(remove_argv(p.container)), f"removed container {p.container}"))
     if h.made_mount and f.mount is not None:  # after the container that used it
@@ -317,7 +317,8 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
         plan.append((storage.unexport_command(s), f"removed the export of {state.workspace} from {storage.EXPORTS}"))
     if f.kit_files or f.kit_dir_exists:
         plan.append((f"rm -rf {q(p.ssh_dir)} {q(p.jobs_dir)} {q(p.owner_file)}", f"removed {p.ssh_dir} and jobs"))
-    if h.made_workspace and f.workspace_exists:
+    # A dead mount (sshfs ended, NFS server gone) cannot even be tested for: the folder under it is kit's all the same
+    if h.made_workspace and (f.workspace_exists or h.made_mount and f.mount is not None):
         plan.append((f"rmdir {q(state.workspace)} 2>/dev/null || echo kept",
                      f"removed {state.workspace}"))
     if h.made_kit_dir and f.kit_dir_exists:
@@ -334,7 +335,7 @@ def removal_commands(f: HostFacts, h: st.HostState, state: st.ClusterState) -> l
 def remove_from(n: Node, state: st.ClusterState, owner: Owner, progress: Progress) -> None:
     """Undo on one host what up made there for this cluster, decided from its facts."""
     progress.status(n.name, "removing")
-    preflight.gather(n, _state_cfg(state), state.image)
+    preflight.gather(n, state_cfg(state), state.image)
     if other := n.facts.foreign(state.cluster, owner):
         n.changes.append(f"left alone: the cluster {state.cluster} here is {other}'s, not yours")
         return

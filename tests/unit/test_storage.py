@@ -1,6 +1,7 @@
 """Shared storage: the exact exports, mounts and removals kit applies (nfs cannot run on the CI kernel;
 sshfs and copy also run for real in tests/lab/test_shared_storage.py)."""
 
+import dataclasses
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -145,6 +146,16 @@ def test_down_removes_what_up_added_and_nothing_else():
         "sed -i '/ # kit-lab$/d' /etc/exports && exportfs -ra", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner"]
     prepared = HostState("gpu-2", "10.0.0.2", PLACE)  # mounted by `kit prepare` (fstab): kit up did not add it
     assert [c for c, _ in removal_commands(f, prepared, state)] == ["rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner"]
+
+
+def test_down_removes_the_workspace_it_made_under_a_dead_mount():
+    """sshfs ended: `test -d` on the mount fails (transport endpoint is not connected), the folder under it is kit's."""
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, WS, storage="sshfs")
+    dead = dataclasses.replace(parse_facts(0, FACTS), workspace_exists=False)
+    client = HostState("gpu-2", "10.0.0.2", PLACE, made_mount=True, made_workspace=True)
+    assert [c for c, _ in removal_commands(dead, client, state)] == [
+        f"umount {WS}", "rm -rf /var/lib/kit/lab/ssh /var/lib/kit/lab/jobs /var/lib/kit/lab/owner",
+        f"rmdir {WS} 2>/dev/null || echo kept"]
 
 
 def test_nfs_server_setting_is_checked():
