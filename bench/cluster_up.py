@@ -5,7 +5,7 @@ and image distribution time beside image size.
 
 Makes its own lab of three hosts (network namespaces with their own sshd and
 dockerd; see tests/lab/harness.py) and removes it afterwards. `--rate` shapes
-every host's link with netem, like a 1 GbE cluster. Prints figures and ratios;
+every host's link with a token bucket (tc tbf), like a 1 GbE cluster. Prints figures and ratios;
 never passes or fails on them.
 """
 
@@ -38,7 +38,7 @@ def fresh(lab: Lab, project: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", help="netem rate of every host's link, e.g. 1gbit")
+    parser.add_argument("--rate", help="rate of every host's link (tc tbf), e.g. 1gbit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
         project = make_project(Path(work) / "project", lab, "bench")

@@ -40,7 +40,7 @@ def images_per_sec(output: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--rate", help="netem rate of every host's link, e.g. 1gbit")
+    parser.add_argument("--rate", help="rate of every host's link (tc tbf), e.g. 1gbit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
         project = make_project(Path(work) / "project", lab, "bench")

@@ -171,6 +171,13 @@ class Lab:
     def _sshd(self, h: LabHost) -> None:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
         shutil.copy(self.home / ".ssh/id_ed25519.pub", h.run / "authorized_keys")
+        self._sshd_config(h)
+        Path("/run/sshd").mkdir(exist_ok=True)
+        with open(self.home / ".ssh/known_hosts", "a") as f:
+            f.write(f"{h.address} {(h.run / 'host_key.pub').read_text()}")
+        self._daemon(h, "sshd", ["/usr/sbin/sshd", "-f", str(h.run / "sshd_config"), "-D", "-e"])
+
+    def _sshd_config(self, h: LabHost, env: str = "") -> None:
         (h.run / "sshd_config").write_text(f"""\
 Port 22
 ListenAddress {h.address}
@@ -181,13 +188,26 @@ PermitRootLogin prohibit-password
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
-SetEnv DOCKER_HOST=unix://{h.docker_sock}
+SetEnv DOCKER_HOST=unix://{h.docker_sock} {env}
 Subsystem sftp /usr/lib/openssh/sftp-server
 """)
-        Path("/run/sshd").mkdir(exist_ok=True)
-        with open(self.home / ".ssh/known_hosts", "a") as f:
-            f.write(f"{h.address} {(h.run / 'host_key.pub').read_text()}")
+
+    @contextlib.contextmanager
+    def clock_off(self, h: LabHost, offset: str):
+        """Every program a login on `h` starts sees a clock `offset` off (libfaketime, e.g. "+10m"): the hosts share
+        this machine's kernel clock, which a test must not move. sshd restarts with its host key kept."""
+        lib = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+        try:
+            self._restart_sshd(h, f"LD_PRELOAD={lib} FAKETIME={offset} FAKETIME_DONT_FAKE_MONOTONIC=1")
+            yield
+        finally:
+            self._restart_sshd(h)
+
+    def _restart_sshd(self, h: LabHost, env: str = "") -> None:
+        _stop(h.run / "sshd.process")
+        self._sshd_config(h, env)
         self._daemon(h, "sshd", ["/usr/sbin/sshd", "-f", str(h.run / "sshd_config"), "-D", "-e"])
+        wait_for(f"{h.name} sshd", lambda: h.listening(22))
 
     def _dockerd(self, h: LabHost) -> None:
         self._daemon(h, "dockerd", ["dockerd", "--data-root", str(h.data / "docker"), "--exec-root",
@@ -296,11 +316,18 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         (h.run / "host_key.pub").unlink()
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
 
-    def shape(self, rate: str) -> None:
-        """Every host's link limited to `rate` (e.g. 1gbit) in both directions, like a real LAN."""
+    def shape(self, rate: str, hosts: list[LabHost] | None = None) -> None:
+        """Every host's link (or these hosts') limited to `rate` (e.g. 1gbit, 100mbit) in both directions, like a
+        real LAN: a token bucket on both ends of its veth (tbf: this machine's kernel has no netem)."""
+        for h in hosts or self.hosts:
+            sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", *token_bucket(rate))
+            sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", *token_bucket(rate))
+
+    def unshape(self) -> None:
+        """Every host's link back to the veth's own speed."""
         for h in self.hosts:
-            sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", "netem", "rate", rate)
-            sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", "netem", "rate", rate)
+            sh("tc", "qdisc", "del", "dev", f"{PREFIX}-v{h.index}", "root", check=False)
+            sh("tc", "-n", h.name, "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def block(self, h: LabHost) -> None:
         """The host's firewall drops every packet that comes in."""
@@ -308,6 +335,15 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 
     def unblock(self, h: LabHost) -> None:
         h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
+
+
+def token_bucket(rate: str) -> list[str]:
+    """tc's tbf arguments for `rate` (e.g. 1gbit): a bucket of 10 ms at that rate, packets queued for up to 50 ms."""
+    m = re.fullmatch(r"(\d+)([kmg])bit", rate)
+    if not m:
+        raise ValueError(f"rate {rate!r}: expected e.g. 100mbit or 1gbit")
+    bits = int(m[1]) * {"k": 10**3, "m": 10**6, "g": 10**9}[m[2]]
+    return ["tbf", "rate", rate, "burst", str(max(bits // 8 // 100, 16384)), "latency", "50ms"]
 
 
 class ClusterUpFailed(AssertionError):
