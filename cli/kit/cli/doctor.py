@@ -1,0 +1,79 @@
+"""`kit doctor`: is the cluster (or are these hosts, before `kit up`) healthy? One line per check per host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from kit import doctor as dr
+from kit import state as st
+from kit.cluster import state_cfg
+from kit.config import build_config, uses_gpus
+from kit.errors import BadInput
+from kit.identity import Identity
+from kit.inventory import read_hosts
+from kit.steps.node import Node
+from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, reports_errors
+
+MARKS = {dr.OK: "[green]ok  [/]", dr.WARN: "[yellow]warn[/]", dr.FAIL: "[red]fail[/]"}
+
+
+@app.command()
+@reports_errors
+def doctor(
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="Check these hosts before `kit up` (default: the "
+                                                                 "cluster's hosts, as `kit up` recorded them)."),
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of lines."),
+) -> None:
+    """Check the cluster: SSH, Docker, image, ports, NICs, clocks, disk, /dev/shm, the shared workspace, GPUs.
+
+    One line per check per host (ok, warn, fail), each warn and fail with its fix; exit 1 when a check fails.
+    Changes nothing on the hosts."""
+    cfg_file, cfg = cluster_settings(config, dict(name=name))
+    identity = Identity(cfg.name, persist=False)
+    state = None if hosts is not None else st.load(identity.folder)
+    connect = connector(cfg.connect_timeout)
+    if hosts is not None:
+        inventory = read_hosts(hosts)
+        nodes = [Node(h, connect(h), cfg.host_place()) for h in inventory]
+        image, gpu = cfg.image_tag or "", uses_gpus(build_config(cfg_file, {}).flavor)
+    elif state is None:
+        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
+                       hint="check hosts before bringing them up: kit doctor --hosts hosts.txt")
+    else:
+        nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in state.hosts]
+        cfg, image, gpu = state_cfg(state), state.image, uses_gpus(state.flavor)
+    try:
+        report = dr.examine(nodes, cfg, image, state, gpu, identity.owner)
+    finally:
+        for n in nodes:
+            n.runner.close()
+    if as_json:
+        console.print_json(data={"cluster": cfg.name, "hosts": report.hosts, "failed": report.failed,
+                                 "warnings": report.warned, "findings": [f.as_dict() for f in report.findings]})
+    else:
+        _print(report, cfg.name, state is not None)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _print(report: dr.Report, cluster: str, up: bool) -> None:
+    width = max(len(f.check) for f in report.findings)
+    for host in report.hosts:
+        console.print(f"[bold]{escape(host)}[/]")
+        for f in report.of(host):
+            console.print(f"  {MARKS[f.level]} {f.check:<{width}}  {escape(f.text)}")
+            if f.fix:
+                console.print(f"       {'':<{width}}  fix: {escape(f.fix)}", style="dim" if f.level == dr.OK else "")
+    what = f"cluster {cluster}" if up else f"{len(report.hosts)} hosts (before kit up)"
+    if report.failed:
+        console.print(f"[red]✗[/] {what}: {report.failed} check{'s' if report.failed > 1 else ''} failed"
+                      + (f", {report.warned} warning{'s' if report.warned > 1 else ''}" if report.warned else ""))
+    else:
+        console.print(f"[green]✓[/] {what} is healthy" + (f" ({report.warned} warning"
+                                                        f"{'s' if report.warned > 1 else ''})" if report.warned else ""))

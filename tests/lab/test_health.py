@@ -1,0 +1,156 @@
+"""Is the cluster healthy and fast? `kit doctor` on a healthy 3-host cluster (sshfs storage, so the shared workspace
+is checked for real); `kit bench net` with one host's link slower than the others'; then each fault made for real on
+one lab host: doctor fails on that host's line, with the fix, and on no other host's."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+import yaml
+
+from harness import lab_cluster, wait_for
+from helpers import run_kit
+
+pytestmark = pytest.mark.lab
+NAME, CONTAINER, PORT = "doc", "kit-doc", 12345
+
+
+@pytest.fixture(scope="module")
+def cluster(project, lab, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("doctor")
+    config = yaml.safe_load((project / "kit.yaml").read_text())
+    config["cluster"] = {"name": NAME, "storage": "sshfs"}
+    (folder / "kit.yaml").write_text(yaml.safe_dump(config))
+    (folder / "hosts.txt").write_text((project / "hosts.txt").read_text())
+    with lab_cluster(lab, folder, NAME, "--hosts", "hosts.txt"):
+        yield folder
+
+
+def doctor(folder, lab, *args):
+    r = run_kit("doctor", "--json", *args, cwd=folder, env=lab.env, timeout=300)
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip().startswith("{") else r
+
+
+def test_a_healthy_cluster_is_all_ok(cluster, lab):
+    r = run_kit("doctor", cwd=cluster, env={**lab.env, "COLUMNS": "200"}, timeout=300)
+    assert r.returncode == 0 and "cluster doc is healthy" in r.stdout, r.stdout + r.stderr
+    code, report = doctor(cluster, lab)
+    assert code == 0 and report["failed"] == report["warnings"] == 0, [f for f in report["findings"] if f["level"] != "ok"]
+    checks = {(f["host"], f["check"]) for f in report["findings"]}
+    for h in lab.hosts:
+        for check in ("ssh", "docker", "docker disk", "port", "listening", "container", "image", "shm", "memlock",
+                      "workspace disk", "clock", "nic", "ssh mesh"):
+            assert (h.address, check) in checks, (h.address, check, report)
+    assert {(f["host"], f["check"]) for f in report["findings"] if f["check"] == "workspace"} == \
+           {(h.address, "workspace") for h in lab.hosts[1:]}  # the primary wrote, the two others read
+    before = run_kit("doctor", "--json", "--hosts", "hosts.txt", cwd=cluster, env=lab.env, timeout=300)
+    assert before.returncode == 0, before.stdout + before.stderr  # the host-level checks, as before `kit up`
+    assert "held by this cluster's container" in before.stdout
+
+
+def test_bench_net_names_the_host_whose_link_is_slow(cluster, lab):
+    lab.shape("1gbit")
+    lab.shape("100mbit", [lab.hosts[2]])
+    try:
+        r = run_kit("bench", "net", "--seconds", "2", "--json", cwd=cluster, env=lab.env, timeout=600)
+        text = run_kit("bench", "net", "--seconds", "1", cwd=cluster, env={**lab.env, "COLUMNS": "200"}, timeout=600)
+    finally:
+        lab.unshape()
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    slow = lab.hosts[2].address
+    assert data["slow_host"] == slow, data
+    assert len(data["links"]) == 6 and {(l["source"], l["target"]) for l in data["slowest"]} == \
+           {(slow, h.address) for h in lab.hosts[:2]} | {(h.address, slow) for h in lab.hosts[:2]}, data
+    fast = [l["gbits"] for l in data["links"] if slow not in (l["source"], l["target"])]
+    assert min(fast) > 3 * max(l["gbits"] for l in data["slowest"]), data  # 1 Gbit/s against 100 Mbit/s
+    assert text.returncode == 0 and f"every link within 10% of it touches {slow}" in text.stdout, text.stdout
+
+
+@contextlib.contextmanager
+def sshd_stopped(lab, h, folder):
+    pid = int(h.docker("inspect", "--format", "{{.State.Pid}}", CONTAINER).stdout)
+    os.kill(pid, signal.SIGSTOP)  # it still holds the port; connections get no answer
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def port_taken(lab, h, folder):
+    h.docker("stop", CONTAINER)
+    squatter = subprocess.Popen([*h.nsenter, "python3", "-c", "import socket, time; s = socket.socket(); "
+                                 f"s.bind(('{h.address}', {PORT})); s.listen(); time.sleep(600)"])
+    try:
+        wait_for("the other program on the port", lambda: h.listening(PORT), timeout=30)
+        yield
+    finally:
+        squatter.kill()
+        squatter.wait(timeout=30)
+        h.docker("start", CONTAINER)
+        wait_for("the container's sshd", lambda: h.listening(PORT), timeout=60)
+
+
+@contextlib.contextmanager
+def image_replaced(lab, h, folder):
+    tag = json.loads(run_kit("status", "--json", cwd=folder, env=lab.env, timeout=300).stdout)["image"]
+    old = h.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    h.docker("commit", CONTAINER, tag)  # the tag now names another image; the container runs the old one
+    try:
+        yield
+    finally:
+        new = h.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+        h.docker("tag", old, tag)
+        h.docker("rmi", new)
+
+
+@contextlib.contextmanager
+def small_shm(lab, h, folder):
+    h.run_in("mount", "-t", "tmpfs", "-o", "size=64m", "kitlab-shm", "/dev/shm")  # in this host's mount namespace
+    try:
+        h.docker("restart", CONTAINER)  # --ipc=host: the container gets the host's /dev/shm when it starts
+        wait_for("the container's sshd", lambda: h.listening(PORT), timeout=60)
+        yield
+    finally:
+        h.run_in("umount", "/dev/shm", check=False)
+        h.docker("restart", CONTAINER)
+        wait_for("the container's sshd", lambda: h.listening(PORT), timeout=60)
+
+
+@contextlib.contextmanager
+def clock_off(lab, h, folder):
+    with lab.clock_off(h, "+10m"):
+        yield
+
+
+@contextlib.contextmanager
+def workspace_unshared(lab, h, folder):
+    for pid in h.processes(r"^sshfs "):  # the mount stays, dead: "Transport endpoint is not connected"
+        os.kill(pid, signal.SIGKILL)
+    yield  # left so: the last fault; kit down unmounts it and removes the folder
+
+
+FAULTS = [  # (fault, the lab host it is made on, the check that fails there, words of its line, words of its fix)
+    (sshd_stopped, 1, "ssh mesh", "fails from", "kit up"),
+    (port_taken, 2, "port", "held by python3", "cluster.ssh_port"),
+    (image_replaced, 2, "image", "the cluster's is", "loads the cluster's image"),
+    (small_shm, 1, "shm", "is 64 MiB", "cluster.shm_size"),
+    (clock_off, 2, "clock", "10.0 min ahead of the others", "NTP"),
+    (workspace_unshared, 2, "workspace", "transport endpoint is not connected", "kit up"),
+]
+
+
+@pytest.mark.parametrize("fault, index, check, words, fix", FAULTS, ids=[f[0].__name__ for f in FAULTS])
+def test_a_fault_on_one_host_is_a_fail_line_naming_it_with_the_fix(cluster, lab, fault, index, check, words, fix):
+    h = lab.hosts[index]
+    with fault(lab, h, cluster):
+        code, report = doctor(cluster, lab)
+    assert code == 1, report
+    failed = [f for f in report["findings"] if f["level"] == "fail"]
+    mine = [f for f in failed if f["host"] == h.address and f["check"] == check]
+    assert mine and words in mine[0]["text"] and fix in mine[0]["fix"], failed
+    assert not [f for f in failed if f["host"] != h.address], failed  # the other hosts are not blamed

@@ -1,0 +1,198 @@
+"""kit doctor's parsers (on output captured from real hosts) and its judgments, which are pure. The checks on real
+hosts, with real faults, are in tests/lab/test_health.py."""
+
+import subprocess
+
+from kit import doctor as dr
+from kit import state as st
+from kit.config import ClusterConfig
+from kit.identity import Owner
+from kit.place import Place
+from kit.steps.facts import ContainerFacts, HostFacts
+
+NICS = """\
+docker0 1500 10000
+eth0 1400 -1
+lo 65536 ?
+1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever
+5: docker0    inet 172.17.0.1/16 brd 172.17.255.255 scope global docker0\\       valid_lft forever preferred_lft forever
+"""
+OWNER = Owner("u1", "ann")
+ID, OTHER = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def test_nics_are_read_with_mtu_and_speed_where_the_driver_gives_one():
+    assert dr.parse_nics(NICS) == [dr.Nic("lo", "127.0.0.1", 8, 65536, None), dr.Nic("eth0", "192.0.2.2", 24, 1400, None),
+                                   dr.Nic("docker0", "172.17.0.1", 16, 1500, 10000)]
+
+
+def test_the_cluster_nic_is_chosen_by_subnet_not_by_name():
+    nics = dr.parse_nics(NICS)
+    assert dr.cluster_nic(nics, ["192.0.2.2", "192.0.2.7"]).name == "eth0"
+    assert dr.cluster_nic(nics, ["192.0.2.2", "10.0.0.7"]) is None
+
+
+def test_the_doctor_script_runs_here_and_is_parsed(tmp_path):
+    """The script as a host runs it (here: no container, so docker exec fails and says so)."""
+    script = dr.doctor_script(Place("kit-doctor-none", str(tmp_path)), str(tmp_path))
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60).stdout
+    reading = dr.Reading("here")
+    dr.parse_doctor(reading, out)
+    assert any(n.name == "lo" and n.address == "127.0.0.1" for n in reading.nics)
+    assert reading.container_error and reading.shm_bytes is None
+
+
+def test_the_containers_side_is_parsed():
+    reading = dr.Reading("a")
+    dr.parse_doctor(reading, "@@kit nics\n@@kit listen\n0B4DE70A:3039 777\n00000000000000000000000000000000:7530 778\n"
+                             "@@kit owners\n777 4242 pid:[4026532] sshd\n778 4300 pid:[4026532] python3\n"
+                             "@@kit cpidns\npid:[4026532]\n"
+                             "@@kit drivers\n550.54.15\n550.54.15\n@@kit container\n"
+                             "@@kit shm\ntmpfs 65536 0 65536 0% /dev/shm\n@@kit memlock\nunlimited\n"
+                             "@@kit wsdf\n/dev/sda1 100000000 1000 2097152 1% /work\n@@kit cgpus\n"
+                             "GPU 0: NVIDIA H100 (UUID: GPU-1)\nGPU 1: NVIDIA H100 (UUID: GPU-2)\n@@kit end\n")
+    assert (reading.shm_bytes, reading.memlock, reading.workspace_free, reading.container_gpus) == \
+        (64 << 20, "unlimited", 2 << 30, 2)
+    assert reading.drivers == ("550.54.15", "550.54.15")
+    assert reading.listeners == [dr.Listener("10.231.77.11", 12345, 4242, "sshd", "pid:[4026532]"),
+                                 dr.Listener("::", 30000, 4300, "python3", "pid:[4026532]")]
+
+
+def test_the_listeners_are_read_with_their_processes_here():
+    """Two real listeners on this machine, one on loopback and one on every IPv6 interface, found with their pids."""
+    import os
+    import socket
+    from kit.place import Place
+    local, wide = socket.socket(), socket.socket(socket.AF_INET6)
+    local.bind(("127.0.0.1", 0))
+    wide.bind(("::", 0))
+    for s in (local, wide):
+        s.listen()
+    try:
+        out = subprocess.run(["sh", "-c", dr.doctor_script(Place("kit-doctor-none", "/tmp"), "/tmp")],
+                             capture_output=True, text=True, timeout=60).stdout
+    finally:
+        ports = [local.getsockname()[1], wide.getsockname()[1]]
+        local.close()
+        wide.close()
+    reading = dr.Reading("here")
+    dr.parse_doctor(reading, out)
+    found = {l.port: l for l in reading.listeners}
+    assert (found[ports[0]].address, found[ports[0]].pid, found[ports[0]].everywhere) == ("127.0.0.1", os.getpid(),
+                                                                                          False)
+    assert (found[ports[1]].address, found[ports[1]].pid, found[ports[1]].everywhere) == ("::", os.getpid(), True)
+
+
+def test_a_job_port_open_on_every_interface_is_a_warning():
+    ns = "pid:[2]"
+    r = reading("a", container_pidns=ns, listeners=[dr.Listener("10.0.0.1", 12345, 9, "sshd", ns),
+                                                    dr.Listener("0.0.0.0", 29500, 11, "torchrun", ns),
+                                                    dr.Listener("0.0.0.0", 22, 1, "sshd", "pid:[1]")])
+    f = dr._job_ports(r)
+    assert (f.level, f.text) == ("warn", "listening on every interface, not only the cluster address: torchrun on "
+                                         "0.0.0.0 port 29500")
+    assert dr._job_ports(reading("a", container_pidns=ns, listeners=r.listeners[:1])).level == "ok"
+
+
+def test_pairs_are_read_per_target_with_what_ssh_said():
+    out = subprocess.run(["sh", "-c", dr.pairs_script(["10.0.0.2", "10.0.0.3"]).replace("ssh -o", "sh -c 'echo "
+                                                                                          "refused >&2; exit 255' -o")],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert dr.parse_pairs(out) == {"10.0.0.2": (255, "refused"), "10.0.0.3": (255, "refused")}
+
+
+NAMES = {"10.0.0.1": "a", "10.0.0.2": "b", "10.0.0.3": "c"}
+
+
+def _mesh(bad: set[tuple[str, str]]) -> dict:
+    return {s: {addr: ((255, "Connection timed out during banner exchange") if (s, t) in bad else (0, ""))
+                for addr, t in NAMES.items() if t != s} for s in NAMES.values()}
+
+
+def by_host(findings):
+    return {f.host: (f.level, f.text) for f in findings}
+
+
+def test_a_container_nobody_reaches_is_named():
+    found = by_host(dr.judge_pairs(_mesh({("a", "b"), ("c", "b")}), NAMES, 12345))
+    assert found["b"] == ("fail", "SSH to its container (10.0.0.2:12345) fails from a, c: Connection timed out "
+                                  "during banner exchange")
+    assert found["a"][0] == found["c"][0] == "ok"
+
+
+def test_a_container_that_reaches_nobody_is_named_itself():
+    found = dr.judge_pairs(_mesh({("a", "b"), ("a", "c")}), NAMES, 12345)
+    assert [(f.host, f.level) for f in found if f.level == "fail"] == [("a", "fail")]
+    assert "reaches none of the others" in found[0].text
+
+
+def reading(name, **kw) -> dr.Reading:
+    facts = kw.pop("facts", {})
+    r = dr.Reading(name, address=kw.pop("address", "10.0.0.1"), **kw)
+    r.facts = HostFacts(**{**dict(uid=0, docker_version="27.1", listening=frozenset({12345}), free_bytes=50 << 30,
+                                  image_id=ID, container=ContainerFacts("running", ID, "", "lab", OWNER)), **facts})
+    return r
+
+
+def test_the_cluster_port_held_by_another_program_is_named_with_it():
+    r = reading("b", listeners=[dr.Listener("10.0.0.2", 12345, 777, "python3", "pid:[1]")], container_pidns="pid:[2]")
+    f = dr._port(r, 12345, up=True)
+    assert (f.level, f.text) == ("fail", "port 12345 is held by python3 (pid 777), not by the container's sshd")
+    assert "cluster.ssh_port" in f.fix
+    assert dr._port(reading("b", listeners=[dr.Listener("10.0.0.2", 12345, 9, "sshd", "pid:[2]")],
+                            container_pidns="pid:[2]"), 12345, True).level == "ok"
+    assert dr._port(reading("b", facts=dict(listening=frozenset())), 12345, True).text.startswith("nothing listens")
+    before = dr._port(r, 12345, up=False)
+    assert before.level == "fail" and "taken by python3 (pid 777)" in before.text
+
+
+def test_a_replaced_image_and_a_small_shm_fail_with_their_fix():
+    state = st.ClusterState("lab", "kit-horovod:cpu-1", ID, 12345, "/w")
+    r = reading("c", facts=dict(image_id=OTHER), shm_bytes=64 << 20, memlock="unlimited", workspace_free=9 << 30)
+    found = {f.check: f for f in dr._container(r, state, ClusterConfig(name="lab"), owner_ok=True, gpu=False)}
+    assert found["image"].level == "fail" and "here is aaaaaaaaaaaa, bbbbbbbbbbbb" in found["image"].text
+    assert "kit up" in found["image"].fix
+    assert found["shm"].level == "fail" and found["shm"].text.startswith("/dev/shm in the container is 64 MiB")
+    assert found["memlock"].level == found["workspace disk"].level == found["container"].level == "ok"
+
+
+def test_a_clock_ten_minutes_off_is_named_against_the_others():
+    rs = [reading(n, clock_offset=o, clock_error=0.002) for n, o in (("a", 0.01), ("b", 0.02), ("c", 600.0))]
+    found = by_host(dr._clocks(rs))
+    assert found["c"] == ("fail", "clock 10.0 min ahead of the others (±2 ms)")
+    assert found["a"][0] == found["b"][0] == "ok"
+
+
+def test_nic_names_that_differ_are_said_and_a_different_mtu_fails():
+    def host(name, nic, address, mtu):
+        return reading(name, address=address, nics=[dr.Nic(nic, address, 24, mtu, 1000)])
+    same = by_host(dr._nics([host("a", "eth0", "10.0.0.1", 1500), host("b", "ens3", "10.0.0.2", 1500)]))
+    assert same["a"][0] == "warn" and "differ (ens3, eth0)" in same["a"][1]
+    mtu = by_host(dr._nics([host("a", "eth0", "10.0.0.1", 1500), host("b", "eth0", "10.0.0.2", 1500),
+                            host("c", "eth0", "10.0.0.3", 9000)]))
+    assert mtu["c"][0] == "fail" and "the other hosts' MTU is 1500" in mtu["c"][1]
+    assert mtu["a"] == ("ok", "eth0 (10.0.0.1/24), MTU 1500, 1000 Mb/s")
+
+
+def test_gpu_drivers_that_differ_are_named():
+    rs = [reading("a", drivers=("550.54",)), reading("b", drivers=("550.54",)), reading("c", drivers=("535.1",))]
+    assert by_host(dr._drivers(rs)) == {"c": ("fail", "NVIDIA driver 535.1 here, 550.54 on the others")}
+
+
+def test_a_memlock_limit_is_only_a_warning_where_nccl_could_use_rdma():
+    state = st.ClusterState("lab", "kit-horovod:cpu-1", ID, 12345, "/w")
+    r = reading("c", shm_bytes=8 << 30, memlock="8192", workspace_free=9 << 30)
+    cpu = {f.check: f for f in dr._container(r, state, ClusterConfig(name="lab"), owner_ok=True, gpu=False)}
+    gpu = {f.check: f for f in dr._container(r, state, ClusterConfig(name="lab"), owner_ok=True, gpu=True)}
+    assert cpu["memlock"].level == "ok" and "enough" in cpu["memlock"].text
+    assert gpu["memlock"].level == "warn" and "RoCE" in gpu["memlock"].fix
+
+
+def test_a_container_that_cannot_enter_its_workspace_names_the_dead_mount():
+    state = st.ClusterState("lab", "kit-horovod:cpu-1", ID, 12345, "/var/lib/kit/lab/workspace")
+    said = ('OCI runtime exec failed: exec failed: unable to start container process: chdir to cwd '
+            '("/var/lib/kit/lab/workspace") set in config.json failed: transport endpoint is not connected: unknown')
+    found = dr._container(reading("c", container_error=said), state, ClusterConfig(name="lab"), True, False)
+    assert [(f.check, f.level) for f in found if f.level != "ok"] == [("workspace", "fail")]
+    assert "(transport endpoint is not connected): the shared mount here is gone or dead" in found[0].text
