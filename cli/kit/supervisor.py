@@ -186,9 +186,10 @@ def progress_script(job_id: str) -> str:
 # In each host's container: every rank's Python stack (py-spy), each after a line `@@kit-stack RANK PID`; only
 # for a pid that carries the job's mark (a rank writes its heartbeat: its pid is not taken on trust).
 STACKS = r"""
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 job = sys.argv[1]
 folder = os.path.join(os.environ.get("KIT_PROGRESS_DIR", sys.argv[2]), job)
+ranks, end = [], time.monotonic() + 30
 for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
     if name.endswith(".new"):  # (one being written)
         continue
@@ -201,12 +202,18 @@ for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
                 continue
     except (OSError, ValueError, KeyError, TypeError):
         continue
-    print("@@kit-stack %d %d" % (rank, pid), flush=True)
+    try:  # every rank at once: a rank stuck in the kernel can make py-spy wait its whole timeout
+        ranks.append((rank, pid, subprocess.Popen(["py-spy", "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
+                                                  stderr=subprocess.STDOUT, text=True)))
+    except OSError as e:
+        print("@@kit-stack %d %d\npy-spy could not run: %s" % (rank, pid, e), flush=True)
+for rank, pid, proc in ranks:
     try:
-        r = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-        print((r.stdout + r.stderr).strip(), flush=True)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print("py-spy could not read it: %s" % e, flush=True)
+        out = proc.communicate(timeout=max(1.0, end - time.monotonic()))[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = "py-spy could not read it in 30 s (the process may be stuck in the kernel: D state)"
+    print("@@kit-stack %d %d\n%s" % (rank, pid, out.strip()), flush=True)
 """
 
 
@@ -247,10 +254,13 @@ def parse_beats(host: str, text: str) -> list[Beat]:
 
 
 def odd_ones(beats: list[Beat]) -> tuple[list[Beat], str]:
-    """The ranks that are somewhere else than most, and where most are. All in one place: none is odd."""
+    """The ranks that are somewhere else than most, and where most are: only when more than half the ranks are in
+    one place (with no such majority, none is named odd: the report lists where each rank is)."""
     if not beats:
         return [], ""
-    common, _ = Counter(b.where for b in beats).most_common(1)[0]
+    common, count = Counter(b.where for b in beats).most_common(1)[0]
+    if count * 2 <= len(beats):
+        return [], ""
     return [b for b in beats if b.where != common], common
 
 
@@ -259,6 +269,9 @@ def hang_report(beats: list[Beat], seconds: float) -> str:
     if not beats:
         return f"no rank has started in {seconds:.0f} s"
     head = f"no rank has made progress for {seconds:.0f} s"
+    if not common:
+        return f"{head}: " + "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(beats,
+                                                                                              key=lambda b: b.rank))
     if not odd:
         return f"{head}: all {len(beats)} ranks wait at {common}"
     named = "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(odd, key=lambda b: b.rank))
@@ -373,12 +386,15 @@ class Supervisor:
             _write(folder, "phase", "restarting")
             self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])  # what is left of this launch, on every host
             # (the script from here, not its copy in the job's folder, which the job's ranks could change)
-            found = subprocess.run(["sh", "-c", discovery_script(plan.hosts)], capture_output=True, text=True,
-                                   timeout=120)
-            alive = parse_discovery(found.stdout, hosts)
-            gone = [h for h in hosts if h not in alive]
-            if plan.hosts[0] not in alive:
+            try:  # (each host's ssh in it has its own ConnectTimeout; this bounds the whole)
+                found = subprocess.run(["sh", "-c", discovery_script(plan.hosts)], capture_output=True, text=True,
+                                       timeout=120).stdout
+            except subprocess.TimeoutExpired as e:
+                found = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+            alive = parse_discovery(found, hosts)
+            if plan.hosts[0] in hosts and plan.hosts[0] not in alive:
                 alive.insert(0, plan.hosts[0])  # the supervisor runs there: it answers
+            gone = [h for h in hosts if h not in alive]
             if self.stopped():
                 break
             if plan.np_on(alive) < plan.min_np:
@@ -455,9 +471,12 @@ class Watch:
         self.last: list[Beat] = []
 
     def stalled(self, beats: list[Beat]) -> bool:
+        """A rank moved when its counter changed, or it is new; a rank missing from this reading (its host did not
+        answer in time) is not progress."""
         moved = {(b.host, b.rank): b.moves for b in beats}
-        if moved != self.seen:
-            self.since, self.seen = time.monotonic(), moved
+        if any(self.seen.get(rank) != count for rank, count in moved.items()):
+            self.since = time.monotonic()
+        self.seen = {**self.seen, **moved}
         self.last = beats
         return self.quiet() >= self.timeout
 

@@ -203,6 +203,19 @@ def test_the_hang_report_names_the_odd_ones():
                                        "the other 2 ranks wait at mpi_ops.py:90 in synchronize")
     assert hang_report(beats[:2], 60) == "no rank has made progress for 60 s: all 2 ranks wait at mpi_ops.py:90 in synchronize"
     assert hang_report([], 60) == "no rank has started in 60 s"
+    tie = [Beat("a", 0, 5, "train.py:12 in save_ckpt"), Beat("b", 1, 5, "mpi_ops.py:90 in synchronize")]
+    assert hang_report(tie, 60) == ("no rank has made progress for 60 s: rank 0 on a is at train.py:12 in save_ckpt; "
+                                    "rank 1 on b is at mpi_ops.py:90 in synchronize")  # no majority: none blamed
+
+
+def test_a_host_whose_heartbeats_were_not_read_is_no_progress():
+    from kit.supervisor import Watch
+    watch = Watch(600)
+    both = [Beat("a", 0, 5, "x"), Beat("b", 1, 7, "y")]
+    watch.stalled(both)
+    watch.since -= 700  # as if the last move was long ago
+    assert watch.stalled(both[:1]) and watch.stalled(both)  # b unread, then read again unchanged: still quiet
+    assert not watch.stalled([Beat("a", 0, 6, "x"), both[1]])  # a moved
 
 
 def test_the_discovery_script_lists_the_hosts_that_answer_in_order(tmp_path, ssh_shim):

@@ -42,6 +42,7 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
         frame = frame.f_back
     own = frame and "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     return inner if own in (None, inner) else inner + " (from " + own + ")"
+ENDED, LOCK = threading.Event(), threading.Lock()
 def heartbeat():
     # The main thread moves when it is seen somewhere new; it is looked at {1 / look:g} times a second, so that a loop that
     # waits at one place most of the time is still seen elsewhere now and then. (Its CPU time says nothing: a rank
@@ -58,18 +59,23 @@ def heartbeat():
                 if here != last:
                     moves, last, where = moves + 1, here, here[0]
                 time.sleep({look!r})
-            os.makedirs(os.path.dirname(BEAT), exist_ok=True)
-            with open(BEAT + ".new", "w") as f:
-                json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
-            os.replace(BEAT + ".new", BEAT)
+            with LOCK:  # once the script has ended, its heartbeat is gone for good
+                if ENDED.is_set():
+                    return
+                os.makedirs(os.path.dirname(BEAT), exist_ok=True)
+                with open(BEAT + ".new", "w") as f:
+                    json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
+                os.replace(BEAT + ".new", BEAT)
         except Exception:  # the job's output is the job's: the heartbeat never writes there
             time.sleep({every!r})
 def report(code):
     print("{EXIT_MARK} %d %.6f" % (code, time.time()), flush=True)
-    try:
-        os.remove(BEAT)
-    except (OSError, TypeError):
-        pass
+    with LOCK:
+        ENDED.set()
+        try:
+            os.remove(BEAT)
+        except (OSError, TypeError):
+            pass
 if BEAT:
     threading.Thread(target=heartbeat, daemon=True, name="kit-heartbeat").start()
 if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
