@@ -127,8 +127,10 @@ def fanout_script(workspace: str, nodes: list[NodeCommand]) -> str:
     lines += [
         "code=0",
         "while [ ${#running[@]} -gt 0 ]; do",
-        "  wait -n -p ended 2>/dev/null; rc=$?  # (without the job-control chatter about stopped jobs)",
-        "  [ -z \"$ended\" ] && break",
+        "  ended=''; wait -n -p ended 2>/dev/null; rc=$?  # (without the job-control chatter about stopped jobs)",
+        "  if [ -z \"$ended\" ]; then  # job control reaped it first: bash keeps its status for `wait PID`",
+        "    for ended in \"${!running[@]}\"; do wait \"$ended\" 2>/dev/null; rc=$?; break; done",
+        "  fi",
         "  host=${running[$ended]}; unset \"running[$ended]\"",
         "  if [ $rc -ne 0 ] && [ $code -eq 0 ]; then",
         "    code=$rc; echo \"$host: its processes ended with status $rc; stopping the others\"",

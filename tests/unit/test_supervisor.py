@@ -130,7 +130,7 @@ def test_no_restart_below_min_np_and_none_left(tmp_path, ssh_shim):
     job = job_id()
     (ssh_shim / "down").unlink()
     r, folder = supervise(tmp_path, torch_plan(tmp_path, job, restarts=0))
-    assert (folder / "exit").read_text() == "3\n" and "kit: restart" not in (folder / "output.log").read_text()
+    assert (folder / "exit").read_text() == "3\n" and "kit: restart" not in (folder / "output.log").read_text(), (folder / "output.log").read_text()
 
 
 def test_a_stopped_job_is_not_started_again(tmp_path, ssh_shim):
