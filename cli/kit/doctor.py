@@ -2,8 +2,8 @@
 
 Each host is read with few commands (kit's facts script, a doctor script on the host and in its container, the
 clock), all at once across the hosts; then pure functions turn what was read into findings, one per check per host:
-ok, warn or fail, each warn and fail with its fix. Nothing on a host is changed, except the file the workspace check
-writes in the workspace and removes again.
+ok, warn or fail, each warn and fail with its fix. Nothing on a host is changed but one file of its own that the
+workspace check writes in the workspace and removes again.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import re
 import shlex
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from kit import state as st
 from kit.commands.docker import command, exec_argv
+from kit.commands.horovod import on_cluster_subnet
 from kit.config import ClusterConfig
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
@@ -75,6 +77,7 @@ class Reading:
     """What was read on one host; `error` set when it could not be reached (nothing else is then known)."""
 
     name: str
+    container: str = ""
     address: str = ""
     error: str = ""
     facts: HostFacts | None = None
@@ -112,7 +115,8 @@ def doctor_script(place: Place, workspace: str) -> str:
     owners = ("listen=$(awk '$4 == \"0A\" {print $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null | tr '\\n' ' '); "
               "for p in /proc/[0-9]*; do for i in $(ls -l \"$p/fd\" 2>/dev/null | "
               "sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'); do case \" $listen \" in *\" $i \"*) "
-              "echo \"$i ${p#/proc/} $(readlink \"$p/ns/pid\") $(cat \"$p/comm\")\";; esac; done; done")
+              "echo \"$i ${p#/proc/} $(readlink \"$p/ns/pid\") $(tr -c '[:alnum:]._-' '?' < \"$p/comm\")\";; "
+              "esac; done; done")  # (a process names itself: only letters, digits and ._- of it are printed)
     return "\n".join([
         *([] if place.private else [f"echo '{MARK}nics'; {nics}",
                                     f"echo '{MARK}listen'; awk '$4 == \"0A\" {{print $2, $10}}' /proc/net/tcp "
@@ -120,7 +124,8 @@ def doctor_script(place: Place, workspace: str) -> str:
         f"echo '{MARK}cpidns'; pid=$(docker inspect --format '{{{{.State.Pid}}}}' {q(place.container)} 2>/dev/null) "
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
         f"echo '{MARK}drivers'; nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null",
-        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1",
+        # What the container prints is the job's to forge: each of its lines goes with INNER in front
+        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | sed 's/^/{INNER}/'",
         f"echo '{MARK}end'",
     ])
 
@@ -162,27 +167,33 @@ def parse_listeners(listen: str, owners: str) -> list[Listener]:
     return found
 
 
-def _kib(df_line: str) -> int | None:
+def _kib(df_line: str, column: int = 3) -> int | None:
+    """Bytes from a `df -Pk` line: column 3 is what is free, 1 the size."""
     cols = df_line.split()
-    return int(cols[3]) * 1024 if len(cols) >= 4 and cols[3].isdigit() else None
+    return int(cols[column]) * 1024 if len(cols) >= 4 and cols[column].isdigit() else None
+
+
+INNER = "|"  # in front of every line the container printed
 
 
 def parse_doctor(reading: Reading, text: str) -> None:
-    """The container's sections follow its `container` section (whose own text is only docker exec's complaint
-    when the container does not answer); their names differ from the host's, so they are read as one."""
-    s = sections(text)
-    reading.nics = parse_nics(s.get("nics", ""))
+    """The host's sections, and the container's (its lines start with INNER: nothing it prints can pass for one of
+    the host's); a container that did not answer printed only docker exec's complaint."""
+    lines = text.splitlines()
+    s = sections("\n".join(l for l in lines if not l.startswith(INNER)))
+    c = sections("\n".join(l[len(INNER):] for l in lines if l.startswith(INNER)))
+    reading.nics = parse_nics(s.get("nics") or c.get("nics", ""))
     reading.listeners = parse_listeners(s.get("listen", ""), s.get("owners", ""))
     reading.container_pidns = s.get("cpidns", "")
     reading.drivers = tuple(l.strip() for l in s.get("drivers", "").splitlines() if l.strip())
-    if "shm" not in s:
-        said = s.get("container", "")
-        reading.container_error = said.splitlines()[-1] if said else "docker exec printed nothing"
+    if "shm" not in c:
+        said = [l[len(INNER):] for l in lines if l.startswith(INNER) and l.strip(INNER + " ")]
+        reading.container_error = said[-1] if said else "docker exec printed nothing"
         return
-    reading.shm_bytes = _kib(s["shm"])
-    reading.memlock = s.get("memlock", "")
-    reading.workspace_free = _kib(s.get("wsdf", ""))
-    reading.container_gpus = len([l for l in s.get("cgpus", "").splitlines() if l.startswith("GPU ")])
+    reading.shm_bytes = _kib(c["shm"], column=1)  # its size: with --ipc=host others' files take some of it
+    reading.memlock = c.get("memlock", "")
+    reading.workspace_free = _kib(c.get("wsdf", ""))
+    reading.container_gpus = len([l for l in c.get("cgpus", "").splitlines() if l.startswith("GPU ")])
 
 
 def read_clock(runner: Runner) -> tuple[float, float]:
@@ -195,7 +206,7 @@ def read_clock(runner: Runner) -> tuple[float, float]:
 
 def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
     """Everything doctor needs from one host; an unreachable host is a Reading with its error."""
-    reading = Reading(node.name)
+    reading = Reading(node.name, container=node.place.container)
     try:
         preflight.gather(node, cfg, image)
         reading.address, reading.facts = node.address, node.facts
@@ -206,6 +217,8 @@ def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
         parse_doctor(reading, r.stdout)
     except KitError as e:
         reading.error = e.message + (f": {e.output_tail.splitlines()[-1]}" if e.output_tail else "")
+    except Exception as e:  # noqa: BLE001 - a dropped connection, odd output: this host's finding, not the end
+        reading.error = f"{type(e).__name__}: {e}"
     return reading
 
 
@@ -318,7 +331,7 @@ def _job_ports(r: Reading) -> Finding | None:
 
 
 def _container(r: Reading, state: st.ClusterState, cfg: ClusterConfig, owner_ok: bool, gpu: bool) -> list[Finding]:
-    f, name = r.facts, cfg.container
+    f, name = r.facts, r.container or cfg.container
     c = f.container if owner_ok else None
     out = []
     if c is None or c.status != "running":
@@ -368,16 +381,20 @@ def _short(image_id: str) -> str:
 
 
 def _clocks(readings: list[Reading]) -> list[Finding]:
+    """Each host's clock against the median of all (three or more: the odd one is named), or, with two, against the
+    other's (which of two is wrong cannot be told: both carry the whole difference)."""
     seen = [r for r in readings if r.clock_offset is not None]
     if not seen:
         return []
-    middle = statistics.median(r.clock_offset for r in seen)
     out = []
     for r in seen:
-        off = r.clock_offset - middle
+        others = [o.clock_offset for o in seen if o is not r]
+        if not others:
+            off, text = r.clock_offset, f"clock {_seconds(r.clock_offset)} from this machine's"
+        else:
+            off = r.clock_offset - (statistics.median([o.clock_offset for o in seen]) if len(seen) > 2 else others[0])
+            text = f"clock {_seconds(off)} {'ahead of' if off > 0 else 'behind'} the other{'s' if len(others) > 1 else ''}"
         level = FAIL if abs(off) > CLOCK_FAIL_S else WARN if abs(off) > CLOCK_WARN_S else OK
-        text = (f"clock {_seconds(off)} {'ahead of' if off > 0 else 'behind'} the others" if len(seen) > 1 else
-                f"clock {_seconds(r.clock_offset)} from this machine's")
         out.append(Finding(r.name, "clock", level, f"{text} (±{r.clock_error * 1000:.0f} ms)",
                            "" if level == OK else "run NTP on every host (systemd-timesyncd or chrony) so their "
                            "clocks agree"))
@@ -391,9 +408,8 @@ def _seconds(s: float) -> str:
 
 def cluster_nic(nics: list[Nic], addresses: list[str]) -> Nic | None:
     """The NIC whose subnet holds every cluster address (kit picks by subnet, never by name)."""
-    wanted = [ipaddress.ip_address(a) for a in addresses]
-    return next((n for n in nics if all(w in ipaddress.ip_network(f"{n.address}/{n.prefix}", strict=False)
-                                        for w in wanted)), None)
+    i = on_cluster_subnet([(n.name, n.address, n.prefix) for n in nics], addresses)
+    return None if i is None else nics[i]
 
 
 def _nics(readings: list[Reading]) -> list[Finding]:
@@ -401,8 +417,7 @@ def _nics(readings: list[Reading]) -> list[Finding]:
     addresses = [r.address for r in seen]
     chosen = {r.name: cluster_nic(r.nics, addresses) for r in seen}
     names = {n.name for n in chosen.values() if n}
-    mtus = [n.mtu for n in chosen.values() if n and n.mtu]
-    usual = statistics.mode(mtus) if mtus else None
+    usual = majority([n.mtu for n in chosen.values() if n and n.mtu])
     out = []
     for r in seen:
         n = chosen[r.name]
@@ -413,10 +428,11 @@ def _nics(readings: list[Reading]) -> list[Finding]:
             continue
         text = (f"{n.name} ({n.address}/{n.prefix}), MTU {n.mtu or '?'}, "
                 + (f"{n.speed_mbps} Mb/s" if n.speed_mbps else "speed not reported"))
-        if n.mtu and usual and n.mtu != usual:
-            out.append(Finding(r.name, "nic", FAIL, f"{text}; the other hosts' MTU is {usual}: large messages "
+        if n.mtu and len({c.mtu for c in chosen.values() if c and c.mtu}) > 1 and n.mtu != usual:
+            others = usual or ", ".join(str(c.mtu) for h, c in chosen.items() if h != r.name and c and c.mtu)
+            out.append(Finding(r.name, "nic", FAIL, f"{text}; the other hosts' MTU is {others}: large messages "
                                "stall between them", f"set the same MTU on every host (ip link set dev {n.name} "
-                               f"mtu {usual}, and in the host's network configuration)"))
+                               f"mtu N, and in the host's network configuration)"))
         elif len(names) > 1:
             out.append(Finding(r.name, "nic", WARN, f"{text}; the hosts' names for it differ "
                                f"({', '.join(sorted(names))})", "nothing to do for kit (it passes every name to "
@@ -426,14 +442,24 @@ def _nics(readings: list[Reading]) -> list[Finding]:
     return out
 
 
+def majority(values: list):
+    """The value more than half of them have, else None (a tie names no one). Pure."""
+    if not values:
+        return None
+    value, count = Counter(values).most_common(1)[0]
+    return value if count * 2 > len(values) else None
+
+
 def _drivers(readings: list[Reading]) -> list[Finding]:
-    versions = {r.name: set(r.drivers) for r in readings if r.drivers}
-    if len({v for vs in versions.values() for v in vs}) <= 1:
+    versions = {r.name: ", ".join(sorted(set(r.drivers))) for r in readings if r.drivers}
+    if len(set(versions.values())) <= 1:
         return []
-    usual = statistics.mode([v for vs in versions.values() for v in vs])
-    return [Finding(host, "gpu driver", FAIL, f"NVIDIA driver {', '.join(sorted(vs))} here, {usual} on the others",
+    usual = majority(list(versions.values()))
+    return [Finding(host, "gpu driver", FAIL, f"NVIDIA driver {v} here, " + (f"{usual} on the others" if usual else
+                    "other versions on the others (" + "; ".join(f"{h}: {o}" for h, o in versions.items()
+                                                                if h != host) + ")"),
                     "install the same driver version on every host (NCCL between versions can fail or hang)")
-            for host, vs in versions.items() if vs != {usual}]
+            for host, v in versions.items() if v != usual]
 
 
 def judge_pairs(results: dict[str, dict[str, tuple[int, str]]], names: dict[str, str], port: int) -> list[Finding]:
@@ -495,6 +521,11 @@ def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.Cluster
     for r in readings:
         if r.error:
             continue
+        if other := r.facts.foreign(cfg.name, owner):  # nothing of theirs is read as this cluster's
+            findings.append(Finding(r.name, "owner", FAIL, f"a cluster named {cfg.name} of {other} is here; kit "
+                                    "leaves another's cluster alone", "choose another cluster name (--name or "
+                                    "cluster.name in kit.yaml), or ask its owner to run kit down"))
+            r.container_pidns, r.shm_bytes, r.memlock, r.workspace_free = "", None, "", None
         findings += _host_checks(r, cfg, state, gpu)
         if r.facts.docker_version:
             findings.append(_port(r, cfg.ssh_port, up))

@@ -82,9 +82,9 @@ def rounds(names: list[str]) -> list[list[tuple[str, str]]]:
     return [r for r in out if r]
 
 
-def helper_command(node: Node, *args: str) -> str:
+def helper_command(node: Node, seconds: float, *args: str) -> str:
     """The helper in the node's container, bounded here too (its sockets time out on their own)."""
-    return command(["timeout", str(int(SECONDS * 2 + CONNECT_S * 2 + 30)),
+    return command(["timeout", str(int(seconds * 2 + CONNECT_S * 2 + 30)),
                     *exec_argv(node.place.container, ["python", "-c", HELPER, *args])])
 
 
@@ -99,11 +99,11 @@ def measure(sender: Node, receiver: Node, seconds: float = SECONDS) -> Link:
         listening.set()
     code: list[int] = []
     listener = threading.Thread(target=lambda: code.append(receiver.runner.stream_out(
-        helper_command(receiver, "recv", receiver.address, "0", str(seconds)), on_line)))
+        helper_command(receiver, seconds, "recv", receiver.address, "0", str(seconds)), on_line)))
     listener.start()
     ready = listening.wait(CONNECT_S + 30)
     port = json.loads(lines[0]).get("port") if ready and lines[0].startswith("{") else None
-    sent = sender.runner.run(helper_command(sender, "send", receiver.address, str(port), str(seconds))) \
+    sent = sender.runner.run(helper_command(sender, seconds, "send", receiver.address, str(port), str(seconds))) \
         if port else None
     listener.join()
     if not (port and sent.ok and code == [0] and len(lines) > 1):

@@ -49,9 +49,10 @@ def test_the_containers_side_is_parsed():
                              "@@kit owners\n777 4242 pid:[4026532] sshd\n778 4300 pid:[4026532] python3\n"
                              "@@kit cpidns\npid:[4026532]\n"
                              "@@kit drivers\n550.54.15\n550.54.15\n@@kit container\n"
-                             "@@kit shm\ntmpfs 65536 0 65536 0% /dev/shm\n@@kit memlock\nunlimited\n"
-                             "@@kit wsdf\n/dev/sda1 100000000 1000 2097152 1% /work\n@@kit cgpus\n"
-                             "GPU 0: NVIDIA H100 (UUID: GPU-1)\nGPU 1: NVIDIA H100 (UUID: GPU-2)\n@@kit end\n")
+                             "|@@kit shm\n|tmpfs 65536 1000 64536 2% /dev/shm\n|@@kit memlock\n|unlimited\n"
+                             "|@@kit wsdf\n|/dev/sda1 100000000 1000 2097152 1% /work\n|@@kit cgpus\n"
+                             "|GPU 0: NVIDIA H100 (UUID: GPU-1)\n|GPU 1: NVIDIA H100 (UUID: GPU-2)\n"
+                             "|@@kit listen\n|00000000:7530 779\n@@kit end\n")  # (the last: the container's forgery)
     assert (reading.shm_bytes, reading.memlock, reading.workspace_free, reading.container_gpus) == \
         (64 << 20, "unlimited", 2 << 30, 2)
     assert reading.drivers == ("550.54.15", "550.54.15")
@@ -196,3 +197,23 @@ def test_a_container_that_cannot_enter_its_workspace_names_the_dead_mount():
     found = dr._container(reading("c", container_error=said), state, ClusterConfig(name="lab"), True, False)
     assert [(f.check, f.level) for f in found if f.level != "ok"] == [("workspace", "fail")]
     assert "(transport endpoint is not connected): the shared mount here is gone or dead" in found[0].text
+
+
+def test_a_two_host_clock_difference_is_judged_whole():
+    rs = [reading("a", clock_offset=0.0, clock_error=0.001), reading("b", clock_offset=9.0, clock_error=0.001)]
+    found = by_host(dr._clocks(rs))
+    assert found == {"a": ("fail", "clock 9.0 s behind the other (±1 ms)"), "b": ("fail", "clock 9.0 s ahead of the other (±1 ms)")}
+
+
+def test_another_owners_cluster_of_the_name_fails_and_is_not_read_as_ours(monkeypatch):
+    from kit.inventory import Host
+    from kit.steps.node import Node
+    theirs = ContainerFacts("running", ID, "", "lab", Owner("u2", "bob"))
+    r = reading("a", facts=dict(container=theirs), container_pidns="pid:[2]", shm_bytes=8 << 30, clock_offset=0.0,
+                listeners=[dr.Listener("10.0.0.1", 12345, 9, "sshd", "pid:[2]")])
+    monkeypatch.setattr(dr, "read_host", lambda node, cfg, image: r)  # (the reading is given: examine judges it)
+    report = dr.examine([Node(Host("a"), None, Place("kit-lab", "/var/lib/kit/lab"))], ClusterConfig(name="lab"),
+                        "img", None, False, OWNER)
+    found = {f.check: f for f in report.findings}
+    assert found["owner"].level == "fail" and "of bob" in found["owner"].text
+    assert found["port"].level == "fail" and "taken by sshd (pid 9)" in found["port"].text

@@ -33,7 +33,7 @@ def doctor(
     """Check the cluster: SSH, Docker, image, ports, NICs, clocks, disk, /dev/shm, the shared workspace, GPUs.
 
     One line per check per host (ok, warn, fail), each warn and fail with its fix; exit 1 when a check fails.
-    Changes nothing on the hosts."""
+    Changes nothing on the hosts (the workspace check writes a file of its own there, and removes it)."""
     cfg_file, cfg = cluster_settings(config, dict(name=name))
     identity = Identity(cfg.name, persist=False)
     state = None if hosts is not None else st.load(identity.folder)

@@ -143,17 +143,22 @@ def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], address
 
     interfaces: host -> [(ifname, address, prefix)]; addresses: host -> cluster address.
     Returns the distinct names (one when the hosts agree)."""
-    wanted = [ipaddress.ip_address(a) for a in addresses.values()]
     names = []
     for host, found in interfaces.items():
-        match = [name for name, addr, prefix in found
-                 if all(w in ipaddress.ip_network(f"{addr}/{prefix}", strict=False) for w in wanted)]
-        if not match:
+        match = on_cluster_subnet(found, list(addresses.values()))
+        if match is None:
             raise BadInput(f"{host} has no interface on a subnet that holds every cluster address "
-                           f"({', '.join(map(str, wanted))})",
+                           f"({', '.join(addresses.values())})",
                            hint="put the hosts on one subnet, or list them by their addresses on it in hosts.txt")
-        names.append(match[0])
+        names.append(found[match][0])
     return list(dict.fromkeys(names))
+
+
+def on_cluster_subnet(interfaces: list[tuple[str, str, int]], addresses: list[str]) -> int | None:
+    """Which of the (ifname, address, prefix) has a subnet holding every cluster address (its index), if any."""
+    wanted = [ipaddress.ip_address(a) for a in addresses]
+    return next((i for i, (_, addr, prefix) in enumerate(interfaces)
+                 if all(w in ipaddress.ip_network(f"{addr}/{prefix}", strict=False) for w in wanted)), None)
 
 
 def horovodrun_argv(np: int, slots: list[Slot], port: int, nics: list[str], command: list[str],

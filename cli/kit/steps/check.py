@@ -35,7 +35,8 @@ SHARED_READY_S = 10  # NFS may cache "no such file" for a few seconds
 
 def shared_workspace(primary: Node, others: list[Node], workspace: str) -> None:
     """A file the primary's container writes in the workspace is read by every other container, at the same path."""
-    token, path = secrets.token_hex(8), f"{workspace}/.kit-shared-check"
+    token = secrets.token_hex(8)
+    path = f"{workspace}/.kit-shared-check-{token}"  # its own: two checks at once never read each other's
     write = exec_argv(primary.place.container, ["sh", "-c", f"echo {token} > {shlex.quote(path)}"])
     primary.runner.run(command(write)).check(f"cannot write in the workspace {workspace}")
 
