@@ -35,7 +35,6 @@ DISK_FAIL, DISK_WARN = GIB, 5 * GIB
 CLOCK_FAIL_S, CLOCK_WARN_S = 5.0, 1.0    # from the median of the hosts' clocks
 PAIR_TIMEOUT_S = 20                       # one SSH between two containers, connection and handshake included
 DOCTOR_TIMEOUT_S = 60
-GPU_FLAVORS = ("gpu", "tf-gpu")
 
 
 @dataclass(frozen=True)
