@@ -142,3 +142,16 @@ def test_a_bug_is_one_line_not_a_traceback(capsys, monkeypatch):
     monkeypatch.setenv("KIT_DEBUG", "1")
     with pytest.raises(ValueError):
         broken()
+
+
+def test_doctor_and_bench_without_a_cluster_or_with_bad_input_say_so_and_change_nothing(in_tmp):
+    r = kit("doctor", "--name", "nosuch", cwd=in_tmp)
+    assert r.returncode == 2 and r.stderr.splitlines()[1] == "fix: check hosts before bringing them up: kit doctor " \
+                                                             "--hosts hosts.txt", r.stderr
+    (in_tmp / "hosts.txt").write_text("node-1\nnode-2 slots=x\n")
+    r = kit("doctor", "--hosts", "hosts.txt", cwd=in_tmp)
+    assert r.returncode == 2 and r.stderr.startswith("error: hosts.txt:2"), r.stderr
+    r = kit("bench", "net", "--seconds", "100", cwd=in_tmp)
+    assert r.returncode == 2 and "each link is measured from 0.5 to 60 s" in r.stderr
+    r = kit("bench", "net", "--name", "nosuch", cwd=in_tmp)
+    assert r.returncode == 2 and "no cluster nosuch is recorded here" in r.stderr
