@@ -110,16 +110,17 @@ def doctor_script(place: Place, workspace: str) -> str:
         f"echo '{MARK}cgpus'; nvidia-smi -L 2>/dev/null",
         *([f"echo '{MARK}nics'; {nics}"] if place.private else []),
     ])
-    # Every listening socket, and the process that holds each (its pid namespace tells the container's from others)
-    owners = ("listen=$(awk '$4 == \"0A\" {print $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null | tr '\\n' ' '); "
+    # Every listening socket (read once), and the process that holds each (its pid namespace tells the container's
+    # from another program's)
+    sockets = "sockets=$(awk '$4 == \"0A\" {print $2, $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null)"
+    owners = ("listen=\" $(echo \"$sockets\" | cut -d' ' -f2 | tr '\\n' ' ')\"; "
               "for p in /proc/[0-9]*; do for i in $(ls -l \"$p/fd\" 2>/dev/null | "
               "sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'); do case \" $listen \" in *\" $i \"*) "
               "echo \"$i ${p#/proc/} $(readlink \"$p/ns/pid\") $(tr -c '[:alnum:]._-' '?' < \"$p/comm\")\";; "
               "esac; done; done")  # (a process names itself: only letters, digits and ._- of it are printed)
     return "\n".join([
-        *([] if place.private else [f"echo '{MARK}nics'; {nics}",
-                                    f"echo '{MARK}listen'; awk '$4 == \"0A\" {{print $2, $10}}' /proc/net/tcp "
-                                    "/proc/net/tcp6 2>/dev/null", f"echo '{MARK}owners'; {owners}"]),
+        *([] if place.private else [f"echo '{MARK}nics'; {nics}", sockets,
+                                    f"echo '{MARK}listen'; echo \"$sockets\"", f"echo '{MARK}owners'; {owners}"]),
         f"echo '{MARK}cpidns'; pid=$(docker inspect --format '{{{{.State.Pid}}}}' {q(place.container)} 2>/dev/null) "
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
         f"echo '{MARK}drivers'; nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null",
@@ -249,8 +250,8 @@ def read_pairs(node: Node, targets: list[str]) -> dict[str, tuple[int, str]]:
     r = node.runner.run(command(exec_argv(node.place.container, ["sh", "-c", pairs_script(targets)])),
                         timeout=PAIR_TIMEOUT_S * 3)
     found = parse_pairs(r.stdout)
-    missing = ((r.exit_code, r.tail().splitlines()[-1] if r.tail() else "no answer") for _ in targets)
-    return {t: found.get(t) or next(missing) for t in targets}
+    unread = (r.exit_code, r.tail().splitlines()[-1] if r.tail() else "no answer")  # the script itself failed
+    return {t: found.get(t, unread) for t in targets}
 
 
 # ---------------------------------------------------------------- judging
@@ -416,7 +417,8 @@ def _nics(readings: list[Reading]) -> list[Finding]:
     addresses = [r.address for r in seen]
     chosen = {r.name: cluster_nic(r.nics, addresses) for r in seen}
     names = {n.name for n in chosen.values() if n}
-    usual = majority([n.mtu for n in chosen.values() if n and n.mtu])
+    mtus = [n.mtu for n in chosen.values() if n and n.mtu]
+    usual = majority(mtus)
     out = []
     for r in seen:
         n = chosen[r.name]
@@ -427,7 +429,7 @@ def _nics(readings: list[Reading]) -> list[Finding]:
             continue
         text = (f"{n.name} ({n.address}/{n.prefix}), MTU {n.mtu or '?'}, "
                 + (f"{n.speed_mbps} Mb/s" if n.speed_mbps else "speed not reported"))
-        if n.mtu and len({c.mtu for c in chosen.values() if c and c.mtu}) > 1 and n.mtu != usual:
+        if n.mtu and len(set(mtus)) > 1 and n.mtu != usual:
             others = usual or ", ".join(str(c.mtu) for h, c in chosen.items() if h != r.name and c and c.mtu)
             out.append(Finding(r.name, "nic", FAIL, f"{text}; the other hosts' MTU is {others}: large messages "
                                "stall between them", f"set the same MTU on every host (ip link set dev {n.name} "
@@ -555,7 +557,7 @@ def _mesh(nodes: list[Node], port: int) -> list[Finding]:
 
 def _workspace(nodes: list[Node], state: st.ClusterState, cfg: ClusterConfig) -> list[Finding]:
     """With storage nfs or sshfs, a file the primary's container writes must be seen by every other container."""
-    if not nodes or len(nodes) < 2 or state.storage == "copy" or not nodes[0].host.primary:
+    if len(nodes) < 2 or state.storage == "copy" or not nodes[0].host.primary:
         return []
     try:
         check.shared_workspace(nodes[0], nodes[1:], cfg.workspace_path)

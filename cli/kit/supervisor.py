@@ -271,12 +271,14 @@ def hang_report(beats: list[Beat], seconds: float) -> str:
     if not beats:
         return f"no rank has started in {seconds:.0f} s"
     head = f"no rank has made progress for {seconds:.0f} s"
+
+    def where(ranks: list[Beat]) -> str:
+        return "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(ranks, key=lambda b: b.rank))
     if not common:
-        return f"{head}: " + "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(beats,
-                                                                                              key=lambda b: b.rank))
+        return f"{head}: {where(beats)}"
     if not odd:
         return f"{head}: all {len(beats)} ranks wait at {common}"
-    named = "; ".join(f"rank {b.rank} on {b.host} is at {b.where}" for b in sorted(odd, key=lambda b: b.rank))
+    named = where(odd)
     rest = len(beats) - len(odd)
     return f"{head}: {named}; the other {rest} {'rank waits' if rest == 1 else 'ranks wait'} at {common}"
 
