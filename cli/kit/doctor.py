@@ -116,7 +116,7 @@ def doctor_script(place: Place, workspace: str) -> str:
     owners = ("listen=\" $(echo \"$sockets\" | cut -d' ' -f2 | tr '\\n' ' ')\"; "
               "for p in /proc/[0-9]*; do for i in $(ls -l \"$p/fd\" 2>/dev/null | "
               "sed -n 's/.*socket:\\[\\([0-9]*\\)\\]$/\\1/p'); do case \" $listen \" in *\" $i \"*) "
-              "echo \"$i ${p#/proc/} $(readlink \"$p/ns/pid\") $(tr -c '[:alnum:]._-' '?' < \"$p/comm\")\";; "
+              "echo \"$i ${p#/proc/} $(readlink \"$p/ns/pid\") $(tr -d '\\n' < \"$p/comm\" | tr -c '[:alnum:]._-' '?')\";; "
               "esac; done; done")  # (a process names itself: only letters, digits and ._- of it are printed)
     return "\n".join([
         *([] if place.private else [f"echo '{MARK}nics'; {nics}", sockets,

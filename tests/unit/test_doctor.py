@@ -83,6 +83,8 @@ def test_the_listeners_are_read_with_their_processes_here():
     assert (found[ports[0]].address, found[ports[0]].pid, found[ports[0]].everywhere) == ("127.0.0.1", os.getpid(),
                                                                                           False)
     assert (found[ports[1]].address, found[ports[1]].pid, found[ports[1]].everywhere) == ("::", os.getpid(), True)
+    with open("/proc/self/comm") as f:
+        assert found[ports[0]].comm == f.read().strip()  # the process's own name, nothing added
 
 
 def test_a_job_port_open_on_every_interface_is_a_warning():
