@@ -84,9 +84,14 @@ def sshd_stopped(lab, h, folder):
 def port_taken(lab, h, folder):
     h.docker("stop", CONTAINER)
     squatter = subprocess.Popen([*h.nsenter, "python3", "-c", "import socket, time; s = socket.socket(); "
+                                 # as servers do: the SSH mesh doctor ran a moment ago leaves TIME_WAIT sockets
+                                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                                  f"s.bind(('{h.address}', {PORT})); s.listen(); time.sleep(600)"])
     try:
-        wait_for("the other program on the port", lambda: h.listening(PORT), timeout=30)
+        def up() -> bool:
+            assert squatter.poll() is None, "the other program could not take the port (its error is above)"
+            return h.listening(PORT)
+        wait_for("the other program on the port", up, timeout=30)
         yield
     finally:
         squatter.kill()
