@@ -100,6 +100,13 @@ def test_exec_runs_in_the_named_hosts_container(project, lab, cluster):
     assert r.stdout.strip() == f"[{lab.hosts[1].address}] {lab.hosts[1].name}"
 
 
+def test_a_horovod_job_on_one_host_of_the_cluster_runs(project, lab, cluster):
+    """horovodrun runs a job on one host as a local one, its ranks sent to a rendezvous on 127.0.0.1: the patched
+    rendezvous listens there, not on the cluster address (it did, and such a job could not start)."""
+    r = kit(project, lab, "run", str(JOBS / "noop.py"), "--np", "1")
+    assert r.returncode == 0 and f"[{lab.hosts[0].address} rank 0] rank 0 of 1 up" in r.stdout, r.stdout + r.stderr
+
+
 # The same job through horovodrun, through torchrun (torch.distributed over Gloo) and as TensorFlow workers.
 LAUNCHES = {"horovod": (["--np", "3"], []), "torchrun": (["--launcher", "torchrun"], ["--ddp"]),
             "tf": (["--launcher", "tf"], ["--tf"])}
