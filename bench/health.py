@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, make_project  # noqa: E402
+from harness import bench_cluster  # noqa: E402
 from helpers import run_kit  # noqa: E402
 
 
@@ -24,25 +23,14 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit", help="every host's link (tc tbf), e.g. 1gbit")
     parser.add_argument("--slow", default="100mbit", help="the last host's link, e.g. 100mbit ('' for none)")
     args = parser.parse_args()
-    env_cols = {"COLUMNS": "120"}
-    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
-        project = make_project(Path(work) / "project", lab, "bench")
-        env = {**lab.env, **env_cols}
-        try:
-            up = run_kit("up", "--hosts", "hosts.txt", cwd=project, env=env, timeout=1800)
-            if up.returncode:
-                sys.exit(f"kit up failed:\n{up.stdout[-3000:]}{up.stderr[-3000:]}")
-            lab.shape(args.rate)
-            if args.slow:
-                lab.shape(args.slow, lab.hosts[-1:])
-            for argv in (["doctor"], ["bench", "net"]):
-                r = run_kit(*argv, cwd=project, env=env, timeout=1800)
-                print(f"$ kit {' '.join(argv)}   # links {args.rate}" + (f", {lab.hosts[-1].address} {args.slow}"
-                                                                            if args.slow else ""))
-                print(r.stdout + r.stderr)
-        finally:
-            lab.unshape()
-            run_kit("down", cwd=project, env=env, timeout=1800)
+    with bench_cluster(args.rate) as (lab, project):
+        if args.slow:
+            lab.shape(args.slow, lab.hosts[-1:])
+        for argv in (["doctor"], ["bench", "net"]):
+            r = run_kit(*argv, cwd=project, env={**lab.env, "COLUMNS": "120"}, timeout=1800)
+            print(f"$ kit {' '.join(argv)}   # links {args.rate}" + (f", {lab.hosts[-1].address} {args.slow}"
+                                                                        if args.slow else ""))
+            print(r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

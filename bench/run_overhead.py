@@ -14,13 +14,12 @@ import argparse
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, make_project, timed_kit  # noqa: E402
+from harness import Lab, bench_cluster, timed_kit  # noqa: E402
 
 NOOP = REPO / "tests" / "lab" / "jobs" / "noop.py"
 CIFAR = REPO / "examples" / "cifar10_cnn_horovod.py"
@@ -42,11 +41,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rate", help="rate of every host's link (tc tbf), e.g. 1gbit")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(3, Path(work)) as lab:
-        project = make_project(Path(work) / "project", lab, "bench")
-        if args.rate:
-            lab.shape(args.rate)
-        timed_kit(lab, project, "up", "--hosts", "hosts.txt")
+    with bench_cluster(args.rate) as (lab, project):
         timed_kit(lab, project, "run", str(NOOP), "--np", "3")  # copies the script once, like a user's second run
         hosts = ",".join(f"{h.address}:1" for h in lab.hosts)
         by_hand = ["horovodrun", "--gloo", "-np", "3", "-H", hosts, "-p", "12345", "--network-interface", "eth0",
@@ -57,7 +52,6 @@ def main() -> None:
         for np in (1, 3):
             _, out = timed_kit(lab, project, "run", str(CIFAR), "--np", str(np), "--", "--epochs", "2", "--samples", "3072")
             rates[np] = images_per_sec(out)
-        timed_kit(lab, project, "down")
     k, d = statistics.median(kit_s), statistics.median(direct_s)
     print(f"kit run on the lab ({args.rate or 'unshaped veth'}), median of {args.repeat}")
     print(f"{'':<44}{'value':>9}  ratio")

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -403,6 +404,22 @@ def timed_kit(lab: Lab, project: Path, *args: str) -> tuple[float, str]:
     if r.returncode != 0:
         sys.exit(f"kit {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     return seconds, r.stdout
+
+
+@contextlib.contextmanager
+def bench_cluster(rate: str | None = None, hosts: int = 3, name: str = "bench"):
+    """For bench/: a lab of `hosts` hosts with a cluster up on all of them and every link shaped to `rate` (e.g.
+    1gbit) when given; yields (lab, project). The cluster and the lab are removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(hosts, Path(work)) as lab:
+        project = make_project(Path(work) / "project", lab, name)
+        timed_kit(lab, project, "up", "--hosts", "hosts.txt")
+        try:
+            if rate:
+                lab.shape(rate)
+            yield lab, project
+        finally:
+            lab.unshape()
+            timed_kit(lab, project, "down")
 
 
 class _quiet:

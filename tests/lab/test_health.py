@@ -5,8 +5,10 @@ one lab host: doctor fails on that host's line, with the fix, and on no other ho
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -68,6 +70,58 @@ def test_bench_net_names_the_host_whose_link_is_slow(cluster, lab):
     fast = [l["gbits"] for l in data["links"] if slow not in (l["source"], l["target"])]
     assert min(fast) > 3 * max(l["gbits"] for l in data["slowest"]), data  # 1 Gbit/s against 100 Mbit/s
     assert text.returncode == 0 and f"every link within 10% of it touches {slow}" in text.stdout, text.stdout
+
+
+def saved(lab, kind):
+    """The figures the last `kit bench KIND` saved in the cluster's folder."""
+    return json.loads(sorted((lab.home / ".kit" / NAME / "bench").glob(f"{kind}-*.json"))[-1].read_text())
+
+
+def is_png(path):
+    return Path(path).is_file() and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_allreduce_gives_each_backends_bus_bandwidth_against_the_link(cluster, lab):
+    r = run_kit("bench", "allreduce", "--min-size", "64K", "--max-size", "1M", "--seconds", "0.3", cwd=cluster,
+                env={**lab.env, "COLUMNS": "200"}, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = saved(lab, "allreduce")
+    assert data["link_from"] == "kit bench net" and data["link_gbits"] > 0, data
+    sizes = [64 << 10, 256 << 10, 1 << 20]
+    assert [(x["backend"], x["transport"], x["bytes"]) for x in data["results"]] == \
+           [(b, "gloo", s) for b in ("horovod", "torch") for s in sizes], data
+    for x in data["results"]:
+        assert x["ranks"] == 3 and x["iters"] >= 3 and x["seconds"] > 0, x
+        assert x["busbw_gbits"] == pytest.approx(x["algbw_gbits"] * 4 / 3), x  # 2(n-1)/n, n = 3
+        assert x["busbw_per_link"] == pytest.approx(x["busbw_gbits"] / data["link_gbits"]), x
+    assert data["headline_bytes"] == 1 << 20 and set(data["headline"]) == {"Horovod (gloo)",
+                                                                            "torch.distributed (gloo)"}, data
+    assert is_png(data["png"]), data
+    for label, ratio in data["headline"].items():
+        assert f"{label}: busbw / link at 1 MiB = {ratio:.2f}" in r.stdout, r.stdout
+    assert "slowest `kit bench net` measured" in r.stdout and "Horovod (gloo) allreduce, 3 ranks" in r.stdout
+    given = run_kit("bench", "allreduce", "--backend", "horovod", "--max-size", "1K", "--link-gbits", "2", "--json",
+                    cwd=cluster, env=lab.env, timeout=900)
+    assert given.returncode == 0, given.stdout + given.stderr
+    data = json.loads(given.stdout)
+    assert data["link_from"] == "--link-gbits" and [x["bytes"] for x in data["results"]] == [1024], data
+
+
+def test_bench_train_prints_the_scaling_table_and_draws_it(cluster, lab):
+    r = run_kit("bench", "train", "--hosts", "1,3", "--epochs", "2", "--samples", "768", cwd=cluster,
+                env={**lab.env, "COLUMNS": "200"}, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = saved(lab, "train")
+    one, three = data["runs"]
+    assert (one["hosts"], one["ranks"], three["hosts"], three["ranks"]) == (1, 1, 3, 3), data
+    assert one["images_per_sec"] > 0 and three["images_per_sec"] > 0 and one["speedup"] == 1, data
+    assert three["efficiency"] == pytest.approx(three["images_per_sec"] / one["images_per_sec"] / 3), data
+    assert data["data"] == "generated" and is_png(data["png"]), data
+    for row in data["runs"]:  # the table, as printed
+        assert re.search(rf"│\s+{row['hosts']} │\s+{row['ranks']} │\s+{row['images_per_sec']:,.0f} │\s+"
+                         rf"{row['speedup']:.2f}x │\s+{row['efficiency']:.0%} │ {row['job']} │", r.stdout), r.stdout
+    jobs = [json.loads(line) for line in run_kit("jobs", "--json", cwd=cluster, env=lab.env).stdout.splitlines()]
+    assert {(j["id"], j["state"]) for j in jobs} >= {(one["job"], "succeeded"), (three["job"], "succeeded")}, jobs
 
 
 @contextlib.contextmanager

@@ -155,3 +155,16 @@ def test_doctor_and_bench_without_a_cluster_or_with_bad_input_say_so_and_change_
     assert r.returncode == 2 and "each link is measured from 0.5 to 60 s" in r.stderr
     r = kit("bench", "net", "--name", "nosuch", cwd=in_tmp)
     assert r.returncode == 2 and "no cluster nosuch is recorded here" in r.stderr
+    for argv, said in ((["--backend", "mpi"], "--backend: 'mpi' is not a backend"),
+                       (["--min-size", "1G", "--max-size", "1K"], "the sizes go from the first up to the second"),
+                       (["--max-size", "2G"], "1 GiB at most"), (["--min-size", "1T"], "--min-size: '1T' is not a size"),
+                       (["--seconds", "0"], "each size is timed from 0.1 to 30 s"),
+                       (["--link-gbits", "0"], "a link rate is above 0"),
+                       (["--backend", "torch", "--cycle-time-ms", "5"], "Horovod's, and --backend torch"),
+                       (["--name", "nosuch"], "no cluster nosuch is recorded here")):
+        r = kit("bench", "allreduce", *argv, cwd=in_tmp)
+        assert r.returncode == 2 and said in r.stderr and "fix: " in r.stderr, (argv, r.stderr)
+    for argv, said in ((["--epochs", "0"], "--epochs 0: from 1 to 100"), (["--samples", "-1"], "samples 0 or more"),
+                       (["--name", "nosuch"], "no cluster nosuch is recorded here")):
+        r = kit("bench", "train", *argv, cwd=in_tmp)
+        assert r.returncode == 2 and said in r.stderr and "fix: " in r.stderr, (argv, r.stderr)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -119,8 +120,9 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
              workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
              on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
              nproc_per_node: Optional[int] = None, detach: bool = False,
-             policy: jobs.Policy = jobs.Policy()) -> jobs.Job:
-    """Copy the job's folder, run it, say how it ended; raise unless it succeeded. Detached: start it and return."""
+             policy: jobs.Policy = jobs.Policy(), out: Console = console) -> jobs.Job:
+    """Copy the job's folder, run it, say how it ended (on `out`); raise unless it succeeded. Detached: start it and
+    return."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
@@ -132,7 +134,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
                              {h.name: h.address for h in state.hosts})
     rank_cmd = rank_command(script.resolve().relative_to(folder).as_posix(), args)
     if len(nics) > 1 and launcher == "horovod":
-        console.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
+        out.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
                       "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
     try:
@@ -152,9 +154,9 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
                  f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}")
         if detach:
             for line in setup:
-                console.print(line, markup=False, highlight=False)
+                out.print(line, markup=False, highlight=False)
             jobs.start(job, nodes, setup)
-            console.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
+            out.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
                           f"`kit jobs` lists it, `kit stop {job.id}` stops it" +
                           ("" if state.workspace_shared else "; what its ranks write stays on the host that wrote "
                            "it (copy storage spreads it only for a job kit run waits for)"))
@@ -166,30 +168,30 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             if outcome.exit_code == 0:
                 raise
             spread = 0  # the job's own failure, said below, comes first; a host that went away has nothing to give
-            console.print(f"[yellow]note[/] what the failed job wrote was not copied between the hosts: {escape(str(e))}")
+            out.print(f"[yellow]note[/] what the failed job wrote was not copied between the hosts: {escape(str(e))}")
         if spread:
-            console.print(f"copied {spread} files the job wrote to every host's {state.workspace}")
+            out.print(f"copied {spread} files the job wrote to every host's {state.workspace}")
     finally:
         for n in nodes:
             n.runner.close()
-    report(outcome, job.id, job.launcher, state)
+    report(outcome, job.id, job.launcher, state, out)
     return job
 
 
-def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState) -> None:
+def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState, out: Console = console) -> None:
     """How a followed job ended; raises unless it succeeded, with the job's own exit code where it has one."""
     if outcome.env_kept:
-        console.print(f"[yellow]note[/] the job's variables may remain in the container on "
+        out.print(f"[yellow]note[/] the job's variables may remain in the container on "
                       f"{', '.join(outcome.env_kept)} ({ENV_DIR}/{job_id}): it could not be reached to remove them; "
                       "`kit down` removes the containers")
     if outcome.leftovers:
-        console.print("stopped what was left of the job: " +
+        out.print("stopped what was left of the job: " +
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
     restarted = f" after {outcome.restarts} restart{'s' if outcome.restarts > 1 else ''}" if outcome.restarts else ""
     if outcome.left_out:
-        console.print(f"left out by a restart (no answer): {', '.join(outcome.left_out)}")
+        out.print(f"left out by a restart (no answer): {', '.join(outcome.left_out)}")
     if outcome.exit_code == 0:
-        console.print(f"[green]✓[/] job {job_id} finished{restarted}")
+        out.print(f"[green]✓[/] job {job_id} finished{restarted}")
         return
     if outcome.hang:
         hung = KitError(f"job {job_id} hung{restarted}: {outcome.hang}; it was stopped on every host",

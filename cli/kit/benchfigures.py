@@ -1,0 +1,160 @@
+"""The figures of `kit bench allreduce` and `kit bench train`, and their plots. Pure but for the plots' files.
+
+Allreduce bandwidths as nccl-tests defines them: algbw = size / time; busbw = algbw x 2(n-1)/n, what each rank's
+link carries in a ring allreduce, so busbw near the link rate means the network is used to the full. kit compares it
+with the slowest link `kit bench net` measured: busbw / link is the headline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kit.errors import BadInput
+
+MARK = "@@kit-bench "      # what the allreduce job's rank 0 puts before each figure (benchjobs/allreduce.py)
+HEADLINE_BYTES = 64 << 20  # the size the headline ratio is read at
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """1K, 64M, 256MiB, 4096 -> bytes (powers of 1024)."""
+    m = re.fullmatch(r"(\d{1,6})\s*([KMG]?)(i?B)?", text.strip(), re.IGNORECASE)
+    if not m or int(m[1]) == 0:
+        raise BadInput(f"{flag}: '{text}' is not a size", hint=f"give e.g. {flag} 1K, 64M or 1G")
+    return int(m[1]) * _UNITS[m[2].upper()]
+
+
+def size_text(size: int) -> str:
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]} {unit}iB"
+    return f"{size} B"
+
+
+@dataclass(frozen=True)
+class Allreduce:
+    backend: str      # horovod or torch
+    transport: str    # gloo or nccl
+    ranks: int
+    bytes: int
+    iters: int
+    seconds: float    # one allreduce
+
+    @property
+    def algbw_gbits(self) -> float:
+        return self.bytes * 8 / self.seconds / 1e9
+
+    @property
+    def busbw_gbits(self) -> float:
+        return self.algbw_gbits * 2 * (self.ranks - 1) / self.ranks
+
+    @property
+    def label(self) -> str:
+        return f"{'Horovod' if self.backend == 'horovod' else 'torch.distributed'} ({self.transport})"
+
+    def as_dict(self, link_gbits: float | None) -> dict:
+        return {**asdict(self), "algbw_gbits": self.algbw_gbits, "busbw_gbits": self.busbw_gbits,
+                "busbw_per_link": self.busbw_gbits / link_gbits if link_gbits else None}
+
+
+def parse_result(text: str) -> Allreduce | None:
+    """One figure from the job's rank 0, or None for any other line; a figure that does not add up is an error."""
+    if not text.startswith(MARK):
+        return None
+    try:
+        d = json.loads(text[len(MARK):])
+        found = Allreduce(str(d["backend"]), str(d["transport"]), int(d["ranks"]), int(d["bytes"]), int(d["iters"]),
+                          float(d["seconds"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"the allreduce job printed a figure kit cannot read: {text[:200]!r} ({e})") from None
+    if found.ranks < 2 or found.bytes <= 0 or found.iters <= 0 or not found.seconds > 0:
+        raise ValueError(f"the allreduce job printed a figure that does not add up: {text[:200]!r}")
+    return found
+
+
+def headline_size(results: list[Allreduce]) -> int:
+    """The size the headline is read at: 64 MiB, or the nearest measured below it (else the smallest)."""
+    below = [r.bytes for r in results if r.bytes <= HEADLINE_BYTES]
+    return max(below) if below else min(r.bytes for r in results)
+
+
+def headline(results: list[Allreduce], link_gbits: float | None) -> dict[str, float]:
+    """label -> busbw / link at the headline size."""
+    at = headline_size(results) if results else 0
+    return {r.label: r.busbw_gbits / link_gbits for r in results if r.bytes == at} if link_gbits else {}
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    hosts: int
+    ranks: int
+    images_per_sec: float
+    job: str
+
+
+def scaling(runs: list[TrainRun]) -> list[dict]:
+    """Each run's speedup over the first (fewest hosts) and its efficiency: speedup / (its ranks / the first's)."""
+    base = runs[0]
+    rows = []
+    for r in runs:
+        speedup = r.images_per_sec / base.images_per_sec
+        rows.append({**asdict(r), "speedup": speedup, "efficiency": speedup / (r.ranks / base.ranks)})
+    return rows
+
+
+def _figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_allreduce(results: list[Allreduce], link_gbits: float | None, title: str, path: Path) -> Path:
+    """busbw against message size, a line per backend, the link rate dashed."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    for label in dict.fromkeys(r.label for r in results):
+        mine = sorted((r for r in results if r.label == label), key=lambda r: r.bytes)
+        ax.plot([r.bytes for r in mine], [r.busbw_gbits for r in mine], marker="o", label=f"{label} busbw")
+    if link_gbits:
+        ax.axhline(link_gbits, color="grey", linestyle="--", label=f"slowest link {link_gbits:.2f} Gbit/s")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r.bytes for r in results})
+    ax.set_xticks(sizes, [size_text(s).replace(" ", "") for s in sizes], rotation=45)
+    ax.set_xlabel("message size")
+    ax.set_ylabel("bus bandwidth, Gbit/s")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_train(rows: list[dict], title: str, path: Path) -> Path:
+    """images/s against hosts, with perfect scaling dashed and each run's efficiency written by its point."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=110)
+    hosts = [r["hosts"] for r in rows]
+    rates = [r["images_per_sec"] for r in rows]
+    ideal = [rows[0]["images_per_sec"] * r["ranks"] / rows[0]["ranks"] for r in rows]
+    ax.plot(hosts, ideal, color="grey", linestyle="--", label="perfect scaling")
+    ax.plot(hosts, rates, marker="o", label="measured")
+    for r in rows:
+        ax.annotate(f"{r['images_per_sec']:,.0f}/s, {r['efficiency']:.0%}", (r["hosts"], r["images_per_sec"]),
+                    textcoords="offset points", xytext=(6, -14))
+    ax.set_xticks(hosts)
+    ax.set_xlabel("hosts")
+    ax.set_ylabel("images/s (all ranks)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
