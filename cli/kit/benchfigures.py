@@ -148,6 +148,7 @@ def plot_train(rows: list[dict], title: str, path: Path) -> Path:
         ax.annotate(f"{r['images_per_sec']:,.0f}/s, {r['efficiency']:.0%}", (r["hosts"], r["images_per_sec"]),
                     textcoords="offset points", xytext=(6, -14))
     ax.set_xticks(hosts)
+    ax.set_xlim(hosts[0] - 0.3, hosts[-1] + 0.6)  # room for the last point's label
     ax.set_xlabel("hosts")
     ax.set_ylabel("images/s (all ranks)")
     ax.set_ylim(bottom=0)
