@@ -31,7 +31,7 @@ def main() -> None:
     knobs = shlex.split(args.horovod_option)
     with bench_cluster(args.rate) as (lab, project):
         _, text = timed_kit(lab, project, "bench", "allreduce", *knobs)
-        print(f"$ kit bench allreduce {' '.join(knobs)}   # 3 hosts, every link {args.rate}\n{text}")
+        print(f"$ {shlex.join(['kit', 'bench', 'allreduce', *knobs])}   # 3 hosts, every link {args.rate}\n{text}")
         link = json.loads(timed_kit(lab, project, "bench", "net", "--json")[1])["slowest"][0]["gbits"]
         ratios: dict[str, list[float]] = {}
         for _ in range(args.repeat):

@@ -85,7 +85,7 @@ def rank0_losses(out: str) -> list[float]:
 ])
 def test_examples_train_on_three_hosts(request, lab, example, launcher, options):
     project = cluster_for(request, launcher)
-    r = kit(project, lab, "run", *options, str(REPO / "examples" / example), "--", "--epochs", "3")
+    r = kit(project, lab, "run", *options, str(REPO / "examples" / example), "--", "--epochs", "3", "--samples", "1920")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert rank_starts(r.stdout) == [(str(i), h.address, h.name) for i, h in enumerate(lab.hosts)], r.stdout[-3000:]
     losses = rank0_losses(r.stdout)

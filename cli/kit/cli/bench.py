@@ -164,14 +164,17 @@ def allreduce(
                                       f"busbw {found.busbw_gbits:.2f} Gbit/s")
                 _bench_job(cfg, state, shipped_folder("kit.benchjobs") / "allreduce.py", [b, *args], BACKENDS[b],
                            HorovodOptions(fusion_threshold_mb, cycle_time_ms), out, take)
+    if not results:
+        raise KitError("the allreduce jobs finished without printing a figure",
+                       hint="`kit jobs` lists them and `kit logs ID` shows what they printed")
     path = results_path(identity.folder, "allreduce")
-    title = f"allreduce on {state.cluster}: {results[0].ranks} ranks, {len(state.hosts)} hosts" if results else ""
-    png = bf.plot_allreduce(results, link, title, path.with_suffix(".png")) if results else None
+    title = f"allreduce on {state.cluster}: {results[0].ranks} ranks, {len(state.hosts)} hosts"
+    png = bf.plot_allreduce(results, link, title, path.with_suffix(".png"))
     heads = bf.headline(results, link)
     data = {"cluster": state.cluster, "hosts": len(state.hosts), "link_gbits": link,
             "link_from": "kit bench net" if measured else "--link-gbits" if link else None,
-            "headline_bytes": bf.headline_size(results) if results else None, "headline": heads,
-            "results": [r.as_dict(link) for r in results], "png": str(png) if png else None}
+            "headline_bytes": bf.headline_size(results), "headline": heads,
+            "results": [r.as_dict(link) for r in results], "png": str(png)}
     saved = save(path, data)
     if as_json:
         console.print_json(data=data)
@@ -285,12 +288,12 @@ def _check_torch(state: st.ClusterState, what: str) -> None:
 def _bench_job(cfg: ClusterConfig, state: st.ClusterState, source: Path, args: list[str], launcher: str,
                options: HorovodOptions, out: Console, take: Callable[[int | None, str], None]) -> jobs.Job:
     """Run one of kit's own jobs from the workspace's kit-bench folder, handing take() each line of its output; only
-    its last lines are shown, when it fails."""
-    tail: collections.deque[str] = collections.deque(maxlen=30)
+    when it fails are lines shown: the last of each rank's and of its launcher's."""
+    tails: dict[int | None, collections.deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=12))
     unread: list[str] = []
 
     def on_line(rank: int | None, host: str | None, text: str) -> None:
-        tail.append(text if rank is None else f"[{host} rank {rank}] {text}")
+        tails[rank].append(text if rank is None else f"[{host} rank {rank}] {text}")
         try:
             take(rank, text)
         except ValueError as e:  # said when the job has ended: raising here would leave it running
@@ -302,8 +305,9 @@ def _bench_job(cfg: ClusterConfig, state: st.ClusterState, source: Path, args: l
         try:
             job = run_job(cfg, state, script, args, None, Path(folder), options, (), on_line, launcher, out=out)
         except KitError:
-            for line in tail:
-                out.print(line, markup=False, highlight=False)
+            for rank in sorted(tails, key=lambda r: -1 if r is None else r):
+                for line in tails[rank]:
+                    out.print(line, markup=False, highlight=False)
             raise
     if unread:
         raise KitError(unread[0], hint=f"`kit logs {job.id}` shows what the job printed")
