@@ -42,6 +42,9 @@ class Horovod:
     def slowest(self, value: float) -> float:
         return self.hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=self.hvd.Max, name="kit_max").item()
 
+    def close(self) -> None:
+        self.hvd.shutdown()
+
 
 class Torch:
     def __init__(self) -> None:
@@ -64,6 +67,11 @@ class Torch:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
         return t.item()
+
+    def close(self) -> None:
+        # without it, a rank may abort at exit ("terminate called without an active exception", seen on the lab)
+        self.dist.barrier()
+        self.dist.destroy_process_group()
 
 
 def timed(backend, tensor: torch.Tensor, iters: int) -> float:
@@ -103,6 +111,7 @@ def main() -> None:
                                      "bytes": tensor.numel() * 4, "iters": iters, "seconds": seconds}), flush=True)
         del tensor
         size *= args.factor
+    backend.close()
 
 
 if __name__ == "__main__":
