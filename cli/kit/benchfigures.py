@@ -7,6 +7,7 @@ with the slowest link `kit bench net` measured: busbw / link is the headline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -105,57 +106,51 @@ def scaling(runs: list[TrainRun]) -> list[dict]:
     return rows
 
 
-def _figure():
+@contextlib.contextmanager
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, width: float):
+    """A figure's axes for the block to draw on; then its title, labels, grid and legend, saved as a PNG at path."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt
+    fig, ax = plt.subplots(figsize=(width, 4.8), dpi=110)
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
 
 
 def plot_allreduce(results: list[Allreduce], link_gbits: float | None, title: str, path: Path) -> Path:
     """busbw against message size, a line per backend, the link rate dashed."""
-    plt = _figure()
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    for label in dict.fromkeys(r.label for r in results):
-        mine = sorted((r for r in results if r.label == label), key=lambda r: r.bytes)
-        ax.plot([r.bytes for r in mine], [r.busbw_gbits for r in mine], marker="o", label=f"{label} busbw")
-    if link_gbits:
-        ax.axhline(link_gbits, color="grey", linestyle="--", label=f"slowest link {link_gbits:.2f} Gbit/s")
-    ax.set_xscale("log", base=2)
-    sizes = sorted({r.bytes for r in results})
-    ax.set_xticks(sizes, [size_text(s).replace(" ", "") for s in sizes], rotation=45)
-    ax.set_xlabel("message size")
-    ax.set_ylabel("bus bandwidth, Gbit/s")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with _plot(path, title, "message size", "bus bandwidth, Gbit/s", 8) as ax:
+        for label in dict.fromkeys(r.label for r in results):
+            mine = sorted((r for r in results if r.label == label), key=lambda r: r.bytes)
+            ax.plot([r.bytes for r in mine], [r.busbw_gbits for r in mine], marker="o", label=f"{label} busbw")
+        if link_gbits:
+            ax.axhline(link_gbits, color="grey", linestyle="--", label=f"slowest link {link_gbits:.2f} Gbit/s")
+        ax.set_xscale("log", base=2)
+        sizes = sorted({r.bytes for r in results})
+        ax.set_xticks(sizes, [size_text(s).replace(" ", "") for s in sizes], rotation=45)
     return path
 
 
 def plot_train(rows: list[dict], title: str, path: Path) -> Path:
     """images/s against hosts, with perfect scaling dashed and each run's efficiency written by its point."""
-    plt = _figure()
-    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=110)
-    hosts = [r["hosts"] for r in rows]
-    rates = [r["images_per_sec"] for r in rows]
-    ideal = [rows[0]["images_per_sec"] * r["ranks"] / rows[0]["ranks"] for r in rows]
-    ax.plot(hosts, ideal, color="grey", linestyle="--", label="perfect scaling")
-    ax.plot(hosts, rates, marker="o", label="measured")
-    for r in rows:
-        ax.annotate(f"{r['images_per_sec']:,.0f}/s, {r['efficiency']:.0%}", (r["hosts"], r["images_per_sec"]),
-                    textcoords="offset points", xytext=(6, -14))
-    ax.set_xticks(hosts)
-    ax.set_xlim(hosts[0] - 0.3, hosts[-1] + 0.6)  # room for the last point's label
-    ax.set_xlabel("hosts")
-    ax.set_ylabel("images/s (all ranks)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with _plot(path, title, "hosts", "images/s (all ranks)", 7) as ax:
+        hosts = [r["hosts"] for r in rows]
+        ideal = [rows[0]["images_per_sec"] * r["ranks"] / rows[0]["ranks"] for r in rows]
+        ax.plot(hosts, ideal, color="grey", linestyle="--", label="perfect scaling")
+        ax.plot(hosts, [r["images_per_sec"] for r in rows], marker="o", label="measured")
+        for r in rows:
+            ax.annotate(f"{r['images_per_sec']:,.0f}/s, {r['efficiency']:.0%}", (r["hosts"], r["images_per_sec"]),
+                        textcoords="offset points", xytext=(6, -14))
+        ax.set_xticks(hosts)
+        ax.set_xlim(hosts[0] - 0.3, hosts[-1] + 0.6)  # room for the last point's label
+        ax.set_ylim(bottom=0)
     return path
