@@ -98,7 +98,7 @@ if "_kit_bind_address" not in text:
         old_addr, "addr = (_kit_bind_address(), port)")
     text += """
 
-_kit_address = None  # set by gloo_run for its rendezvous: the address its ranks are given
+_kit_address = None  # set by gloo_run for the rendezvous of a job on this host alone: loopback
 
 
 def _kit_bind_address():
@@ -123,8 +123,8 @@ def _kit_port_range():
 """
     open(path, "w").write(text)
 PATCH
-# The rendezvous of a static Gloo job listens on the address its ranks are told to reach: the cluster address, or
-# for a job on this host alone, loopback (horovodrun gives such ranks 127.0.0.1 and refuses any other interface).
+# The rendezvous of a static Gloo job on this host alone listens on loopback, where horovodrun sends such ranks (it
+# refuses any other interface for them); every other job's, on the cluster address as above.
 python - "$src/horovod/runner/gloo_run.py" <<'PATCH'
 import sys
 path = sys.argv[1]
@@ -133,7 +133,8 @@ old = "    global_rendezv_port = rendezvous.start()\n    rendezvous.init(host_al
 if "_kit_address" not in text:
     if text.count(old) != 1:
         sys.exit(f"build_horovod.sh: {path} starts its rendezvous differently than kit expects; see kit's patch")
-    text = text.replace(old, "    network._kit_address = server_ip  # kit: listen where the ranks are sent\n" + old)
+    text = text.replace(old, "    if server_ip.startswith('127.'):  # kit: a job on this host alone: its ranks are sent to loopback\n"
+                             "        network._kit_address = server_ip\n" + old)
     open(path, "w").write(text)
 PATCH
 # torch's synchronize() waits for an operation by polling in a loop that only yields: a whole core a rank. Where
@@ -164,7 +165,7 @@ if "kit_nap" not in text and spin.search(text):
         text = text.replace("#include <chrono>\n", "#include <algorithm>  // kit\n#include <chrono>\n", 1)
     open(path, "w").write(text)
 elif "kit_nap" not in text:
-    print(f"build_horovod.sh: {path} waits differently than kit's patch expects: left as it is")
+    sys.exit(f"build_horovod.sh: {path} waits for an operation differently than kit's patch expects; see kit's patch")
 PATCH
 sed -i 's/StrictHostKeyChecking=no/StrictHostKeyChecking=yes/' "$src/horovod/runner/util/remote.py"
 if grep -rn 'StrictHostKeyChecking=no' "$src/horovod" --include='*.py' | grep -v '/test'; then

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,11 +22,13 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str, flag: str) -> int:
-    """1K, 64M, 256MiB, 4096 -> bytes (powers of 1024)."""
-    m = re.fullmatch(r"(\d{1,6})\s*([KMG]?)(i?B)?", text.strip(), re.IGNORECASE)
-    if not m or int(m[1]) == 0:
-        raise BadInput(f"{flag}: '{text}' is not a size", hint=f"give e.g. {flag} 1K, 64M or 1G")
-    return int(m[1]) * _UNITS[m[2].upper()]
+    """1K, 64M, 256MiB, 4096 -> bytes (powers of 1024): whole float32 elements, 4 bytes to 1 GiB."""
+    m = re.fullmatch(r"(\d{1,10})\s*([KMG]?)(i?B)?", text.strip(), re.IGNORECASE)
+    size = int(m[1]) * _UNITS[m[2].upper()] if m else 0
+    if not 4 <= size <= 1 << 30 or size % 4:
+        raise BadInput(f"{flag}: '{text}' is not a size of float32 elements from 4 bytes to 1 GiB",
+                       hint=f"give e.g. {flag} 1K, 64M or 1G")
+    return size
 
 
 def size_text(size: int) -> str:
@@ -67,11 +70,12 @@ def parse_result(text: str) -> Allreduce | None:
         return None
     try:
         d = json.loads(text[len(MARK):])
-        found = Allreduce(str(d["backend"]), str(d["transport"]), int(d["ranks"]), int(d["bytes"]), int(d["iters"]),
-                          float(d["seconds"]))
+        found = Allreduce(d["backend"], d["transport"], d["ranks"], d["bytes"], d["iters"], float(d["seconds"]))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"the allreduce job printed a figure kit cannot read: {text[:200]!r} ({e})") from None
-    if found.ranks < 2 or found.bytes <= 0 or found.iters <= 0 or not found.seconds > 0:
+    whole = all(type(x) is int for x in (found.ranks, found.bytes, found.iters))
+    if not (found.backend in ("horovod", "torch") and found.transport in ("gloo", "nccl") and whole
+            and found.ranks >= 2 and found.bytes > 0 and found.iters > 0 and 0 < found.seconds < math.inf):
         raise ValueError(f"the allreduce job printed a figure that does not add up: {text[:200]!r}")
     return found
 

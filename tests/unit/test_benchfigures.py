@@ -12,12 +12,12 @@ from kit.errors import BadInput
 
 
 @pytest.mark.parametrize("text, size", [("1K", 1024), ("64M", 64 << 20), ("256MiB", 256 << 20), ("1g", 1 << 30),
-                                        ("4096", 4096), (" 2 KB ", 2048)])
+                                        ("4096", 4096), (" 2 KB ", 2048), ("1000000", 1000000), ("4", 4)])
 def test_sizes_are_read_in_powers_of_1024(text, size):
     assert bf.parse_size(text, "--max-size") == size
 
 
-@pytest.mark.parametrize("text", ["", "0", "1T", "-1K", "1.5M", "big"])
+@pytest.mark.parametrize("text", ["", "0", "1T", "-1K", "1.5M", "big", "2", "6", "2G", "1000001"])
 def test_a_size_that_is_not_one_is_refused_naming_the_flag(text):
     with pytest.raises(BadInput, match="--min-size"):
         bf.parse_size(text, "--min-size")
@@ -48,7 +48,8 @@ def test_only_the_jobs_figures_are_read_and_one_that_does_not_add_up_is_an_error
     assert bf.parse_result("epoch 1: loss 2.3") is None
     assert bf.parse_result("[1,0]<stdout>: " + line()) is None  # a figure is the start of rank 0's line
     for bad in (bf.MARK + "{not json", bf.MARK + json.dumps({"bytes": 1}), line(seconds=0), line(ranks=1),
-                line(iters=-1), line(seconds="nan")):
+                line(iters=-1), line(seconds="nan"), line(seconds="Infinity"), line(bytes=1.9), line(ranks="3"),
+                line(backend="evil"), line(transport="[/oops]"), line(iters=True)):
         with pytest.raises(ValueError, match="the allreduce job printed"):
             bf.parse_result(bad)
 

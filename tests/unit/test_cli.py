@@ -83,6 +83,8 @@ def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
              ("--launcher", "tf", "--fusion-threshold-mb", "32", "--timeline", "t.json"): [
                  "error: --fusion-threshold-mb, --timeline: Horovod's, and --launcher tf does not start Horovod",
                  "fix: drop --fusion-threshold-mb, --timeline, or run the job with --launcher horovod"],
+             ("--cycle-time-ms", "-2"): ["error: --cycle-time-ms -2: Horovod takes 0 or more",
+                                         "fix: give e.g. --cycle-time-ms 1 (its default)"],
              ("--launcher", "tf", "--nproc-per-node", "2"): [
                  "error: --nproc-per-node: 2 is not for --launcher tf",
                  "fix: use it with --launcher torchrun, from 1 to 256 (default: each host's slots)"],
@@ -157,14 +159,18 @@ def test_doctor_and_bench_without_a_cluster_or_with_bad_input_say_so_and_change_
     assert r.returncode == 2 and "no cluster nosuch is recorded here" in r.stderr
     for argv, said in ((["--backend", "mpi"], "--backend: 'mpi' is not a backend"),
                        (["--min-size", "1G", "--max-size", "1K"], "the sizes go from the first up to the second"),
-                       (["--max-size", "2G"], "1 GiB at most"), (["--min-size", "1T"], "--min-size: '1T' is not a size"),
+                       (["--max-size", "2G"], "from 4 bytes to 1 GiB"),
+                       (["--min-size", "1T"], "--min-size: '1T' is not a size"),
+                       (["--cycle-time-ms", "-1"], "--cycle-time-ms -1: Horovod takes 0 or more"),
+                       (["--fusion-threshold-mb", "-5"], "--fusion-threshold-mb -5: Horovod takes 0 or more"),
                        (["--seconds", "0"], "each size is timed from 0.1 to 30 s"),
                        (["--link-gbits", "0"], "a link rate is above 0"),
                        (["--backend", "torch", "--cycle-time-ms", "5"], "Horovod's, and --backend torch"),
                        (["--name", "nosuch"], "no cluster nosuch is recorded here")):
         r = kit("bench", "allreduce", *argv, cwd=in_tmp)
         assert r.returncode == 2 and said in r.stderr and "fix: " in r.stderr, (argv, r.stderr)
-    for argv, said in ((["--epochs", "0"], "--epochs 0: from 1 to 100"), (["--samples", "-1"], "samples 0 or more"),
+    for argv, said in ((["--epochs", "0"], "--epochs 0: from 1 to 100"), (["--samples", "-1"], "samples from 0"),
+                       (["--samples", "60000"], "to 50,000"),
                        (["--name", "nosuch"], "no cluster nosuch is recorded here")):
         r = kit("bench", "train", *argv, cwd=in_tmp)
         assert r.returncode == 2 and said in r.stderr and "fix: " in r.stderr, (argv, r.stderr)

@@ -32,6 +32,8 @@ class Horovod:
         cuda = torch.cuda.is_available() and hvd.nccl_built()
         self.device = torch.device("cuda", local) if cuda else torch.device("cpu")
         self.transport = "nccl" if cuda else "gloo"
+        if cuda:
+            torch.cuda.set_device(self.device)
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="kit_bench")
@@ -81,7 +83,7 @@ def timed(backend, tensor: torch.Tensor, iters: int) -> float:
     for _ in range(iters):
         backend.allreduce(tensor)
     if tensor.is_cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(tensor.device)
     return backend.slowest(time.perf_counter() - started)
 
 

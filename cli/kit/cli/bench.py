@@ -21,7 +21,7 @@ from kit import benchfigures as bf
 from kit import jobs, netbench, shipped_folder
 from kit import state as st
 from kit.cluster import recorded_nodes
-from kit.commands.horovod import HorovodOptions
+from kit.commands.horovod import HorovodOptions, check_knobs
 from kit.config import ClusterConfig, framework
 from kit.demo import SCRIPT as CIFAR_SCRIPT, Training
 from kit.errors import BadInput, KitError
@@ -133,13 +133,14 @@ def allreduce(
     if not set(chosen) <= set(BACKENDS):
         raise BadInput(f"--backend: '{backend}' is not a backend", hint="use horovod, torch or all")
     low, high = bf.parse_size(min_size, "--min-size"), bf.parse_size(max_size, "--max-size")
-    if not low <= high <= 1 << 30:
-        raise BadInput(f"--min-size {min_size} --max-size {max_size}: the sizes go from the first up to the second, "
-                       "1 GiB at most", hint="use e.g. --min-size 1K --max-size 256M")
+    if low > high:
+        raise BadInput(f"--min-size {min_size} --max-size {max_size}: the sizes go from the first up to the second",
+                       hint="use e.g. --min-size 1K --max-size 256M")
     if not 0.1 <= seconds <= 30:
         raise BadInput(f"--seconds {seconds:g}: each size is timed from 0.1 to 30 s", hint="use e.g. --seconds 1")
     if link_gbits is not None and not link_gbits > 0:
         raise BadInput(f"--link-gbits {link_gbits:g}: a link rate is above 0", hint="give e.g. --link-gbits 10")
+    check_knobs(fusion_threshold_mb, cycle_time_ms)
     if (fusion_threshold_mb is not None or cycle_time_ms is not None) and "horovod" not in chosen:
         raise BadInput("--fusion-threshold-mb, --cycle-time-ms: Horovod's, and --backend torch does not start Horovod",
                        hint="drop them, or use --backend horovod")
@@ -162,11 +163,11 @@ def allreduce(
                         results.append(found)
                         status.update(f"allreduce, {found.label}: {bf.size_text(found.bytes)} "
                                       f"busbw {found.busbw_gbits:.2f} Gbit/s")
-                _bench_job(cfg, state, shipped_folder("kit.benchjobs") / "allreduce.py", [b, *args], BACKENDS[b],
-                           HorovodOptions(fusion_threshold_mb, cycle_time_ms), out, take)
-    if not results:
-        raise KitError("the allreduce jobs finished without printing a figure",
-                       hint="`kit jobs` lists them and `kit logs ID` shows what they printed")
+                job = _bench_job(cfg, state, shipped_folder("kit.benchjobs") / "allreduce.py", [b, *args],
+                                 BACKENDS[b], HorovodOptions(fusion_threshold_mb, cycle_time_ms), out, take)
+            if not any(r.backend == b for r in results):
+                raise KitError(f"the allreduce job of {b} ({job.id}) finished without printing a figure",
+                               hint=f"`kit logs {job.id}` shows what it printed")
     path = results_path(identity.folder, "allreduce")
     title = f"allreduce on {state.cluster}: {results[0].ranks} ranks, {len(state.hosts)} hosts"
     png = bf.plot_allreduce(results, link, title, path.with_suffix(".png"))
@@ -197,7 +198,8 @@ def _print_allreduce(results: list[bf.Allreduce], link: float | None, measured: 
         console.print("one host: no link to compare busbw with (--link-gbits gives one)")
         return
     at = bf.size_text(bf.headline_size(results))
-    console.print(f"link: {link:.3f} Gbit/s, " + ("the slowest `kit bench net` measured" if measured else "--link-gbits"))
+    console.print(f"link: {link:.3f} Gbit/s, "
+                  + ("the slowest `kit bench net` measured" if measured else "--link-gbits"))
     for label, ratio in heads.items():
         console.print(f"[bold]{label}[/]: busbw / link at {at} = [bold]{ratio:.2f}[/]")
 
@@ -221,9 +223,9 @@ def train(
     """The CIFAR-10 example on 1, 2, ... N hosts (every slot of each): images/s, speedup and scaling efficiency."""
     if not 1 <= epochs <= 100:
         raise BadInput(f"--epochs {epochs}: from 1 to 100", hint="use e.g. --epochs 2")
-    if not 1 <= batch_size <= 4096 or samples < 0:
-        raise BadInput(f"--batch-size {batch_size} --samples {samples}: a batch of 1 to 4096, samples 0 or more",
-                       hint="use e.g. --batch-size 64 --samples 12800")
+    if not 1 <= batch_size <= 4096 or not 0 <= samples <= 50000:
+        raise BadInput(f"--batch-size {batch_size} --samples {samples}: a batch of 1 to 4096, samples from 0 (all) "
+                       "to 50,000 (CIFAR-10's training set)", hint="use e.g. --batch-size 64 --samples 12800")
     out = err_console if as_json else console
     with locked(name, config) as (cfg, identity, state):
         state = need_state(cfg, identity, state)
@@ -296,7 +298,7 @@ def _bench_job(cfg: ClusterConfig, state: st.ClusterState, source: Path, args: l
         tails[rank].append(text if rank is None else f"[{host} rank {rank}] {text}")
         try:
             take(rank, text)
-        except ValueError as e:  # said when the job has ended: raising here would leave it running
+        except Exception as e:  # said when the job has ended: raising here would leave it running
             unread.append(str(e))
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as folder:
         script = Path(folder) / JOB_FOLDER / source.name

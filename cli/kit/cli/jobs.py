@@ -20,8 +20,8 @@ from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
 from kit import jobenv, jobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
-from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_np, common_interfaces, exit_report,
-                                  rank_command, split_rank)
+from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
+                                  exit_report, rank_command, split_rank)
 from kit.errors import BadInput, KitError
 from kit.cli.common import CONFIG, NAME, app, connector, console, locked, need_state, recorded, reports_errors
 
@@ -76,6 +76,7 @@ def run(
         raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
                        hint="drop --np" + ("; --nproc-per-node sets the processes of each host"
                                            if launcher == "torchrun" else ""))
+    check_knobs(fusion_threshold_mb, cycle_time_ms)
     knobs = {"--fusion-threshold-mb": fusion_threshold_mb, "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
              "--verbose-horovod": verbose_horovod or None}
     if launcher != "horovod" and (given := [flag for flag, value in knobs.items() if value is not None]):

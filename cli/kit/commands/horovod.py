@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 
@@ -126,6 +127,14 @@ class HorovodOptions:
         if self.timeline:
             out += ["--timeline-filename", self.timeline]
         return out + (["--verbose"] if self.verbose else [])
+
+
+def check_knobs(fusion_threshold_mb: float | None, cycle_time_ms: float | None) -> None:
+    """Horovod's fusion buffer and cycle time: 0 or more (horovodrun refuses others, after kit copied the job)."""
+    knobs = (("--fusion-threshold-mb", fusion_threshold_mb, 128), ("--cycle-time-ms", cycle_time_ms, 1))
+    for flag, value, usual in knobs:
+        if value is not None and not 0 <= value < math.inf:
+            raise BadInput(f"{flag} {value:g}: Horovod takes 0 or more", hint=f"give e.g. {flag} {usual} (its default)")
 
 
 def check_np(np: int | None, slots: list[Slot]) -> int:
