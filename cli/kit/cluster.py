@@ -4,7 +4,6 @@ Progress and raises KitError; app.py prints."""
 from __future__ import annotations
 
 import shlex
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -18,7 +17,7 @@ from kit.identity import Identity, Owner
 from kit.inventory import Host
 from kit.place import Place
 from kit.runners import DryRunner, Runner
-from kit.steps import check, containers, image as img, keys, preflight, sharing, storage
+from kit.steps import check, containers, distribute, image as img, keys, preflight, sharing, storage
 from kit.steps.facts import HostFacts
 from kit.steps.node import Node
 from kit.steps.storage import Storage
@@ -62,30 +61,18 @@ def _name(node: Node) -> str:
 
 # ---------------------------------------------------------------- up
 
-@dataclass(frozen=True)
-class Copied:
-    hosts: int
-    compressed_bytes: int
-    image_bytes: int
-    seconds: float
-
-    def __str__(self) -> str:
-        return (f"copied the image ({self.image_bytes / 1e9:.2f} GB, {self.compressed_bytes / 1e6:,.0f} MB "
-                f"compressed) to {self.hosts} host{'s' if self.hosts > 1 else ''} in {self.seconds:.1f} s")
-
-
 @dataclass
 class Up:
     cfg: ClusterConfig
     flavor: str
     image: img.LocalImage
     identity: Identity
-    archive: Callable[[], img.Archive]  # makes (or finds) the compressed image
+    layers: Callable[[int], img.Layers]  # the image's config and gzip'd layers from the first one some host lacks
     connect: Connect
     places: dict[str, Place]     # host name -> where its container lives
     dry_run: bool = False
     progress: Progress = NoProgress()
-    copied: "Copied | None" = None  # what the image step sent, for the summary
+    sent: "distribute.Sent | None" = None  # what the image step moved, for the summary
     left: list[Node] = field(default_factory=list)  # hosts no longer in hosts.txt, where kit removed the cluster
 
     @property
@@ -180,21 +167,18 @@ class Up:
         senders = [n for n in nodes if img.needs_image(n, self.image)]
         if senders:
             for n in senders:
-                self.progress.status(n.name, "waiting for the image archive")
-            archive = img.Archive(Path("/dev/null"), "") if self.dry_run else self.archive()
-            total = archive.size
-            started = time.monotonic()
-
-            def send(n: Node) -> None:
-                sent = 0
-
-                def on_bytes(count: int) -> None:
-                    nonlocal sent
-                    sent += count
-                    self.progress.transfer(n.name, sent, total)
-                img.send(n, self.image, archive, on_bytes)
-            self._step("copying the image", senders, send, "copying the image")
-            self.copied = Copied(len(senders), total, self.image.size, time.monotonic() - started)
+                self.progress.status(n.name, "waiting for the image's layers")
+            if self.dry_run:
+                for n in senders:
+                    n.runner.run(f"docker load  # the layers of {self.image.tag} it lacks", changes=True)
+            else:
+                starts = {n.name: img.present(self.image.diff_ids, n.facts.layer_chains) for n in senders}
+                layers = self.layers(min(starts.values()))
+                self.sent = distribute.distribute(senders, layers, starts, self.progress)
+                for n in senders:
+                    stream = layers.stream(starts[n.name])
+                    n.changes.append(f"loaded image {self.image.tag} ({len(stream)} of its {len(layers.diff_ids)} "
+                                     f"layers were missing: {sum(b.size for b in stream) / 1e6:,.0f} MB compressed)")
         img.check_same(nodes, self.image, self.dry_run)
 
     def _workspaces(self, nodes: list[Node]) -> None:

@@ -29,8 +29,9 @@ from kit.pipconfig import has_credentials, redact_text
 # Per framework: the Dockerfile template, and the files from images/ its context carries (in kit/).
 TEMPLATES = {"horovod": "Dockerfile.j2", "tensorflow": "Dockerfile.tf.j2"}
 ASSETS = {
-    "horovod": ("sshd_config", "ssh_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py"),
-    "tensorflow": ("sshd_config", "ssh_config", "entrypoint.sh", "tf_check.py"),
+    "horovod": ("sshd_config", "ssh_config", "entrypoint.sh", "build_horovod.sh", "allreduce_check.py",
+                "venv_delta.py"),
+    "tensorflow": ("sshd_config", "ssh_config", "entrypoint.sh", "tf_check.py", "venv_delta.py"),
 }
 
 # What `horovodrun --check-build` must show for each flavor: (frameworks, controllers, operations).

@@ -324,11 +324,39 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", *token_bucket(rate))
             sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", *token_bucket(rate))
 
+    def shape_uplink(self, rate: str) -> None:
+        """The workstation's own link to the lab limited to `rate`, what it sends: a token bucket on the bridge, whose
+        qdisc holds what the root namespace sends into it (what the hosts send each other goes port to port)."""
+        sh("tc", "qdisc", "replace", "dev", BRIDGE, "root", *token_bucket(rate))
+
     def unshape(self) -> None:
-        """Every host's link back to the veth's own speed."""
+        """Every host's link, and the workstation's, back to the veth's own speed."""
         for h in self.hosts:
             sh("tc", "qdisc", "del", "dev", f"{PREFIX}-v{h.index}", "root", check=False)
             sh("tc", "-n", h.name, "qdisc", "del", "dev", "eth0", "root", check=False)
+        sh("tc", "qdisc", "del", "dev", BRIDGE, "root", check=False)
+
+    def cut(self, h: LabHost) -> None:
+        """The host's link goes down (a pulled cable): nothing reaches it, nothing leaves it."""
+        sh("ip", "-n", h.name, "link", "set", "eth0", "down")
+
+    def mend(self, h: LabHost) -> None:
+        sh("ip", "-n", h.name, "link", "set", "eth0", "up")
+        wait_for(f"{h.name} sshd after its link came back", lambda: self.ssh(h, "true", check=False).returncode == 0)
+
+    def wall_off(self, h: LabHost) -> None:
+        """The host's firewall refuses new connections from the other lab hosts to its ephemeral ports (where kit's
+        image relay listens), as a firewall that lets in only SSH and the cluster port would; the workstation, SSH
+        and the cluster port still get through."""
+        low, high = h.run_in("cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout.split()
+        for other in self.hosts:
+            if other is not h:
+                h.run_in("iptables", "-I", "INPUT", "-s", other.address, "-p", "tcp", "--syn", "--dport",
+                         f"{low}:{high}", "-j", "DROP")
+
+    def open_up(self, h: LabHost) -> None:
+        """Every firewall rule of the host gone (wall_off's, block's)."""
+        h.run_in("iptables", "-F", "INPUT")
 
     def block(self, h: LabHost) -> None:
         """The host's firewall drops every packet that comes in."""

@@ -185,7 +185,8 @@ def test_image_load_killed_mid_way_is_named_and_a_rerun_completes(project, lab, 
     assert r.returncode == 1
     assert re.search(rf"^  {re.escape(h3.address)}: loading image kit-horovod:cpu-\w+ failed \(exit 137\)",
                      r.stderr, re.M), r.stderr
-    assert "sha256sum -c --quiet - && gunzip -c \"$tmp\" | docker load" in r.stderr
+    assert "command: docker load && echo loaded" in r.stderr
+    assert "kit-horovod" not in h3.docker("images").stdout  # nothing of the cut load was kept
     again = kit(project, lab, "up", "--hosts", "hosts.txt")
     assert again.returncode == 0, again.stderr
     assert f"{h3.address}: loaded image" in again.stdout

@@ -126,10 +126,28 @@ def test_ca_bundle_and_indexes_are_trusted_before_anything_is_fetched(ca_bundle)
 
 def test_extra_packages_are_quoted_and_land_after_horovod():
     st = stages(recipe(pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
-    assert ("pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/torch "
-            "--find-links /opt/kit/wheelhouse/user 'tqdm>=4'") in st["venv"][1]
+    assert "pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/user 'tqdm>=4'" in st["extras"][1]
     assert "htop" in st["final"][1]
     assert "tqdm" not in st["builder"][1]
+
+
+def test_extras_are_the_final_images_top_layers_so_a_change_of_them_changes_only_those():
+    """Torch's venv comes whole from its stage; kit's tools and the user's packages come after Horovod, as what they
+    changed in the venv (and what they removed, removed), so the layers below stay the same when they change."""
+    for flavor, below in (("cpu", "torch"), ("tf-cpu", "venv")):
+        st = stages(recipe(flavor=flavor, pip_packages=("tqdm>=4",)).dockerfile)
+        assert st["extras"][0] == below
+        extras = st["extras"][1]
+        assert extras.index("venv_delta.py snapshot") < extras.index("py-spy") < extras.index("tqdm")
+        assert extras.index("tqdm") < extras.index("venv_delta.py delta")
+        final = st["final"][1]
+        assert f"COPY --from={below} /opt/venv /opt/venv" in final
+        assert final.index(f"COPY --from={below}") < final.index("xargs -r -d '\\n' rm -rf -- < /opt/kit/venv-removed")
+        assert final.index("rm -rf -- < /opt/kit/venv-removed") < final.index("COPY --from=extras /opt/kit/venv-delta/ "
+                                                                              "/opt/venv/") < final.index("COPY kit/sshd")
+        if flavor == "cpu":
+            assert final.index("dist/*.whl") < final.index("COPY --from=extras")
+        assert "tqdm" not in final and "venv_delta" not in final
 
 
 def test_horovod_source_replaces_the_release():
@@ -191,8 +209,8 @@ def test_the_key_changes_with_what_kit_renders_and_never_holds_a_password(monkey
 
 def test_a_direct_url_package_is_installed_by_name_from_the_wheelhouse():
     st = stages(recipe(pip_packages=("mypkg[extra] @ https://pkgs.lab/mypkg-1.0-py3-none-any.whl", "tqdm>=4")).dockerfile)
-    assert "--find-links /opt/kit/wheelhouse/user 'mypkg[extra]' 'tqdm>=4'" in st["venv"][1]
-    assert "https://pkgs.lab" not in st["venv"][1]
+    assert "--find-links /opt/kit/wheelhouse/user 'mypkg[extra]' 'tqdm>=4'" in st["extras"][1]
+    assert "https://pkgs.lab" not in st["extras"][1]
 
 
 def test_context_is_written_as_hashed(tmp_path, wheelhouse):
@@ -231,7 +249,7 @@ def test_tf_flavors_are_tensorflow_with_keras_2_and_no_torch_or_horovod():
     for flavor, package in (("tf-cpu", '"tensorflow-cpu==2.21.0"'), ("tf-gpu", '"tensorflow[and-cuda]==2.21.0"')):
         r = recipe(flavor=flavor)
         st = stages(r.dockerfile)
-        assert list(st) == ["base", "venv", "final"] and chain(st, "final") == ["final", "base"]
+        assert list(st) == ["base", "venv", "extras", "final"] and chain(st, "final") == ["final", "base"]
         assert st["base"][0] == "debian:bookworm-slim"
         assert package in st["venv"][1] and '"tf-keras==2.21.*"' in st["venv"][1]
         assert "ENV TF_USE_LEGACY_KERAS=1" in st["final"][1]
@@ -253,10 +271,10 @@ def test_tf_and_horovod_images_share_their_base_stage(ca_bundle):
         assert tf == horovod
 
 
-def test_tf_user_packages_land_in_the_venv_stage():
+def test_tf_user_packages_land_in_the_extras_stage():
     st = stages(recipe(flavor="tf-cpu", pip_packages=("tqdm>=4",), apt_packages=("htop",)).dockerfile)
-    assert ("pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/tf "
-            "--find-links /opt/kit/wheelhouse/user 'tqdm>=4'") in st["venv"][1] and "htop" in st["final"][1]
+    assert "pip install --no-cache-dir --no-index --find-links /opt/kit/wheelhouse/user 'tqdm>=4'" in st["extras"][1]
+    assert "tqdm" not in st["venv"][1] and "htop" in st["final"][1]
 
 
 def test_single_stage_is_refused_for_the_tf_flavors():

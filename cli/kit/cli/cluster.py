@@ -28,7 +28,7 @@ from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, loc
 from kit import prepare as prepare_hosts
 from kit.runners.ssh import ssh_hostname
 from kit.recipe import make_recipe
-from kit.steps.image import archive, local_image
+from kit.steps.image import layers, local_image
 from kit.steps.node import Node
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
                              need_state, progress_bar, recorded, reports_errors)
@@ -109,7 +109,8 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
     flavor = image.flavor or flavor
     identity = Identity(cfg.name, persist=not dry_run)
     with progress_bar() as bar:
-        workflow = Up(cfg, flavor, image, identity, archive=lambda: archive(client, image, state_root() / ".images"),
+        cache = state_root() / ".images"
+        workflow = Up(cfg, flavor, image, identity, layers=lambda start: layers(client, image, cache, start),
                       connect=connector(cfg.connect_timeout), places=places, dry_run=dry_run,
                       progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
@@ -122,8 +123,8 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
         _print_changes(nodes, dry_run)
     for n in workflow.left:
         console.print(f"  {escape(n.name)} (no longer in hosts.txt): {escape('; '.join(n.changes) or 'nothing of the cluster was there')}")
-    if workflow.copied and not dry_run:
-        console.print(f"  {workflow.copied}")
+    if workflow.sent and not dry_run:
+        console.print(escape(f"  {workflow.sent}").replace("\n", "\n  "))
     _print_notes(nodes)
 
 

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn
+from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
 from rich.text import Text
 
 from kit import __version__
@@ -94,7 +95,7 @@ NAME = typer.Option(None, "--name", help="Cluster name (default kit).")
 
 
 class LiveProgress:
-    """A live line per host (what it is doing) and a bar while the image is copied."""
+    """A live line per host (what it is doing) and, while the image reaches it, a bar with bytes, rate and ETA."""
 
     def __init__(self, progress) -> None:
         self.bar = progress
@@ -125,7 +126,8 @@ class _WhileCopying(ProgressColumn):
 
 def progress_bar() -> Progress:
     return Progress(TextColumn("{task.description:<24}"), TextColumn("{task.fields[what]:<32}"),
-                    _WhileCopying(BarColumn()), _WhileCopying(DownloadColumn()), console=console)
+                    _WhileCopying(BarColumn()), _WhileCopying(DownloadColumn()), _WhileCopying(TransferSpeedColumn()),
+                    _WhileCopying(TimeRemainingColumn()), console=console)
 
 
 def connector(timeout: int):

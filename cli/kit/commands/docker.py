@@ -77,12 +77,5 @@ def exec_argv(name: str, argv: list[str]) -> list[str]:
     return ["docker", "exec", name, *argv]
 
 
-def load_command(sha256: str) -> str:
-    """On the host: the archive kept in a file of its own, its checksum checked, then loaded: a transfer cut short
-    or damaged is never loaded (and the file goes, whatever happens)."""
-    return ('tmp=$(mktemp /var/tmp/kit-image.XXXXXX) && trap \'rm -f "$tmp"\' EXIT && cat > "$tmp" && '
-            f'echo "{sha256}  $tmp" | sha256sum -c --quiet - && gunzip -c "$tmp" | docker load')
-
-
 def command(argv: list[str]) -> str:
     return shlex.join(argv)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from kit.errors import KitError
 
@@ -48,7 +48,27 @@ class Runner(Protocol):
 
     def stream_out(self, command: str, on_line: Callable[[str], None]) -> int: ...
 
+    def converse(self, command: str, silence: float) -> "Conversation": ...
+
     def close(self) -> None: ...
+
+
+class Conversation(Protocol):
+    """A command that runs while kit writes to its stdin and reads its stdout line by line."""
+
+    def send(self, data: bytes) -> None:
+        """Raises OSError when the command no longer takes input (over SSH also when it took none for `silence` s)."""
+
+    def end_input(self) -> None: ...
+
+    def lines(self) -> Iterator[str]:
+        """Its stdout, line by line; raises TimeoutError when it says nothing for `silence` seconds."""
+
+    def result(self) -> Result:
+        """Once its output ended: its exit code and the tail of its stderr."""
+
+    def close(self) -> None:
+        """Stop listening: its input ends, which tells a command that watches it to stop."""
 
 
 RETRY_EVERY_S = 0.5

@@ -7,9 +7,10 @@ not the command: kit then stops the job itself, as it does on remote hosts.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import threading
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from kit.runners.base import STALL_S, Result
 
@@ -82,5 +83,52 @@ class LocalRunner:
             on_line(raw.decode(errors="replace").rstrip("\r\n"))
         return proc.wait()
 
+    def converse(self, command: str, silence: float) -> "LocalConversation":
+        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+        return LocalConversation(self.host, command, proc, silence)
+
     def close(self) -> None:
         pass
+
+
+class LocalConversation:
+    """Runner.converse with a process of this machine."""
+
+    def __init__(self, host: str, command: str, proc: subprocess.Popen, silence: float) -> None:
+        self.host, self.command, self.proc, self.silence, self.err = host, command, proc, silence, b""
+
+        def read_stderr() -> None:
+            self.err = proc.stderr.read()
+        self.reader = threading.Thread(target=read_stderr, daemon=True)
+        self.reader.start()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self.proc.stdin.write(view):]
+
+    def end_input(self) -> None:
+        self.proc.stdin.close()
+
+    def lines(self) -> Iterator[str]:
+        out = self.proc.stdout
+        while True:
+            ready, _, _ = select.select([out], [], [], self.silence)
+            if not ready:
+                raise TimeoutError
+            raw = out.readline()  # unbuffered: what select saw is all there is
+            if not raw:
+                return
+            yield raw.decode(errors="replace").rstrip("\r\n")
+
+    def result(self) -> Result:
+        code = self.proc.wait()
+        self.reader.join(5)
+        return Result(self.host, self.command, code, "", self.err.decode(errors="replace"))
+
+    def close(self) -> None:
+        if not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass

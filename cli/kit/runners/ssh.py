@@ -12,7 +12,7 @@ import shlex
 import socket
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import paramiko
 from fabric import Config, Connection
@@ -149,6 +149,9 @@ class SshRunner:
             on_line(raw.decode(errors="replace").rstrip("\r\n"))
         return chan.recv_exit_status()
 
+    def converse(self, command: str, silence: float) -> "SshConversation":
+        return SshConversation(self.host, command, self._session(command, silence))
+
     def _finish(self, chan: paramiko.Channel, command: str) -> Result:
         err: list[bytes] = []
 
@@ -170,3 +173,52 @@ class SshRunner:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class SshConversation:
+    """Runner.converse over one SSH channel; its stderr is read beside, for the result."""
+
+    def __init__(self, host: str, command: str, chan: paramiko.Channel) -> None:
+        self.host, self.command, self.chan, self.err = host, command, chan, b""
+        self.out = chan.makefile("rb")  # one buffer for every read of its lines
+
+        def read_stderr() -> None:  # the channel's timeout is for silence on stdout: stderr may be quiet for long
+            parts = []
+            while True:
+                try:
+                    data = chan.recv_stderr(1 << 16)
+                except socket.timeout:
+                    if chan.closed:
+                        break
+                    continue
+                except (OSError, EOFError):
+                    break
+                if not data:
+                    break
+                parts.append(data)
+            self.err = b"".join(parts)
+        self.reader = threading.Thread(target=read_stderr, daemon=True)
+        self.reader.start()
+
+    def send(self, data: bytes) -> None:
+        self.chan.sendall(data)  # socket.timeout is an OSError
+
+    def end_input(self) -> None:
+        self.chan.shutdown_write()
+
+    def lines(self) -> Iterator[str]:
+        try:
+            for raw in self.out:
+                yield raw.decode(errors="replace").rstrip("\r\n")
+        except socket.timeout:
+            raise TimeoutError from None
+
+    def result(self) -> Result:
+        """Its exit status may come a moment after the end of its output: waited for, within a bound."""
+        self.chan.status_event.wait(10)
+        self.reader.join(5)
+        code = self.chan.recv_exit_status() if self.chan.exit_status_ready() else -1
+        return Result(self.host, self.command, code, "", self.err.decode(errors="replace"))
+
+    def close(self) -> None:
+        self.chan.close()

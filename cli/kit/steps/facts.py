@@ -60,6 +60,8 @@ class HostFacts:
     mount: tuple[str, str] | None = None  # (fstype, source) mounted at the workspace path
     export: str = ""                  # this cluster's line in /etc/exports
     tools: frozenset[str] = frozenset()   # sshfs, exportfs, mount.nfs, fuse (/dev/fuse): what storage needs
+    layer_chains: tuple[tuple[str, ...], ...] = ()  # each image's layers (diff IDs, bottom first)
+    python3: bool = False                 # runs kit's image relay
 
     def foreign(self, cluster: str, owner: Owner) -> Owner | None:
         """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.
@@ -94,6 +96,9 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}tcp'; {tcp} 2>/dev/null",
         f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
         f"echo '{MARK}image'; docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null",
+        f"echo '{MARK}layers'; docker image ls -q --no-trunc 2>/dev/null | sort -u | xargs -r docker image inspect "
+        f"--format '{{{{json .RootFS.Layers}}}}' 2>/dev/null",
+        f"echo '{MARK}python3'; command -v python3",
         f"echo '{MARK}container'; docker inspect --type container --format "
         f"'{{{{json .State.Status}}}} {{{{json .Image}}}} {{{{json .Config.Labels}}}}' {q(container)} 2>/dev/null",
         f"echo '{MARK}kitdir'; test -d {q(kit_dir)} && echo yes",
@@ -205,4 +210,18 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         mount=storage.parse_mount(s.get("mount", "")),
         export=s.get("exports", ""),
         tools=frozenset(s.get("tools", "").split()),
+        layer_chains=_layer_chains(s.get("layers", "")),
+        python3=bool(s.get("python3")),
     )
+
+
+def _layer_chains(text: str) -> tuple[tuple[str, ...], ...]:
+    chains = []
+    for line in text.splitlines():
+        try:
+            layers = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(layers, list) and all(isinstance(d, str) for d in layers):
+            chains.append(tuple(layers))
+    return tuple(chains)

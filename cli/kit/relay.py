@@ -1,0 +1,308 @@
+"""kit's image relay: `kit up` runs it on each host that lacks layers of the image (`python3 -c`, as root).
+
+It receives the missing layers, gzip'd, one after the other (from kit over SSH on
+stdin, or from the host before it in the chain over TCP), hands them to `docker
+load` inside a tar made on the fly, and passes every chunk on to the next host
+while it arrives, so kit's own link carries each byte once.
+
+Trust: what it is told comes from kit over SSH: the layers' sizes and sha256, the
+image's config (whose sha256 is the image ID) and, on stdin (never on a command
+line), this host's one-time token and the next hops' addresses and tokens. A
+peer must present this host's token within a few seconds before it is read; each layer is checked against its sha256 here, and Docker checks each
+layer's content against the config. A transfer that fails or is stopped kills
+`docker load` before the tar ends, so Docker keeps nothing of it.
+
+Standalone on purpose: the standard library of Python 3.6 or later, nothing of kit.
+Talks to kit in lines on stdout:
+    LISTEN port           listening for the host before it (not for the chain's head)
+    NEXT name             forwarding to that host
+    SKIP name reason      that host could not be reached: the next one is tried
+    LOST name reason      the next host stopped taking bytes: the rest of the chain is cut off
+    P received forwarded  progress, twice a second
+    DONE received forwarded
+Exit 0: loaded. Exit 3: the bytes did not arrive whole (the upstream's fault: worth another try). Exit 1: this
+host failed (docker load refused, or kit went away).
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+CHUNK = 1 << 20
+UPSTREAM = 3
+CONNECT_S = 3   # to the next host: on a LAN it answers at once; a firewall that drops costs this much a hop
+TOKEN_S = 5     # for a peer to give the token once connected
+
+
+class Failed(Exception):
+    def __init__(self, message, code=1):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+def say(*words):
+    sys.stdout.write(" ".join(str(w) for w in words) + "\n")
+    sys.stdout.flush()
+
+
+def tar_header(name, size):
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def tar_member(name, data):
+    return tar_header(name, len(data)) + data + padding(len(data))
+
+
+def padding(size):
+    return b"\0" * (-size % 512)
+
+
+def image_tail(config, tag, layers):
+    """What ends the tar `docker load` reads, after the layers: the config, the manifest naming every layer (those
+    the host holds are not in the tar: Docker finds them by their chain) and the end of the archive."""
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": [tag], "Layers": layers}]).encode()
+    return tar_member("config.json", config) + tar_member("manifest.json", manifest) + b"\0" * 1024
+
+
+class FromKit:
+    """The chain's head reads the layers from kit on stdin."""
+
+    def __init__(self, stall):
+        self.stall = stall
+
+    def recv(self, size):
+        ready, _, _ = select.select([0], [], [], self.stall)
+        if not ready:
+            raise Failed("kit sent nothing for %d s" % self.stall, UPSTREAM)
+        return os.read(0, size)
+
+
+class FromPeer:
+    """Every other host reads them from the host before it, once that host gave this host's token."""
+
+    def __init__(self, listener, token, stall):
+        deadline = time.monotonic() + stall
+        while True:
+            listener.settimeout(max(deadline - time.monotonic(), 0.1))
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                raise Failed("no host before this one connected within %d s" % stall, UPSTREAM)
+            try:
+                given = _read_line(conn, len(token) + 1, time.monotonic() + TOKEN_S)
+            except OSError:
+                given = b""
+            if hmac.compare_digest(given, token.encode() + b"\n"):
+                break
+            conn.close()  # not the host kit sent: ignored
+        listener.close()
+        conn.settimeout(stall)
+        self.conn, self.stall = conn, stall
+
+    def recv(self, size):
+        try:
+            return self.conn.recv(size)
+        except socket.timeout:
+            raise Failed("the host before this one sent nothing for %d s" % self.stall, UPSTREAM)
+        except OSError as e:
+            raise Failed("the host before this one went away (%s)" % e, UPSTREAM)
+
+
+def _read_line(conn, limit, deadline):
+    got = b""
+    while not got.endswith(b"\n") and len(got) < limit:
+        conn.settimeout(max(deadline - time.monotonic(), 0.01))
+        part = conn.recv(limit - len(got))
+        if not part:
+            break
+        got += part
+    return got
+
+
+class Next:
+    """The host this one forwards to: the first of `route` that answers; the others are skipped, named."""
+
+    def __init__(self, route, stall):
+        self.conn, self.name, self.sent = None, None, 0
+        for name, address, port, token in route:
+            try:
+                conn = socket.create_connection((address, port), timeout=CONNECT_S)
+                conn.settimeout(stall)
+                conn.sendall(token.encode() + b"\n")
+            except OSError as e:
+                say("SKIP", name, _reason(e))
+                continue
+            self.conn, self.name = conn, name
+            say("NEXT", name)
+            return
+
+    def send(self, data):
+        if self.conn is None:
+            return
+        try:
+            self.conn.sendall(data)
+            self.sent += len(data)
+        except OSError as e:
+            say("LOST", self.name, _reason(e))
+            self.close()
+
+    def close(self):
+        if self.conn is not None:
+            try:
+                self.conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self.conn.close()
+            self.conn = None
+
+
+def _reason(e):
+    if isinstance(e, socket.timeout):
+        return "timed out"
+    return (getattr(e, "strerror", None) or str(e) or type(e).__name__).replace("\n", " ")
+
+
+class Docker:
+    """`docker load` fed with a tar made as the layers arrive; its output kept for the error message. A write that
+    Docker does not take within `stall` kills it, so the relay never waits on it for ever."""
+
+    def __init__(self, stall):
+        self.proc = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.output, self.writing, self.stall, self.stuck = [], None, stall, False
+        reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()))
+        reader.daemon = True
+        reader.start()
+        self.reader = reader
+        watchdog = threading.Thread(target=self._watch)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def _watch(self):
+        while self.proc.poll() is None:
+            since = self.writing
+            if since is not None and time.monotonic() - since > self.stall:
+                self.stuck = True
+                self.kill()
+            time.sleep(1)
+
+    def write(self, data):
+        self.writing = time.monotonic()
+        try:
+            self.proc.stdin.write(data)
+        except OSError:
+            if self.stuck:
+                raise Failed("docker load took nothing for %d s" % self.stall)
+            raise Failed("docker load stopped reading: " + self.said())
+        finally:
+            self.writing = None
+
+    def said(self):
+        self.reader.join(5)
+        text = b"".join(self.output).decode("utf-8", "replace").strip()
+        return "\n".join(text.splitlines()[-15:]) or "(no output)"
+
+    def finish(self, limit, heartbeat):
+        self.proc.stdin.close()
+        deadline = time.monotonic() + limit
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise Failed("docker load did not finish within %d s" % limit)
+            heartbeat()
+            time.sleep(0.5)
+        if self.proc.returncode != 0:
+            raise Failed("docker load failed (exit %d): %s" % (self.proc.returncode, self.said()))
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def watch_kit(abort):
+    """A host that is not the head hears nothing more from kit on stdin: its end means kit stopped this transfer."""
+    def watch():
+        while os.read(0, 4096):
+            pass
+        abort("kit stopped the transfer")
+    thread = threading.Thread(target=watch)
+    thread.daemon = True
+    thread.start()
+
+
+def main():
+    p = json.loads(sys.argv[1])
+    stall = p["stall"]
+    listener = None
+    if p["listen"]:
+        family = socket.AF_INET6 if ":" in p["bind"] else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.bind((p["bind"], 0))
+        listener.listen(4)
+        say("LISTEN", listener.getsockname()[1])
+    line = b""
+    while not line.endswith(b"\n"):  # byte by byte: what follows on stdin is the head's data
+        part = os.read(0, 1)
+        if not part:
+            raise Failed("kit went away before the transfer started")
+        line += part
+    told = json.loads(line.decode())
+    docker = Docker(stall)
+
+    def abort(why):
+        docker.kill()
+        sys.stderr.write(why + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+    if listener is not None:
+        watch_kit(abort)
+    try:
+        upstream = FromPeer(listener, told["token"], stall) if listener is not None else FromKit(stall)
+        forward = Next(told["next"], stall)
+        received, last = 0, 0.0
+        total = sum(size for _, size, _ in p["blobs"])
+        for name, size, sha256 in p["blobs"]:
+            docker.write(tar_header(name, size))
+            digest, left = hashlib.sha256(), size
+            while left:
+                data = upstream.recv(min(CHUNK, left))
+                if not data:
+                    raise Failed("the stream ended at byte %d of %d" % (received, total), UPSTREAM)
+                forward.send(data)
+                digest.update(data)
+                docker.write(data)
+                left -= len(data)
+                received += len(data)
+                if time.monotonic() - last > 0.5:
+                    say("P", received, forward.sent)
+                    last = time.monotonic()
+            if digest.hexdigest() != sha256:
+                raise Failed("layer %s arrived damaged (sha256 differs)" % name, UPSTREAM)
+            docker.write(padding(size))
+        forward.close()
+        say("P", received, forward.sent)
+        docker.write(image_tail(p["config"].encode(), p["tag"], p["layers"]))
+        docker.finish(p["load_limit"], lambda: say("P", received, forward.sent))
+        say("DONE", received, forward.sent)
+    except Failed as e:
+        docker.kill()
+        sys.stderr.write(str(e) + "\n")
+        sys.exit(e.code)
+    except BaseException:
+        docker.kill()  # before the manifest is written Docker keeps nothing; killed, it stops at once
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The image's layers on their way to the hosts: which a host lacks, and kit's relay (kit/relay.py) run for real
+as two hops of a chain on this machine, over TCP on loopback, with `docker` a recorder of what it would load."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kit import relay
+from kit.steps.distribute import RELAY_SCRIPT, Sent
+from kit.steps.facts import parse_facts
+from kit.steps.image import present
+
+A, B, C, D = (f"sha256:{c * 64}" for c in "abcd")
+
+
+def test_a_host_holds_the_longest_start_of_the_images_chain_that_one_of_its_images_shares():
+    image = (A, B, C)
+    assert present(image, ()) == 0
+    assert present(image, ((A, B, D),)) == 2            # the old image: all but the top layer
+    assert present(image, ((A,), (A, B, C, D))) == 3    # a child of the image holds it whole
+    assert present(image, ((B, C),)) == 0               # the same layer on another base is another layer
+
+
+def test_the_facts_read_each_images_layers_and_python3():
+    text = ("@@kit layers\n" + json.dumps([A, B]) + "\n" + json.dumps([A, C]) + "\nnot json\n"
+            "@@kit python3\n/usr/bin/python3\n@@kit end\n")
+    f = parse_facts(0, text)
+    assert f.layer_chains == ((A, B), (A, C)) and f.python3
+    assert not parse_facts(0, "@@kit python3\n@@kit end\n").python3
+
+
+def test_the_summary_says_what_left_this_machine_and_what_went_between_hosts():
+    s = Sent(8, 2, 14, 120_000_000, 2_100_000_000, 121_000_000, 847_000_000, 31.5,
+             ("h3: not reached from h2 (timed out); routed around",))
+    assert str(s).splitlines() == [
+        "sent 2 of the image's 14 layers (120.0 MB compressed; the image is 2.10 GB) to 8 hosts in 31.5 s: "
+        "121.0 MB left this machine, 847.0 MB went from host to host",
+        "h3: not reached from h2 (timed out); routed around"]
+
+
+# ---------------------------------------------------------------- the relay, for real
+
+def _blob(data: bytes, name: str) -> tuple[bytes, list]:
+    packed = gzip.compress(data, 1)
+    return packed, [name, len(packed), hashlib.sha256(packed).hexdigest()]
+
+
+@pytest.fixture
+def recorder(tmp_path) -> dict:
+    """`docker` on PATH that keeps what `docker load` would read, one file per host folder."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = load ] || exit 2\nout="${KIT_TEST_LOADED:-$KIT_TEST_DIR/$$.tar}"\n'
+                                    'cat > "$out" && echo "input ended" > "$out.end"\n')
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def _relay(env: dict, loaded: Path, listen: bool, blobs: list, stall: float = 10) -> subprocess.Popen:
+    params = {"listen": listen, "bind": "127.0.0.1", "blobs": blobs, "layers": [b[0] for b in blobs],
+              "config": '{"architecture": "amd64"}', "tag": "kit-test:1", "stall": stall, "load_limit": 30}
+    return subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, json.dumps(params)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "KIT_TEST_LOADED": str(loaded)})
+
+
+def _loaded(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, recorder):
+    one, two = _blob(b"layer one" * 1000, "one.tar.gz"), _blob(os.urandom(3 << 20), "two.tar.gz")
+    blobs = [one[1], two[1]]
+    second = _relay(recorder, tmp_path / "second.tar", True, blobs)
+    port = int(second.stdout.readline().split()[1])
+    second.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    second.stdin.flush()
+    # strangers are ignored: one with a wrong token, one that says nothing (for its few seconds); the chain goes on
+    with socket.create_connection(("127.0.0.1", port)) as wrong, socket.create_connection(("127.0.0.1", port)):
+        wrong.sendall(b"x" * 32 + b"\n")
+        head = _relay(recorder, tmp_path / "head.tar", False, blobs)
+        route = [["nobody", "127.0.0.1", _free_port(), "u" * 32], ["second", "127.0.0.1", port, "t" * 32]]
+        told = json.dumps({"token": None, "next": route}).encode() + b"\n"
+        out, err = head.communicate(told + one[0] + two[0], timeout=60)
+    lines = out.decode().splitlines()
+    assert head.returncode == 0, err.decode()
+    assert lines[0].startswith("SKIP nobody ") and lines[1] == "NEXT second", lines
+    total = len(one[0]) + len(two[0])
+    assert lines[-1] == f"DONE {total} {total}"
+    assert second.wait(timeout=60) == 0, second.stderr.read().decode()  # its input open: kit is still there
+    second.stdin.close()
+    assert second.stdout.read().decode().splitlines()[-1] == f"DONE {total} 0"
+    for path in (tmp_path / "head.tar", tmp_path / "second.tar"):
+        files = _loaded(path)
+        assert files["one.tar.gz"] == one[0] and files["two.tar.gz"] == two[0]
+        assert json.loads(files["manifest.json"]) == [{"Config": "config.json", "RepoTags": ["kit-test:1"],
+                                                      "Layers": ["one.tar.gz", "two.tar.gz"]}]
+        assert files["config.json"] == b'{"architecture": "amd64"}'
+
+
+def test_a_layer_damaged_on_the_way_is_never_given_whole_to_docker(tmp_path, recorder):
+    good = _blob(b"the layer" * 1000, "one.tar.gz")
+    damaged = bytearray(good[0])
+    damaged[len(damaged) // 2] ^= 0xFF
+    head = _relay(recorder, tmp_path / "head.tar", False, [good[1]])
+    _, err = head.communicate(json.dumps({"token": None, "next": []}).encode() + b"\n" + bytes(damaged), timeout=60)
+    assert head.returncode == relay.UPSTREAM and b"arrived damaged" in err
+    loaded = tmp_path / "head.tar"  # docker load was killed: its input never ended as a tar does
+    assert not (tmp_path / "head.tar.end").exists()
+    assert not loaded.exists() or b"manifest.json" not in loaded.read_bytes()
+
+
+def test_a_stream_cut_short_and_a_silent_upstream_end_the_relay_with_the_reason(tmp_path, recorder):
+    blob = _blob(os.urandom(1 << 20), "one.tar.gz")
+    head = _relay(recorder, tmp_path / "head.tar", False, [blob[1]])
+    _, err = head.communicate(json.dumps({"token": None, "next": []}).encode() + b"\n" + blob[0][:1000], timeout=60)
+    assert head.returncode == relay.UPSTREAM and b"ended at byte 1000 of" in err
+    assert not (tmp_path / "head.tar.end").exists()
+    waiting = _relay(recorder, tmp_path / "w.tar", True, [blob[1]], stall=1)
+    waiting.stdout.readline()
+    waiting.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    waiting.stdin.flush()
+    assert waiting.wait(timeout=30) == relay.UPSTREAM
+    assert b"no host before this one connected within 1 s" in waiting.stderr.read()
+
+
+def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes_around_one_that_cannot_listen(
+        tmp_path, recorder, monkeypatch):
+    """distribute() with four hosts on this machine (LocalRunner, relays over loopback): the chain's bytes leave
+    here once; a host whose relay cannot listen (its address is not this machine's) is named and sent its layers
+    from here; every host's `docker load` reads the same whole tar."""
+    from kit.inventory import Host
+    from kit.place import Place
+    from kit.runners.local import LocalRunner
+    from kit.steps.distribute import distribute
+    from kit.steps.facts import HostFacts
+    from kit.steps.image import Blob, Layers, LocalImage
+    from kit.steps.node import Node
+
+    monkeypatch.setenv("PATH", recorder["PATH"])
+    monkeypatch.setenv("KIT_TEST_DIR", str(tmp_path))
+    monkeypatch.delenv("KIT_TEST_LOADED", raising=False)
+    blobs = []
+    for n, data in enumerate((b"base" * 100_000, os.urandom(2 << 20))):
+        path = tmp_path / f"{n}.tar.gz"
+        path.write_bytes(gzip.compress(data, 1))
+        blobs.append(Blob(f"sha256:{n}" * 8, path, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()))
+    image = LocalImage("kit-test:1", "sha256:" + "f" * 64, 10 << 20, None, tuple(b.diff_id for b in blobs))
+    layers = Layers(image, image.diff_ids, b'{"config": 1}', tuple(blobs), 0)
+    nodes = [Node(Host(f"h{i}"), LocalRunner(f"h{i}"), Place("c", str(tmp_path)),
+                  address="192.0.2.1" if i == 2 else "127.0.0.1", facts=HostFacts(0, "20.10", python3=True))
+             for i in range(4)]
+
+    class Seen:
+        def __init__(self):
+            self.done: dict[str, int] = {}
+
+        def status(self, host, text):
+            pass
+
+        def transfer(self, host, done, total):
+            self.done[host] = max(done, self.done.get(host, 0))
+    seen = Seen()
+    sent = distribute(nodes, layers, {n.name: 0 for n in nodes}, seen, stall=10)
+    stream = sum(b.size for b in blobs)
+    assert sent.routes == ("h2: its relay did not start (OSError: [Errno 99] Cannot assign requested address); "
+                           "routed around it and sent its layers from here",)
+    assert 0 <= sent.from_here - 2 * stream < 8192  # the chain's head, and h2 (as a tar: headers, config, manifest)
+    assert sent.between_hosts == 2 * stream  # h0 -> h1 -> h3
+    assert seen.done == {n.name: stream for n in nodes}
+    loads = sorted(tmp_path.glob("*.tar"))
+    assert len(loads) == 4 and all(Path(f"{p}.end").exists() for p in loads)
+    for path in loads:
+        files = _loaded(path)
+        assert [files[b.name] for b in blobs] == [b.path.read_bytes() for b in blobs]
+        assert files["config.json"] == b'{"config": 1}'
+
+
+def test_the_relays_tar_is_what_tarfile_reads():
+    data = b"x" * 1000
+    raw = relay.tar_header("a.tar.gz", len(data)) + data + relay.padding(len(data)) + relay.image_tail(
+        b"{}", "t:1", ["a.tar.gz"])
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        assert [m.name for m in tar] == ["a.tar.gz", "config.json", "manifest.json"]
+
+
+# ---------------------------------------------------------------- the extras' delta (images/venv_delta.py)
+
+def _tree(root: Path) -> dict[str, object]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = ("link", os.readlink(path)) if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+    return out
+
+
+def test_the_extras_delta_laid_over_the_old_venv_gives_the_venv_they_made(tmp_path):
+    """What the final image does: remove what the list names from torch's venv, then copy the delta over it."""
+    import shutil
+
+    script = Path(__file__).parents[2] / "images" / "venv_delta.py"
+    venv = tmp_path / "venv"
+    for rel, data in {"bin/python": b"py", "lib/site/numpy/core.py": b"np 2", "lib/site/numpy-2.0.dist-info/RECORD": b"r",
+                      "lib/site/torch/__init__.py": b"torch", "lib/site/pkg/a.py": b"a", "lib/site/real/a.py": b"b"}.items():
+        (venv / rel).parent.mkdir(parents=True, exist_ok=True)
+        (venv / rel).write_bytes(data)
+    old = tmp_path / "old"
+    shutil.copytree(venv, old, symlinks=True)
+    subprocess.run([sys.executable, script, "snapshot", venv, tmp_path / "before.json"], check=True)
+    # a pip install that adds a package and a script link, swaps numpy 2.0 for 1.26 (files changed and removed), and
+    # turns a folder into a link
+    (venv / "lib/site/tqdm").mkdir()
+    (venv / "lib/site/tqdm/__init__.py").write_bytes(b"tqdm")
+    (venv / "bin/tqdm").symlink_to("../lib/site/tqdm/__init__.py")
+    (venv / "lib/site/numpy/core.py").write_bytes(b"np 1.26!")
+    shutil.rmtree(venv / "lib/site/numpy-2.0.dist-info")
+    (venv / "lib/site/numpy-1.26.dist-info").mkdir()
+    (venv / "lib/site/numpy-1.26.dist-info/RECORD").write_bytes(b"r2")
+    shutil.rmtree(venv / "lib/site/pkg")
+    (venv / "lib/site/pkg").symlink_to("real")
+    delta, removed = tmp_path / "delta", tmp_path / "removed"
+    subprocess.run([sys.executable, script, "delta", venv, tmp_path / "before.json", delta, removed], check=True,
+                   capture_output=True)
+    assert "torch" not in {p.name for p in delta.rglob("*")}  # what did not change stays in the layer below
+    assert removed.read_text().splitlines() == ["lib/site/numpy-2.0.dist-info", "lib/site/pkg"]  # topmost only
+    for rel in removed.read_text().splitlines():  # as `xargs rm -rf` does
+        target = old / rel
+        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    shutil.copytree(delta, old, symlinks=True, dirs_exist_ok=True)
+    assert _tree(old) == _tree(venv)
