@@ -41,10 +41,11 @@ def test_the_facts_read_each_images_layers_and_python3():
 
 
 def test_the_summary_says_what_left_this_machine_and_what_went_between_hosts():
-    s = Sent(8, 2, 14, 120_000_000, 2_100_000_000, 121_000_000, 847_000_000, 31.5,
+    s = Sent(8, 2, 14, 120_000_000, 2_100_000_000, 121_000_000, 847_000_000, 31.5, 12.25,
              ("h3: not reached from h2 (timed out); routed around",))
     assert str(s).splitlines() == [
-        "sent 2 of the image's 14 layers (120.0 MB compressed; the image is 2.10 GB) to 8 hosts in 31.5 s: "
+        "sent 2 of the image's 14 layers (120.0 MB compressed; the image is 2.10 GB) to 8 hosts in 31.5 s (every "
+        "byte was there after 12.2 s): "
         "121.0 MB left this machine, 847.0 MB went from host to host",
         "h3: not reached from h2 (timed out); routed around"]
 
@@ -185,6 +186,7 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
     assert 0 <= sent.from_here - 2 * stream < 8192  # the chain's head, and h2 (as a tar: headers, config, manifest)
     assert sent.between_hosts == 2 * stream  # h0 -> h1 -> h3
     assert seen.done == {n.name: stream for n in nodes}
+    assert 0 < sent.arrived <= sent.seconds
     loads = sorted(tmp_path.glob("*.tar"))
     assert len(loads) == 4 and all(Path(f"{p}.end").exists() for p in loads)
     for path in loads:

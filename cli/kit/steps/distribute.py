@@ -60,12 +60,14 @@ class Sent:
     from_here: int         # bytes that left this machine
     between_hosts: int     # bytes the hosts passed on to each other
     seconds: float
+    arrived: float         # seconds until every host had every byte (the rest: docker load applying the layers)
     routes: tuple[str, ...] = ()  # hosts routed around, and why
 
     def __str__(self) -> str:
         hosts = f"{self.hosts} host{'s' if self.hosts > 1 else ''}"
         line = (f"sent {self.layers} of the image's {self.image_layers} layers ({self.stream_bytes / 1e6:,.1f} MB "
-                f"compressed; the image is {self.image_bytes / 1e9:.2f} GB) to {hosts} in {self.seconds:.1f} s: "
+                f"compressed; the image is {self.image_bytes / 1e9:.2f} GB) to {hosts} in {self.seconds:.1f} s (every byte "
+                f"was there after {self.arrived:.1f} s): "
                 f"{self.from_here / 1e6:,.1f} MB left this machine, {self.between_hosts / 1e6:,.1f} MB went from "
                 f"host to host")
         return "\n".join([line, *self.routes])
@@ -102,8 +104,9 @@ def distribute(nodes: list[Node], layers: Layers, starts: dict[str, int], progre
                stall: float = STALL_S) -> Sent:
     """Each node's layers from starts[name] up; raises HostsFailed naming each host that did not load the image."""
     began = time.monotonic()
+    arrivals = _Arrivals(progress)
     with ThreadPoolExecutor(max_workers=len(nodes) + 1) as pool:
-        run = _Distribution(layers, starts, progress, stall, pool)
+        run = _Distribution(layers, starts, arrivals, stall, pool)
         chained = [n for n in nodes if n.facts.python3 and not n.place.private]
         for n in nodes:
             if n not in chained:
@@ -119,7 +122,23 @@ def distribute(nodes: list[Node], layers: Layers, starts: dict[str, int], progre
         raise HostsFailed("copying the image", run.failures)
     streams = [layers.stream(starts[n.name]) for n in nodes]
     return Sent(len(nodes), max(map(len, streams)), len(layers.diff_ids), max(sum(b.size for b in s) for s in streams),
-                layers.image.size, run.from_here, run.between, time.monotonic() - began, tuple(run.routes))
+                layers.image.size, run.from_here, run.between, time.monotonic() - began,
+                max(arrivals.at.values(), default=began) - began, tuple(run.routes))
+
+
+class _Arrivals:
+    """Progress passed on, and when each host had every byte of its layers."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.at = progress, {}
+
+    def status(self, host: str, text: str) -> None:
+        self.progress.status(host, text)
+
+    def transfer(self, host: str, done: int, total: int) -> None:
+        if done >= total and host not in self.at:
+            self.at[host] = time.monotonic()
+        self.progress.transfer(host, done, total)
 
 
 class _Distribution:
