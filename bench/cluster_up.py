@@ -12,28 +12,25 @@ never passes or fails on them.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, make_project, timed_kit  # noqa: E402
+from harness import Lab, image_summary, make_project, timed_kit  # noqa: E402
 
 
 def copied(output: str) -> tuple[float, float, float]:
-    """(seconds, image GB, compressed MB) from kit up's summary line."""
-    m = re.search(r"layers \(([\d,.]+) MB compressed; the image is ([\d.]+) GB\) to \d+ hosts? in ([\d.]+) s", output)
-    return float(m[3]), float(m[2]), float(m[1].replace(",", ""))
+    """(seconds, image GB, compressed MB) from kit up's image summary."""
+    figures = image_summary(output)
+    return figures["seconds"], figures["image_gb"], figures["stream_mb"]
 
 
 def fresh(lab: Lab, project: Path) -> None:
     """Down, and the image gone from every host, so the next up is a cold one."""
     timed_kit(lab, project, "down")
-    for h in lab.hosts:
-        for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
-            h.docker("image", "rm", "-f", tag, check=False)
+    lab.forget_images()
 
 
 def main() -> None:

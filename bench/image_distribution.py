@@ -24,32 +24,21 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "lab")]
-from harness import Lab, make_project, timed_kit  # noqa: E402
+from harness import Lab, image_summary, make_project, timed_kit  # noqa: E402
 from helpers import run_kit  # noqa: E402
 
 EXTRA = "tqdm"  # the extra package the second build adds: small, pure Python
 
 
 def sent(output: str) -> dict:
-    m = re.search(r"sent (\d+) of the image's (\d+) layers \(([\d,.]+) MB compressed; the image is ([\d.]+) GB\) to "
-                  r"(\d+) hosts? in ([\d.]+) s \(every byte was there after ([\d.]+) s\): ([\d,.]+) MB left this "
-                  r"machine, ([\d,.]+) MB went from host to host",
-                  output)
-    if not m:
+    figures = image_summary(output)
+    if figures is None:
         sys.exit(f"no image summary in kit up's output:\n{output[-3000:]}")
-    mb = lambda i: float(m[i].replace(",", ""))  # noqa: E731
-    return {"layers": int(m[1]), "of": int(m[2]), "stream_mb": mb(3), "image_gb": float(m[4]), "hosts": int(m[5]),
-            "seconds": float(m[6]), "arrived": float(m[7]), "from_here_mb": mb(8), "between_mb": mb(9)}
-
-
-def forget_images(lab: Lab) -> None:
-    for h in lab.hosts:
-        for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
-            h.docker("image", "rm", "-f", tag, check=False)
+    return figures
 
 
 def cold_up(lab: Lab, project: Path, hosts_file: str) -> tuple[float, dict]:
-    forget_images(lab)
+    lab.forget_images()
     seconds, out = timed_kit(lab, project, "up", "--hosts", hosts_file)
     timed_kit(lab, project, "down")
     return seconds, sent(out)
@@ -74,7 +63,7 @@ def main() -> None:
         runs = {k: cold_up(lab, project, f"hosts{k}.txt") for k in counts}
 
         # The extra packages change: the image's top layers alone are new, and only they travel.
-        forget_images(lab)
+        lab.forget_images()
         timed_kit(lab, project, "up", "--hosts", f"hosts{max(counts)}.txt")
         config = yaml.safe_load((project / "kit.yaml").read_text())
         config["build"] = {**config.get("build", {}), "pip_packages": [EXTRA]}

@@ -324,6 +324,12 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", *token_bucket(rate))
             sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", *token_bucket(rate))
 
+    def forget_images(self) -> None:
+        """No host holds any image: the next up sends every layer."""
+        for h in self.hosts:
+            for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
+                h.docker("image", "rm", "-f", tag, check=False)
+
     def shape_uplink(self, rate: str) -> None:
         """The workstation's own link to the lab limited to `rate`, what it sends: a token bucket on the bridge, whose
         qdisc holds what the root namespace sends into it (what the hosts send each other goes port to port)."""
@@ -364,6 +370,22 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 
     def unblock(self, h: LabHost) -> None:
         h.run_in("iptables", "-D", "INPUT", "-j", "DROP", check=False)
+
+
+IMAGE_SUMMARY = re.compile(
+    r"sent (\d+) of the image's (\d+) layers \(([\d,.]+) MB compressed; the image is ([\d.]+) GB\) to (\d+) hosts? in "
+    r"([\d.]+) s \(every byte was there after ([\d.]+) s\): ([\d,.]+) MB left this machine, ([\d,.]+) MB went from "
+    r"host to host")
+
+
+def image_summary(output: str) -> dict | None:
+    """The figures of kit up's image summary line, or None when it printed none."""
+    m = IMAGE_SUMMARY.search(output)
+    if not m:
+        return None
+    mb = lambda i: float(m[i].replace(",", ""))  # noqa: E731
+    return {"layers": int(m[1]), "of": int(m[2]), "stream_mb": mb(3), "image_gb": float(m[4]), "hosts": int(m[5]),
+            "seconds": float(m[6]), "arrived": float(m[7]), "from_here_mb": mb(8), "between_mb": mb(9)}
 
 
 def token_bucket(rate: str) -> list[str]:

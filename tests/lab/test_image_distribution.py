@@ -9,37 +9,24 @@ import time
 
 import pytest
 
-from harness import lab_cluster
+from harness import image_summary, lab_cluster
 
 pytestmark = pytest.mark.lab
-
-
-def forget_images(lab) -> None:
-    """No host holds any image: the next up sends every layer."""
-    for h in lab.hosts:
-        for tag in h.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split():
-            h.docker("image", "rm", "-f", tag, check=False)
 
 
 def image_id(h, tag: str) -> str:
     return h.docker("image", "inspect", "--format", "{{.Id}}", tag, check=False).stdout.strip()
 
 
-def summary(out: str) -> tuple[int, float, float, float]:
-    """(layers sent, MB compressed, MB that left this machine, MB between hosts) from up's summary."""
-    m = re.search(r"sent (\d+) of the image's \d+ layers \(([\d,.]+) MB compressed; .*?: ([\d,.]+) MB left this "
-                  r"machine, ([\d,.]+) MB went from host to host", out)
-    assert m, out
-    return int(m[1]), *(float(m[i].replace(",", "")) for i in (2, 3, 4))
-
-
 def test_a_host_the_others_cannot_reach_is_routed_around_and_the_rest_pass_the_layers_on(project, lab):
     h1, h2, h3 = lab.hosts
-    forget_images(lab)
+    lab.forget_images()
     lab.wall_off(h2)  # h1's relay cannot reach h2's: h1 passes the layers on to h3, and h2 gets them from here
     try:
         with lab_cluster(lab, project, "lab", "--hosts", "hosts.txt") as up:
-            layers, stream, from_here, between = summary(up.stdout)
+            figures = image_summary(up.stdout)
+            assert figures, up.stdout
+            stream, from_here, between = figures["stream_mb"], figures["from_here_mb"], figures["between_mb"]
             assert (f"{h2.address}: not reached from {h1.address} (timed out); routed around it and sent its layers "
                     "from here") in up.stdout
             assert abs(from_here - 2 * stream) <= 2 and abs(between - stream) <= 2, up.stdout
@@ -55,7 +42,7 @@ def up_tag(out: str) -> str:
 
 def test_a_host_whose_link_is_cut_mid_way_keeps_nothing_and_the_next_up_completes(project, lab):
     h1, h2, h3 = lab.hosts
-    forget_images(lab)
+    lab.forget_images()
     up = subprocess.Popen([sys.executable, "-m", "kit", "up", "--hosts", "hosts.txt"], cwd=project, text=True,
                           env={**os.environ, "COLUMNS": "200", **lab.env}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
