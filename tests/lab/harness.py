@@ -84,6 +84,13 @@ class LabHost:
                 continue
         return found
 
+    def engine_cpu(self) -> float:
+        """CPU seconds its Docker engine has used so far, with the children it reaped (the processes that untar
+        layers): what a `docker load` costs this host, read before and after."""
+        pid = (self.run / "docker.pid").read_text().strip()
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
     def own_kit_dir(self) -> bool:
         """Its /var/lib/kit is still its own folder (the lab's bind mount in its mount namespace), not the one
         every namespace shares. Removing /var/lib/kit anywhere detaches that mount (Linux >= 3.18)."""
