@@ -9,7 +9,9 @@ dockerd; see tests/lab/harness.py) and removes it afterwards. Shaped, this
 machine's link into the lab is a token bucket of --uplink (tc tbf on the lab's
 bridge) and each host's link one of --host-rate, so the network, not the two
 cores the hosts share, should bound the copy. Each `up` starts with no image on
-any host. Prints figures and ratios; never passes or fails on them.
+any host. It reads what each host's Docker engine spends (CPU time) and prints
+the least time that many loads take on this machine's shared cores, beside the
+figures and ratios; never passes or fails on them.
 """
 
 from __future__ import annotations
