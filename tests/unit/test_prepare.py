@@ -1,5 +1,6 @@
 """`kit prepare`: the inventory it writes and the playbooks it runs."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,28 @@ def test_the_firewall_keeps_the_cluster_port_and_the_job_ports_to_the_cluster_ov
     env.filters["product"] = lambda a, b: __import__("itertools").product(a, b)
     items = env.from_string(refuse["loop"]).render(kit_ssh_port=12345, kit_port_range={"stdout": "32768\t60999\n"})
     assert items == str([("ipv4", "12345"), ("ipv4", "32768:60999"), ("ipv6", "12345"), ("ipv6", "32768:60999")])
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_an_installed_engine_is_kept_not_replaced_by_the_distributions(engine, tmp_path):
+    """docker-ce (Docker's own packages) conflicts with docker.io: where any dockerd is on PATH the role installs no
+    engine package. The role runs on this machine in check mode, on a PATH of this machine's programs without its
+    dockerd, plus one where `engine`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for program in Path(folder).iterdir():
+            if program.name != "dockerd" and not (bin_dir / program.name).exists():
+                (bin_dir / program.name).symlink_to(program)
+    if engine:
+        (bin_dir / "dockerd").write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / "dockerd").chmod(0o755)
+    play = tmp_path / "play.yml"
+    play.write_text(f"- hosts: localhost\n  gather_facts: true\n  roles:\n    - {REPO / 'ansible/roles/docker'}\n")
+    r = subprocess.run([ansible_playbook(), "-i", "localhost,", "-c", "local", "--check", str(play)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={"PATH": str(bin_dir), "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+                            "ANSIBLE_PYTHON_INTERPRETER": sys.executable})
+    ran = re.search(r"TASK \[[^\]]*: Docker engine package\] \**\n(\w+)", r.stdout)
+    assert ran, r.stdout + r.stderr
+    assert (ran[1] == "skipping") == engine, r.stdout
