@@ -1,6 +1,7 @@
 """The rendered recipe: essentials of each flavor, and tags that follow the inputs."""
 
 import re
+import subprocess
 from importlib.resources import files
 
 from kit.config import ConfigFile, build_config
@@ -148,6 +149,21 @@ def test_extras_are_the_final_images_top_layers_so_a_change_of_them_changes_only
         if flavor == "cpu":
             assert final.index("dist/*.whl") < final.index("COPY --from=extras")
         assert "tqdm" not in final and "venv_delta" not in final
+
+
+def test_torch_stage_drops_torchs_cpp_test_programs_and_keeps_what_runs(tmp_path):
+    """The rendered removal, run against a torch folder shaped like 2.13's CPU wheel (with the venv moved under
+    tmp_path): the C++ tests go, torch_shm_manager (multiprocessing's sharing), protoc and the libraries stay."""
+    torch_stage = stages(recipe(flavor="cpu").dockerfile)["torch"][1]
+    removal = next(part for part in torch_stage.split("&&") if "/torch/test" in part).strip()
+    torch = tmp_path / "opt/venv/lib/python3.11/site-packages/torch"
+    for rel in ("test/atest", "test/Dict_test", "bin/FileStoreTest", "bin/TCPStoreTest", "bin/test_api",
+                "bin/test_jit", "bin/torch_shm_manager", "bin/protoc", "lib/libtorch_cpu.so", "lib/libc10.so"):
+        (torch / rel).parent.mkdir(parents=True, exist_ok=True)
+        (torch / rel).write_bytes(b"x")
+    subprocess.run(["sh", "-c", removal.replace("/opt/venv", str(tmp_path / "opt/venv"))], check=True)
+    left = sorted(str(f.relative_to(torch)) for f in torch.rglob("*") if f.is_file())
+    assert left == ["bin/protoc", "bin/torch_shm_manager", "lib/libc10.so", "lib/libtorch_cpu.so"]
 
 
 def test_horovod_source_replaces_the_release():
