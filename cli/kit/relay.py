@@ -54,9 +54,10 @@ def say(*words):
 
 
 def tar_header(name, size):
+    """A plain ustar header; a layer of 8 GiB or more (a CUDA image's can be) gets a pax record for its size."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o644, 0
-    return info.tobuf(format=tarfile.USTAR_FORMAT)
+    return info.tobuf(format=tarfile.PAX_FORMAT)
 
 
 def tar_member(name, data):
@@ -178,7 +179,7 @@ class Docker:
 
     def __init__(self, stall):
         self.proc = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, bufsize=0)  # every write under the watchdog
         self.output, self.writing, self.stall, self.stuck = [], None, stall, False
         reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()))
         reader.daemon = True
@@ -199,7 +200,9 @@ class Docker:
     def write(self, data):
         self.writing = time.monotonic()
         try:
-            self.proc.stdin.write(data)
+            view = memoryview(data)
+            while view:
+                view = view[self.proc.stdin.write(view):]
         except OSError:
             if self.stuck:
                 raise Failed("docker load took nothing for %d s" % self.stall)

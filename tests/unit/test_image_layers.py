@@ -203,6 +203,17 @@ def test_the_relays_tar_is_what_tarfile_reads():
         assert [m.name for m in tar] == ["a.tar.gz", "config.json", "manifest.json"]
 
 
+def test_a_layer_of_8_gib_or_more_gets_a_header_that_says_its_size():
+    """ustar's size field ends below 8 GiB; a CUDA image's torch layer can pass it (a pax record carries it)."""
+    name, size = "b" * 64 + ".tar.gz", (9 << 30) + 5
+    with tarfile.open(fileobj=io.BytesIO(relay.tar_header(name, size)), mode="r|") as tar:
+        member = tar.next()
+    assert (member.name, member.size) == (name, size)
+    plain = tarfile.TarInfo(name)
+    plain.size, plain.mode, plain.mtime = 1000, 0o644, 0
+    assert relay.tar_header(name, 1000) == plain.tobuf(format=tarfile.USTAR_FORMAT)  # below that: as it always was
+
+
 # ---------------------------------------------------------------- the extras' delta (images/venv_delta.py)
 
 def _tree(root: Path) -> dict[str, object]:
