@@ -18,6 +18,14 @@ def test_fresh_host():
     assert f.kit_files == {} and not f.kit_dir_exists and not f.workspace_exists
     assert f.gpus == 0 and "runc" in f.runtimes and "nvidia" not in f.runtimes
     assert (f.memlock_kb, f.can_raise_limits, f.memlock) == (8192, False, "8388608:8388608")
+    assert not f.containerd_store  # overlay2: Docker's own image store
+
+
+def test_dockers_containerd_image_store_is_told_by_its_driver_status():
+    """What Docker 29 on a new install says (`docker info`: driver overlayfs, this driver-type)."""
+    f = parse_facts(0, '@@kit driverstatus\n[["driver-type","io.containerd.snapshotter.v1"]]\n@@kit end\n')
+    assert f.containerd_store
+    assert not parse_facts(0, "@@kit driverstatus\nnull\n@@kit end\n").containerd_store  # a Docker that says none
 
 
 def test_host_of_a_cluster():

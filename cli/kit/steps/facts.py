@@ -62,6 +62,7 @@ class HostFacts:
     tools: frozenset[str] = frozenset()   # sshfs, exportfs, mount.nfs, fuse (/dev/fuse): what storage needs
     layer_chains: tuple[tuple[str, ...], ...] = ()  # each image's layers (diff IDs, bottom first)
     python3: bool = False                 # runs kit's image relay
+    containerd_store: bool = False        # Docker keeps images in containerd's image store (29's default)
 
     def foreign(self, cluster: str, owner: Owner) -> Owner | None:
         """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.
@@ -107,6 +108,7 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
         f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
         f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}' 2>/dev/null",
+        f"echo '{MARK}driverstatus'; docker info --format '{{{{json .DriverStatus}}}}' 2>/dev/null",
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
@@ -212,7 +214,15 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         tools=frozenset(s.get("tools", "").split()),
         layer_chains=_layer_chains(s.get("layers", "")),
         python3=bool(s.get("python3")),
+        containerd_store=_containerd_store(s.get("driverstatus", "")),
     )
+
+
+def _containerd_store(driver_status: str) -> bool:
+    try:
+        return ["driver-type", "io.containerd.snapshotter.v1"] in json.loads(driver_status)
+    except (ValueError, TypeError):
+        return False
 
 
 def _layer_chains(text: str) -> tuple[tuple[str, ...], ...]:
