@@ -26,6 +26,7 @@ from kit.config import BuildConfig, default_torch_index
 from kit.errors import BuildFailed, KitError
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe
+from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, containerd_store
 
 BUILD_TIMEOUT_S = 4 * 3600  # a silent compile step must not trip the HTTP read timeout
 TAIL_LINES = 25
@@ -116,14 +117,16 @@ class BuildLog:
 
 
 def connect(timeout: int = 120) -> docker.DockerClient:
-    """The local Docker engine, or a KitError that says how to start one."""
+    """The local Docker engine, or a KitError that says how to start one (or leave containerd's image store)."""
     try:
         client = docker.from_env(timeout=timeout)
-        client.ping()
-        return client
+        info = client.info()
     except docker.errors.DockerException as e:
         raise KitError(f"the Docker engine does not answer ({e})",
                        hint="start it (`dockerd &` or `systemctl start docker`) or set DOCKER_HOST") from None
+    if containerd_store(info.get("DriverStatus")):
+        raise KitError(f"on this machine, {CONTAINERD_STORE}", hint=CONTAINERD_HINT)
+    return client
 
 
 # ---------------------------------------------------------------- what the build uses

@@ -172,13 +172,13 @@ class Up:
                 for n in senders:
                     n.runner.run(f"docker load  # the layers of {self.image.tag} it lacks", changes=True)
             else:
-                starts = {n.name: img.layers_held(n, self.image) for n in senders}
+                starts = {n.name: img.present(self.image.diff_ids, n.facts.layer_chains) for n in senders}
                 layers = self.layers(min(starts.values()))
                 self.sent = distribute.distribute(senders, layers, starts, self.progress)
                 for n in senders:
                     stream = layers.stream(starts[n.name])
                     n.changes.append(f"loaded image {self.image.tag} ({len(stream)} of its {len(layers.diff_ids)} "
-                                     f"layers sent: {sum(b.size for b in stream) / 1e6:,.0f} MB compressed)")
+                                     f"layers were missing: {sum(b.size for b in stream) / 1e6:,.0f} MB compressed)")
         img.check_same(nodes, self.image, self.dry_run)
 
     def _workspaces(self, nodes: list[Node]) -> None:

@@ -25,7 +25,7 @@ from kit.fanout import fan_out
 from kit.place import Place
 from kit.runners import Runner
 from kit.steps import check, preflight
-from kit.steps.facts import MARK, HostFacts, sections
+from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, MARK, HostFacts, sections
 from kit.steps.node import Node
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -259,9 +259,10 @@ def read_pairs(node: Node, targets: list[str]) -> dict[str, tuple[int, str]]:
 def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool) -> list[Finding]:
     f = r.facts
     out = [Finding(r.name, "ssh", OK, f"reached from this machine as root (as {r.address})"),
-           Finding(r.name, "docker", OK, f"Docker {f.docker_version}") if f.docker_version else
            Finding(r.name, "docker", FAIL, f"Docker does not answer ({f.docker_error})",
-                   "install and start Docker (`kit prepare --hosts hosts.txt` does it)")]
+                   "install and start Docker (`kit prepare --hosts hosts.txt` does it)") if not f.docker_version else
+           Finding(r.name, "docker", FAIL, f"Docker {f.docker_version}: {CONTAINERD_STORE}", CONTAINERD_HINT)
+           if f.containerd_store else Finding(r.name, "docker", OK, f"Docker {f.docker_version}")]
     out.append(_disk(r.name, "docker disk", f"in Docker's data root {f.docker_root or '?'}", f.free_bytes,
                      "free space there (`docker system prune`, old images)"))
     if gpu:

@@ -219,3 +219,12 @@ def test_another_owners_cluster_of_the_name_fails_and_is_not_read_as_ours(monkey
     found = {f.check: f for f in report.findings}
     assert found["owner"].level == "fail" and "of bob" in found["owner"].text
     assert found["port"].level == "fail" and "taken by sshd (pid 9)" in found["port"].text
+
+
+def test_a_docker_in_containerds_image_store_fails_with_the_setting_that_changes_it():
+    r = reading("a", facts=dict(docker_version="29.1.3", containerd_store=True))
+    found = {f.check: f for f in dr._host_checks(r, ClusterConfig(name="lab"), None, gpu=False)}
+    assert found["docker"].level == "fail" and "containerd's image store" in found["docker"].text
+    assert "daemon.json" in found["docker"].fix
+    r = reading("a", facts=dict(docker_version="29.1.3"))
+    assert {f.check: f for f in dr._host_checks(r, ClusterConfig(name="lab"), None, gpu=False)}["docker"].level == "ok"

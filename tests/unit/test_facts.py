@@ -1,9 +1,24 @@
 """The facts parser on output captured from a lab host (tests/unit/data/facts_*.txt)."""
 
+import http.server
+import json
+import socketserver
+import threading
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from kit.build import connect
+from kit.config import ClusterConfig
+from kit.errors import KitError
+from kit.identity import Owner
+from kit.inventory import Host
 from kit.place import Place
-from kit.steps.facts import ContainerFacts, facts_command, listening_ports, parse_facts
+from kit.steps import preflight
+from kit.steps.facts import (CONTAINERD_HINT, CONTAINERD_STORE, ContainerFacts, facts_command, listening_ports,
+                             parse_facts)
+from kit.steps.node import Node
 
 DATA = Path(__file__).parent / "data"
 
@@ -21,11 +36,58 @@ def test_fresh_host():
     assert not f.containerd_store  # overlay2: Docker's own image store
 
 
-def test_dockers_containerd_image_store_is_told_by_its_driver_status():
-    """What Docker 29 on a new install says (`docker info`: driver overlayfs, this driver-type)."""
-    f = parse_facts(0, '@@kit driverstatus\n[["driver-type","io.containerd.snapshotter.v1"]]\n@@kit end\n')
+CONTAINERD_INFO = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+
+
+def test_a_host_whose_docker_keeps_images_in_containerd_is_refused_with_the_setting_that_changes_it():
+    """What Docker 29 says on a new install (`docker info`). kit's image step loads docker save's format, with only
+    the layers a host lacks, which containerd's importer refuses ("layer ... not found"), and compares image IDs,
+    which that store gives as the manifest's digest: refused before anything changes, with the daemon.json line."""
+    f = parse_facts(0, f"@@kit docker\n29.1.3\n@@kit driverstatus\n{json.dumps(CONTAINERD_INFO['DriverStatus'])}\n"
+                       "@@kit end\n")
     assert f.containerd_store
     assert not parse_facts(0, "@@kit driverstatus\nnull\n@@kit end\n").containerd_store  # a Docker that says none
+    node = Node(Host("gpu7"), None, Place("c", "/ws"), facts=replace(f, free_bytes=100 << 30))
+    cfg = ClusterConfig()
+    found = preflight.problems(node, cfg, "sha256:" + "a" * 64, 1 << 30, False, "10.0.0.1", Owner("me", "me"))
+    assert found == [CONTAINERD_STORE]
+    assert '"containerd-snapshotter": false' in preflight.hint_for(found) and "daemon.json" in preflight.hint_for(found)
+    assert preflight.problems(replace(node, facts=replace(node.facts, containerd_store=False)), cfg,
+                              "sha256:" + "a" * 64, 1 << 30, False, "10.0.0.1", Owner("me", "me")) == []
+
+
+def test_this_machines_docker_in_containerd_s_image_store_is_refused_before_a_build(tmp_path, monkeypatch):
+    """kit.build.connect through the docker SDK to an engine that answers as Docker 29 does on a new install."""
+    sock = tmp_path / "docker.sock"
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"ApiVersion": "1.52", "Version": "29.1.3"} if self.path.endswith("/version")
+                              else CONTAINERD_INFO).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def address_string(self):
+            return "engine"
+
+        def log_message(self, *args):
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+    server = Server(str(sock), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    try:
+        with pytest.raises(KitError) as e:
+            connect(timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert e.value.message == f"on this machine, {CONTAINERD_STORE}" and e.value.hint == CONTAINERD_HINT
 
 
 def test_host_of_a_cluster():

@@ -8,13 +8,10 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -215,90 +212,6 @@ def test_a_layer_of_8_gib_or_more_gets_a_header_that_says_its_size():
     plain = tarfile.TarInfo(name)
     plain.size, plain.mode, plain.mtime = 1000, 0o644, 0
     assert relay.tar_header(name, 1000) == plain.tobuf(format=tarfile.USTAR_FORMAT)  # below that: as it always was
-
-
-# ---------------------------------------------------------------- containerd's image store (Docker 29's default)
-
-@pytest.fixture
-def containerd():
-    """A real containerd of its own (root, state and socket in a new folder): its importer is what `docker load`
-    runs where Docker keeps images in containerd's image store."""
-    if shutil.which("containerd") is None or shutil.which("ctr") is None:
-        pytest.skip("containerd is not installed on this machine")
-    folder = Path(tempfile.mkdtemp(prefix="kit-ctd-"))  # short: a socket's path has 107 bytes
-    sock = folder / "sock"
-    (folder / "config.toml").write_text(f'version = 2\nroot = "{folder}/root"\nstate = "{folder}/state"\n'
-                                        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-                                        f'[grpc]\n  address = "{sock}"\n')
-    daemon = subprocess.Popen(["containerd", "--config", str(folder / "config.toml")], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    ctr = ["ctr", "--address", str(sock)]
-    try:
-        for _ in range(100):
-            if subprocess.run([*ctr, "version"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("containerd did not answer within 10 s")
-        yield ctr
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _layer_tar(name: str, data: bytes) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
-def test_a_host_whose_docker_keeps_images_in_containerd_is_sent_every_layer_which_its_load_takes(
-        tmp_path, containerd):
-    """containerd's importer refuses kit's tar without the layers a host holds, so such a host is sent them all."""
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.runners.local import LocalRunner
-    from kit.steps.distribute import _tar
-    from kit.steps.facts import HostFacts
-    from kit.steps.image import Blob, Layers, LocalImage, layers_held
-    from kit.steps.node import Node
-
-    blobs = []
-    for n, data in enumerate((b"base" * 10_000, b"top" * 10_000)):
-        raw = _layer_tar(f"file{n}", data)
-        path = tmp_path / f"{n}.tar.gz"
-        path.write_bytes(gzip.compress(raw, 1))
-        blobs.append(Blob("sha256:" + hashlib.sha256(raw).hexdigest(), path, path.stat().st_size,
-                          hashlib.sha256(path.read_bytes()).hexdigest()))
-    diff_ids = tuple(b.diff_id for b in blobs)
-    image = LocalImage("kit-test:1", "sha256:" + "e" * 64, 1, None, diff_ids)
-
-    def node(**facts) -> Node:
-        return Node(Host("h"), LocalRunner("h"), Place("c", str(tmp_path)), address="127.0.0.1",
-                    facts=HostFacts(0, "29.1", layer_chains=((blobs[0].diff_id,),), **facts))
-    assert layers_held(node(), image) == 1  # Docker's own store: the base layer is not sent again
-    assert layers_held(node(containerd_store=True), image) == 0
-
-    def load(tag: str, ids: tuple[str, ...], start: int) -> subprocess.CompletedProcess:
-        config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
-                             "rootfs": {"type": "layers", "diff_ids": list(ids)}}).encode()
-        loaded = LocalImage(tag, "sha256:" + hashlib.sha256(config).hexdigest(), 1, None, ids)
-        whole = Layers(loaded, ids, config, tuple(blobs[:len(ids)]), 0)
-        path = tmp_path / f"{tag}-{start}.tar"
-        path.write_bytes(b"".join(_tar(whole, whole.stream(start))))
-        return subprocess.run([*containerd, "images", "import", str(path)], capture_output=True, text=True,
-                              timeout=120)
-    assert load("kit-test:0", diff_ids[:1], 0).returncode == 0  # the host holds the base layer: an image of it
-    partial = load("kit-test:1", diff_ids, 1)
-    assert partial.returncode != 0 and "not found" in partial.stderr, partial.stderr
-    whole = load("kit-test:1", diff_ids, 0)
-    assert whole.returncode == 0, whole.stderr
-    listed = subprocess.run([*containerd, "images", "ls", "-q"], capture_output=True, text=True).stdout.split()
-    assert "docker.io/library/kit-test:1" in listed
 
 
 # ---------------------------------------------------------------- the extras' delta (images/venv_delta.py)

@@ -220,9 +220,21 @@ def parse_facts(uid: int, text: str) -> HostFacts:
 
 def _containerd_store(driver_status: str) -> bool:
     try:
-        return ["driver-type", "io.containerd.snapshotter.v1"] in json.loads(driver_status)
-    except (ValueError, TypeError):
+        return containerd_store(json.loads(driver_status))
+    except ValueError:
         return False
+
+
+CONTAINERD_STORE = ("Docker keeps images in containerd's image store (Docker 29's default on a new install), which "
+                    "kit does not support yet: it moves images with `docker save` and `docker load` in Docker's own "
+                    "image store")
+CONTAINERD_HINT = ('set "features": {"containerd-snapshotter": false} in /etc/docker/daemon.json and restart Docker '
+                   "(the images kept in containerd's store are not seen from the other)")
+
+
+def containerd_store(driver_status: object) -> bool:
+    """Whether `docker info`'s DriverStatus is that of containerd's image store."""
+    return isinstance(driver_status, list) and ["driver-type", "io.containerd.snapshotter.v1"] in driver_status
 
 
 def _layer_chains(text: str) -> tuple[tuple[str, ...], ...]:

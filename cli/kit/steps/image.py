@@ -98,13 +98,6 @@ def present(diff_ids: tuple[str, ...], chains: tuple[tuple[str, ...], ...]) -> i
     return best
 
 
-def layers_held(node: Node, image: LocalImage) -> int:
-    """How many of the image's bottom layers need not be sent to the host: those it holds, unless its Docker keeps
-    images in containerd's image store (Docker 29's default on a new install), whose `docker load` refuses a tar
-    without every layer the manifest names ("layer ... not found"), held or not."""
-    return 0 if node.facts.containerd_store else present(image.diff_ids, node.facts.layer_chains)
-
-
 def layers(client: docker.DockerClient, image: LocalImage, cache: Path, start: int = 0) -> Layers:
     """The image's config and its layers from `start` up, gzip'd: from kit's cache (by the layer's digest, so an
     image that changed only on top reuses the rest), else from one `docker save`, each layer compressed in a pool

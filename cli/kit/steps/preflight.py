@@ -6,7 +6,7 @@ from kit.config import ClusterConfig
 from kit.errors import KitError
 from kit.identity import Owner
 from kit.steps import storage
-from kit.steps.facts import FACTS_TIMEOUT_S, complete, facts_command, parse_facts
+from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, FACTS_TIMEOUT_S, complete, facts_command, parse_facts
 from kit.steps.storage import Storage
 from kit.steps.node import Node
 
@@ -47,6 +47,8 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
     found = storage.problems(Storage.of(cfg), f.tools, f.mount, node.host.primary, primary_address)
     if f.docker_version is None:
         found.append(f"docker does not answer ({f.docker_error})")
+    elif f.containerd_store:
+        found.append(CONTAINERD_STORE)
     ours = f.container is not None and f.container.cluster == cfg.name and f.container.status == "running"  # (owner checked)
     if cfg.ssh_port in f.listening and not ours:  # (on a private network only ours can listen)
         found.append(f"port {cfg.ssh_port} is taken by another program")
@@ -75,6 +77,8 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 
 
 def hint_for(found: list[str]) -> str:
+    if CONTAINERD_STORE in found:
+        return CONTAINERD_HINT
     if any("kit leaves another's cluster alone" in p for p in found):
         return "choose another cluster name (--name or cluster.name), or ask its owner to run kit down"
     if any("storage" in p for p in found):
