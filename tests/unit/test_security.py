@@ -67,6 +67,9 @@ def test_a_timed_out_ssh_command_reads_as_timed_out_not_a_thread_traceback():
         def recv_exit_status(self):
             return -1
 
+        def gettimeout(self):
+            return 300.0
+
         def close(self):
             pass
     seen = []
@@ -77,4 +80,4 @@ def test_a_timed_out_ssh_command_reads_as_timed_out_not_a_thread_traceback():
         r = runner._finish(Silent(), "sleep 600")
     finally:
         threading.excepthook = old
-    assert (r.exit_code, r.stderr) == (124, "timed out") and seen == []
+    assert (r.exit_code, r.stderr) == (124, "timed out: it said nothing for 300 s") and seen == []

@@ -44,7 +44,7 @@ class Runner(Protocol):
             changes: bool = False) -> Result: ...
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True, timeout: float | None = None) -> Result: ...
+                  changes: bool = True, timeout: float | None = None, finish: float | None = None) -> Result: ...
 
     def stream_out(self, command: str, on_line: Callable[[str], None]) -> int: ...
 
@@ -118,7 +118,7 @@ class DryRunner:
         return Result(self.host, command, 0)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True, timeout: float | None = None) -> Result:
+                  changes: bool = True, timeout: float | None = None, finish: float | None = None) -> Result:
         self.planned.append(f"{command}  <<< streamed")
         return Result(self.host, command, 0)
 

@@ -45,9 +45,10 @@ class LocalRunner:
                       done.stderr.decode(errors="replace"))
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True, timeout: float | None = STALL_S) -> Result:
-        """timeout: how long the command may go on after its input has ended (this machine takes input as fast
-        as it can write it)."""
+                  changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
+        """finish (None: timeout): how long the command may go on after its input has ended (this machine takes
+        input as fast as it can write it)."""
+        timeout = timeout if finish is None else finish
         proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out: dict[str, bytes] = {}
         readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)

@@ -126,20 +126,27 @@ class SshRunner:
         return self._finish(chan, command)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
-                  changes: bool = True, timeout: float | None = STALL_S) -> Result:
-        """timeout: how long the far end may take no byte and say nothing (each send and read), not the whole."""
+                  changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
+        """timeout: how long the far end may take no byte (each send), not the whole; finish: how long the command
+        may then run saying nothing once its input ended (None: timeout). What breaks here (chunks that cannot be
+        read) is raised, with the channel closed, not blamed on the host."""
         chan = self._session(command, timeout)
         try:
             for chunk in chunks:
-                chan.sendall(chunk)
+                try:
+                    chan.sendall(chunk)
+                except socket.timeout:
+                    chan.close()
+                    return Result(self.host, command, 124, "", f"timed out: the host took nothing for {timeout:g} s")
+                except OSError:
+                    break  # the far end stopped reading: its exit status and stderr say why
                 on_bytes(len(chunk))
-        except socket.timeout:
+            chan.shutdown_write()
+            chan.settimeout(timeout if finish is None else finish)
+            return self._finish(chan, command)
+        except BaseException:
             chan.close()
-            return Result(self.host, command, 124, "", f"timed out: the host took nothing for {timeout:g} s")
-        except OSError:
-            pass  # the far end stopped reading: its exit status and stderr say why
-        chan.shutdown_write()
-        return self._finish(chan, command)
+            raise
 
     def stream_out(self, command: str, on_line: Callable[[str], None]) -> int:
         """Run command, handing each line of its output (stderr merged) to on_line; its exit code."""
@@ -168,7 +175,7 @@ class SshRunner:
             code = chan.recv_exit_status()
         except socket.timeout:
             chan.close()
-            return Result(self.host, command, 124, "", "timed out")
+            return Result(self.host, command, 124, "", f"timed out: it said nothing for {chan.gettimeout():g} s")
         return Result(self.host, command, code, out.decode(errors="replace"), b"".join(err).decode(errors="replace"))
 
     def close(self) -> None:

@@ -171,8 +171,8 @@ class _Distribution:
                     self.from_here += len(part)
                 self.progress.transfer(node.name, min(sent, total), total)
         self.progress.status(node.name, "receiving the image")
-        try:  # the runner's own bound: docker load says nothing until the image is in, which may take minutes
-            r = node.runner.stream_in(LOAD_COMMAND, counted(), lambda n: None)
+        try:  # docker load says nothing until the image is in, which may take many minutes on a slow disk
+            r = node.runner.stream_in(LOAD_COMMAND, counted(), lambda n: None, finish=LOAD_LIMIT_S)
         except Exception as e:  # noqa: BLE001 - whatever breaks on one host is that host's failure
             self.fail(node.name, f"loading image {self.layers.image.tag} failed: {e}", LOAD_COMMAND, "")
             return

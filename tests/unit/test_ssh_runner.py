@@ -1,0 +1,88 @@
+"""kit's SSH runner against a real sshd of its own on loopback (host key pinned in a known_hosts of a HOME made for
+the test): what a stream of input to a command on a host does when the host is slow or this machine fails."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kit.inventory import Host
+from kit.runners.ssh import SshRunner
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch) -> Host:
+    if os.geteuid() != 0:
+        pytest.skip("sshd on a port of its own runs as root here")
+    home, run, port = tmp_path / "home", tmp_path / "sshd", _free_port()
+    (home / ".ssh").mkdir(parents=True)
+    run.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(run / "host_key")], check=True)
+    (run / "authorized_keys").write_text((home / ".ssh/id_ed25519.pub").read_text())
+    (home / ".ssh/known_hosts").write_text(f"[127.0.0.1]:{port} {(run / 'host_key.pub').read_text()}")
+    (run / "sshd_config").write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {run}/host_key\n"
+                                     f"AuthorizedKeysFile {run}/authorized_keys\nPidFile {run}/sshd.pid\n"
+                                     "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                                     "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(run / "sshd_config")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail("sshd did not listen within 10 s")
+        yield Host("127.0.0.1", user="root", port=port)
+    finally:
+        sshd.terminate()
+        sshd.wait(timeout=30)
+
+
+def test_a_command_silent_after_its_input_is_waited_for_as_long_as_finish_says_not_the_send_stall(host):
+    """docker load says nothing until the whole image is applied: minutes, beyond the stall allowed while sending."""
+    runner = SshRunner(host)
+    try:
+        slow = "cat >/dev/null; sleep 3; echo loaded"
+        r = runner.stream_in(slow, iter([b"x" * 100_000] * 3), lambda n: None, timeout=1, finish=30)
+        assert (r.exit_code, r.stdout) == (0, "loaded\n")
+        r = runner.stream_in(slow, iter([b"x" * 100_000]), lambda n: None, timeout=1)
+        assert r.exit_code == 124 and "timed out" in r.stderr
+    finally:
+        runner.close()
+
+
+def test_input_this_machine_cannot_read_is_raised_here_and_the_command_on_the_host_ends(host, tmp_path):
+    """A layer in kit's cache that cannot be read is this machine's failure, not the host's; the command on the host
+    sees its input end (docker load then keeps nothing) instead of waiting on an open channel."""
+    seen = tmp_path / "seen"
+    runner = SshRunner(host)
+
+    def chunks():
+        yield b"first part\n"
+        raise OSError(5, "Input/output error", str(tmp_path / "layer.tar.gz"))
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            runner.stream_in(f"cat > {seen}; echo ended >> {seen}", chunks(), lambda n: None, timeout=5)
+        for _ in range(100):
+            if seen.exists() and seen.read_text().endswith("ended\n"):
+                break
+            time.sleep(0.1)
+        assert seen.read_text() == "first part\nended\n"
+    finally:
+        runner.close()
