@@ -175,12 +175,13 @@ def _reason(e):
 
 class Docker:
     """`docker load` fed with a tar made as the layers arrive; its output kept for the error message. A write that
-    Docker does not take within `stall` kills it, so the relay never waits on it for ever."""
+    Docker does not take within `stall` kills it, so the relay never waits on it for ever. Once it failed, what
+    follows is not written but the failure kept (the relay still passes the layers on), and raised by finish."""
 
     def __init__(self, stall):
         self.proc = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, bufsize=0)  # every write under the watchdog
-        self.output, self.writing, self.stall, self.stuck = [], None, stall, False
+        self.output, self.writing, self.stall, self.stuck, self.failed = [], None, stall, False, None
         reader = threading.Thread(target=lambda: self.output.append(self.proc.stdout.read()))
         reader.daemon = True
         reader.start()
@@ -198,15 +199,17 @@ class Docker:
             time.sleep(1)
 
     def write(self, data):
+        if self.failed is not None:
+            return
         self.writing = time.monotonic()
         try:
             view = memoryview(data)
             while view:
                 view = view[self.proc.stdin.write(view):]
         except OSError:
-            if self.stuck:
-                raise Failed("docker load took nothing for %d s" % self.stall)
-            raise Failed("docker load stopped reading: " + self.said())
+            self.failed = Failed("docker load took nothing for %d s" % self.stall if self.stuck else
+                                 "docker load stopped reading: " + self.said())
+            self.kill()
         finally:
             self.writing = None
 
@@ -216,6 +219,8 @@ class Docker:
         return "\n".join(text.splitlines()[-15:]) or "(no output)"
 
     def finish(self, limit, heartbeat):
+        if self.failed is not None:
+            raise self.failed
         self.proc.stdin.close()
         deadline = time.monotonic() + limit
         while self.proc.poll() is None:
@@ -293,7 +298,7 @@ def main():
             if digest.hexdigest() != sha256:
                 raise Failed("layer %s arrived damaged (sha256 differs)" % name, UPSTREAM)
             docker.write(padding(size))
-        forward.close()
+        forward.close()  # the next host has every byte, whatever becomes of this one's load
         say("P", received, forward.sent)
         docker.write(image_tail(p["config"].encode(), p["tag"], p["layers"]))
         docker.finish(p["load_limit"], lambda: say("P", received, forward.sent))

@@ -63,16 +63,20 @@ def recorder(tmp_path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = load ] || exit 2\nout="${KIT_TEST_LOADED:-$KIT_TEST_DIR/$$.tar}"\n'
+                                    '[ -z "$KIT_TEST_REFUSE" ] || { head -c 1000 >/dev/null; echo "$KIT_TEST_REFUSE" >&2;'
+                                    ' exit 1; }\n'
                                     'cat > "$out" && echo "input ended" > "$out.end"\n')
     (bin_dir / "docker").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def _relay(env: dict, loaded: Path, listen: bool, blobs: list, stall: float = 10) -> subprocess.Popen:
+def _relay(env: dict, loaded: Path, listen: bool, blobs: list, stall: float = 10, refuse: str = "") -> subprocess.Popen:
+    """refuse: what its `docker load` says when it stops after 1000 bytes and fails (a full disk), if anything."""
     params = {"listen": listen, "bind": "127.0.0.1", "blobs": blobs, "layers": [b[0] for b in blobs],
               "config": '{"architecture": "amd64"}', "tag": "kit-test:1", "stall": stall, "load_limit": 30}
     return subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, json.dumps(params)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "KIT_TEST_LOADED": str(loaded)})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, "KIT_TEST_LOADED": str(loaded), "KIT_TEST_REFUSE": refuse})
 
 
 def _loaded(path: Path) -> dict[str, bytes]:
@@ -114,6 +118,24 @@ def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, rec
         assert json.loads(files["manifest.json"]) == [{"Config": "config.json", "RepoTags": ["kit-test:1"],
                                                       "Layers": ["one.tar.gz", "two.tar.gz"]}]
         assert files["config.json"] == b'{"architecture": "amd64"}'
+
+
+def test_a_host_whose_docker_load_fails_still_passes_every_byte_on_and_says_why(tmp_path, recorder):
+    """A full disk on one host of the chain costs that host, not the hosts behind it."""
+    blob = _blob(os.urandom(3 << 20), "one.tar.gz")
+    second = _relay(recorder, tmp_path / "second.tar", True, [blob[1]])
+    port = int(second.stdout.readline().split()[1])
+    second.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    second.stdin.flush()
+    full = "write /var/lib/docker/tmp/docker-import-1/one.tar.gz: no space left on device"
+    head = _relay(recorder, tmp_path / "head.tar", False, [blob[1]], refuse=full)
+    told = json.dumps({"token": None, "next": [["second", "127.0.0.1", port, "t" * 32]]}).encode() + b"\n"
+    out, err = head.communicate(told + blob[0], timeout=60)
+    assert head.returncode == 1 and err.decode().strip().splitlines()[-1].endswith(full), err.decode()
+    assert out.decode().splitlines()[-1] == f"P {len(blob[0])} {len(blob[0])}"  # all of it passed on; no DONE
+    assert second.wait(timeout=60) == 0, second.stderr.read().decode()
+    second.stdin.close()
+    assert _loaded(tmp_path / "second.tar")["one.tar.gz"] == blob[0]
 
 
 def test_a_layer_damaged_on_the_way_is_never_given_whole_to_docker(tmp_path, recorder):

@@ -9,7 +9,8 @@ image about as fast as one host takes it, however long it is.
 
 A hop that cannot be reached (or whose relay does not start) is routed around:
 its predecessor goes on to the host after it, and kit sends it its layers from
-here at once. A host that drops out mid-way cuts off the rest of the chain, which
+here at once. A host whose docker load fails still passes the layers on; one
+that drops out mid-way cuts off the rest of the chain, which
 is served again in another round without it; each round's first host is never
 served again, so the rounds end. A host alone, or one without python3, is sent
 its layers from here too, as `docker load` reads them. Nothing half-sent is ever loaded: a relay that fails kills its
@@ -346,7 +347,9 @@ def _follow(hop: Hop, by_name: dict[str, Hop], lock: threading.Lock, total: int,
         elif r.exit_code == relay.UPSTREAM:
             hop.end("upstream", _tail(r.stderr).splitlines()[-1] if r.stderr.strip() else "cut off", _tail(r.stderr))
         else:
-            hop.end("failed", f"its relay failed (exit {r.exit_code})", _tail(r.stderr))
+            said = r.stderr.strip().splitlines()
+            hop.end("failed", f"its relay failed (exit {r.exit_code}){': ' + said[-1] if said else ''}",
+                    _tail(r.stderr))
 
 
 def _tail(text: str) -> str:
