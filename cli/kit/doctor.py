@@ -258,16 +258,21 @@ def read_pairs(node: Node, targets: list[str]) -> dict[str, tuple[int, str]]:
 
 def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool) -> list[Finding]:
     f = r.facts
-    out = [Finding(r.name, "ssh", OK, f"reached from this machine as root (as {r.address})"),
-           Finding(r.name, "docker", FAIL, f"Docker does not answer ({f.docker_error})",
-                   "install and start Docker (`kit prepare --hosts hosts.txt` does it)") if not f.docker_version else
-           Finding(r.name, "docker", FAIL, f"Docker {f.docker_version}: {CONTAINERD_STORE}", CONTAINERD_HINT)
-           if f.containerd_store else Finding(r.name, "docker", OK, f"Docker {f.docker_version}")]
+    out = [Finding(r.name, "ssh", OK, f"reached from this machine as root (as {r.address})"), _docker(r.name, f)]
     out.append(_disk(r.name, "docker disk", f"in Docker's data root {f.docker_root or '?'}", f.free_bytes,
                      "free space there (`docker system prune`, old images)"))
     if gpu:
         out += _gpu(r, state is not None)
     return out
+
+
+def _docker(host: str, f: HostFacts) -> Finding:
+    if not f.docker_version:
+        return Finding(host, "docker", FAIL, f"Docker does not answer ({f.docker_error})",
+                       "install and start Docker (`kit prepare --hosts hosts.txt` does it)")
+    if f.containerd_store:
+        return Finding(host, "docker", FAIL, f"Docker {f.docker_version}: {CONTAINERD_STORE}", CONTAINERD_HINT)
+    return Finding(host, "docker", OK, f"Docker {f.docker_version}")
 
 
 def _disk(host: str, what: str, where: str, free: int | None, fix: str) -> Finding:
