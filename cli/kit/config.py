@@ -347,7 +347,8 @@ HINTS.update({
     "shm_size": "use a size such as 8g, or leave it out to share the host's IPC namespace (--ipc=host)",
     "gpus": "use a number of GPUs per host, or auto (from nvidia-smi)",
     "connect_timeout": "use seconds from 1 to 300",
-    "image_tag": "use an image that `docker images` lists, e.g. kit-horovod:cpu-0123456789ab",
+    "image_tag": "use an image that `docker images` lists, by its tag, e.g. kit-horovod:cpu-0123456789ab "
+                 "(`docker tag IMAGE NAME:TAG` gives one a tag)",
     "storage": "use one of: copy (the default), sshfs, nfs",
     "nfs_server": "use server:/absolute/path of an existing NFS export, or leave it out to export from the primary",
 })
@@ -429,6 +430,8 @@ class ClusterConfig(BaseModel):
     @field_validator("image_tag")
     @classmethod
     def _image_tag(cls, v: str | None) -> str | None:
+        if v is not None and "@" in v:  # each host gets the image under this tag: a digest is no tag to give it
+            raise ValueError(f"'{v}' names an image by its digest, not by a tag")
         return BuildConfig._image_ref(v)
 
     @field_validator("nfs_server")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.config import FLAVOR_DEFAULTS, ConfigFile, build_config, read_config
+from kit.config import FLAVOR_DEFAULTS, ConfigFile, build_config, cluster_config, read_config
 from kit.errors import BadInput
 
 
@@ -129,3 +129,15 @@ def test_a_credential_in_a_setting_that_reaches_the_image_is_refused_and_never_s
     with pytest.raises(BadInput) as e:
         build_config(ConfigFile(), flags)
     assert str(e.value).startswith(shown) and "s3cret" not in str(e.value) + (e.value.hint or "")
+
+
+def test_an_image_named_by_its_digest_is_refused_for_the_cluster_with_how_to_tag_it(tmp_path):
+    """kit loads the image on every host under cluster.image_tag: a digest is no tag to give it there."""
+    digest = "kit-horovod@sha256:" + "a" * 64
+    with pytest.raises(BadInput) as e:
+        cluster_config(cfg_file(tmp_path, f"cluster:\n  image_tag: {digest}\n"), {})
+    assert str(e.value).replace(str(tmp_path) + "/", "").startswith(
+        f"kit.yaml:2: cluster.image_tag: '{digest}' names an image by its digest, not by a tag")
+    assert "docker tag" in e.value.hint and e.value.exit_code == 2
+    assert cluster_config(cfg_file(tmp_path, "cluster:\n  image_tag: kit-horovod:cpu-1\n"), {}).image_tag == \
+        "kit-horovod:cpu-1"
