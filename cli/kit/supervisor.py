@@ -121,14 +121,16 @@ def fanout_script(workspace: str, nodes: list[NodeCommand]) -> str:
     ]
     for n in nodes:
         remote = shlex.quote(shlex.join(n.argv))
-        lines.append(f"ssh {shlex.quote(n.address)} \"cd {shlex.quote(workspace)} && exec env $fwd\" "
-                     f"{remote} < /dev/null 2>&1 | {_filter(n)} &")
+        # a group, not a bare pipeline: once job control has reaped a job, `wait PID` gives its last process's
+        # status, which for a bare pipeline is sed's (0), not ssh's (pipefail); the group's is the pipeline's
+        lines.append(f"{{ ssh {shlex.quote(n.address)} \"cd {shlex.quote(workspace)} && exec env $fwd\" "
+                     f"{remote} < /dev/null 2>&1 | {_filter(n)}; }} &")
         lines.append(f"running[$!]={shlex.quote(n.host)}")
     lines += [
         "code=0",
         "while [ ${#running[@]} -gt 0 ]; do",
         "  ended=''; wait -n -p ended 2>/dev/null; rc=$?  # (without the job-control chatter about stopped jobs)",
-        "  if [ -z \"$ended\" ]; then  # job control reaped it first: bash keeps its status for `wait PID`",
+        "  if [ -z \"$ended\" ]; then  # job control reaped it first: bash keeps the group's status for `wait PID`",
         "    for ended in \"${!running[@]}\"; do wait \"$ended\" 2>/dev/null; rc=$?; break; done",
         "  fi",
         "  host=${running[$ended]}; unset \"running[$ended]\"",

@@ -50,6 +50,18 @@ def test_fanout_labels_lines_and_passes_the_environment(tmp_path):
                             next(l for l in lines if l.startswith("[1]<stdout>:@@kit-exit 0 "))])
 
 
+def test_a_hosts_failure_counts_when_job_control_reaped_it_before_the_fanout_waited(tmp_path):
+    """Under load a host's pipeline can end, and bash's job control reap it, before `wait -n` looks: its status then
+    comes from `wait PID`, which must be ssh's failure (pipefail), not the 0 of the sed after it. `jobs` makes bash
+    reap it at a known point (what load did by chance: a torchrun job whose node exited 3 was recorded as done)."""
+    nodes = [NodeCommand("c", "10.0.0.3", ("sh", "-c", "echo going; exit 3"), None)]
+    script = 'ssh() { shift; sh -c "$*"; }\n' + fanout_script(str(tmp_path), nodes).replace(
+        "code=0\n", "sleep 0.5; jobs >/dev/null\ncode=0\n", 1)
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert "c: its processes ended with status 3" in r.stdout
+
+
 def test_the_first_failure_stops_the_others_and_names_the_rank(tmp_path):
     (tmp_path / "fail.py").write_text("import sys, time\ntime.sleep(0.5)\nsys.exit(3)\n")
     (tmp_path / "wait.py").write_text("import time\nprint('waiting', flush=True)\ntime.sleep(30)\n")
