@@ -107,8 +107,8 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}kitfiles'; cd {q(kit_dir + '/ssh')} 2>/dev/null && sha256sum -- * 2>/dev/null",
         f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
         f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
-        f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}' 2>/dev/null",
-        f"echo '{MARK}driverstatus'; docker info --format '{{{{json .DriverStatus}}}}' 2>/dev/null",
+        f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}{{{{\"\\n{MARK}driverstatus\\n\"}}}}"
+        f"{{{{json .DriverStatus}}}}' 2>/dev/null",  # one docker info: each call costs the engine a full reading
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
