@@ -5,15 +5,19 @@ stdin, or from the host before it in the chain over TCP), hands them to `docker
 load` inside a tar made on the fly, and passes every chunk on to the next host
 while it arrives, so kit's own link carries each byte once.
 
-Trust: what it is told comes from kit over SSH: the layers' sizes and sha256, the
-image's config (whose sha256 is the image ID) and, on stdin (never on a command
-line), this host's one-time token and the next hops' addresses and tokens. A
-peer must present this host's token within a few seconds before it is read; each layer is checked against its sha256 here, and Docker checks each
-layer's content against the config. A transfer that fails or is stopped kills
-`docker load` before the tar ends, so Docker keeps nothing of it.
+Trust: all it is told comes from kit over SSH, on stdin (never on a command line,
+which every user of the host can read and which Linux caps at 128 KiB): first the
+layers' sizes and sha256 and the image's config (whose sha256 is the image ID),
+then this host's one-time token and the next hops' addresses and tokens. A peer
+must present this host's token within a few seconds before it is read (strangers
+are checked side by side, so they cannot hold the port); each layer is checked
+against its sha256 here, and Docker checks each layer's content against the
+config. A transfer that fails or is stopped kills `docker load` before the tar
+ends, so Docker keeps nothing of it.
 
 Standalone on purpose: the standard library of Python 3.6 or later, nothing of kit.
-Talks to kit in lines on stdout:
+Reads kit's two messages on stdin, each its length in a line and then that much JSON
+(the head's layers follow the second). Talks to kit in lines on stdout:
     LISTEN port           listening for the host before it (not for the chain's head)
     NEXT name             forwarding to that host
     SKIP name reason      that host could not be reached: the next one is tried
@@ -40,6 +44,7 @@ CHUNK = 1 << 20
 UPSTREAM = 3
 CONNECT_S = 3   # to the next host: on a LAN it answers at once; a firewall that drops costs this much a hop
 TOKEN_S = 5     # for a peer to give the token once connected
+PENDING = 64    # connections waiting to give it, at most (select takes up to 1024)
 
 
 class Failed(Exception):
@@ -89,26 +94,63 @@ class FromKit:
 
 
 class FromPeer:
-    """Every other host reads them from the host before it, once that host gave this host's token."""
+    """Every other host reads them from the host before it: the first connection that gives this host's token.
+    Connections are read side by side, each for TOKEN_S at most, so strangers on the network cannot hold the port."""
 
     def __init__(self, listener, token, stall):
+        want = token.encode() + b"\n"
         deadline = time.monotonic() + stall
-        while True:
-            listener.settimeout(max(deadline - time.monotonic(), 0.1))
-            try:
-                conn, _ = listener.accept()
-            except socket.timeout:
-                raise Failed("no host before this one connected within %d s" % stall, UPSTREAM)
-            try:
-                given = _read_line(conn, len(token) + 1, time.monotonic() + TOKEN_S)
-            except OSError:
-                given = b""
-            if hmac.compare_digest(given, token.encode() + b"\n"):
-                break
-            conn.close()  # not the host kit sent: ignored
-        listener.close()
+        listener.setblocking(False)
+        pending = {}  # a connection -> [what it sent so far, until when it may send the rest]
+        conn = None
+        try:
+            while conn is None:
+                now = time.monotonic()
+                if now > deadline:
+                    raise Failed("no host before this one connected within %d s" % stall, UPSTREAM)
+                for c, (_, until) in list(pending.items()):
+                    if now > until:
+                        del pending[c]
+                        c.close()
+                wait = min([deadline] + [until for _, until in pending.values()]) - now
+                ready, _, _ = select.select([listener] + list(pending), [], [], max(wait, 0.01))
+                for r in ready:
+                    if r is listener:
+                        self._accept(listener, pending)
+                        continue
+                    try:
+                        part = r.recv(len(want) - len(pending[r][0]))
+                    except OSError:
+                        part = b""
+                    pending[r][0] += part
+                    got = pending[r][0]
+                    if part and len(got) < len(want) and not got.endswith(b"\n"):
+                        continue
+                    del pending[r]
+                    if part and hmac.compare_digest(got, want):
+                        conn = r
+                        break
+                    r.close()  # not the host kit sent: ignored
+        finally:
+            for c in pending:
+                c.close()
+            listener.close()
+        conn.setblocking(True)
         conn.settimeout(stall)
         self.conn, self.stall = conn, stall
+
+    @staticmethod
+    def _accept(listener, pending):
+        try:
+            c, _ = listener.accept()
+        except OSError:  # gone before it was taken
+            return
+        if len(pending) >= PENDING:  # the oldest stranger makes room
+            oldest = next(iter(pending))
+            del pending[oldest]
+            oldest.close()
+        c.setblocking(False)
+        pending[c] = [b"", time.monotonic() + TOKEN_S]
 
     def recv(self, size):
         try:
@@ -117,17 +159,6 @@ class FromPeer:
             raise Failed("the host before this one sent nothing for %d s" % self.stall, UPSTREAM)
         except OSError as e:
             raise Failed("the host before this one went away (%s)" % e, UPSTREAM)
-
-
-def _read_line(conn, limit, deadline):
-    got = b""
-    while not got.endswith(b"\n") and len(got) < limit:
-        conn.settimeout(max(deadline - time.monotonic(), 0.01))
-        part = conn.recv(limit - len(got))
-        if not part:
-            break
-        got += part
-    return got
 
 
 class Next:
@@ -249,23 +280,39 @@ def watch_kit(abort):
     thread.start()
 
 
+def message(value):
+    """One message to the relay on its stdin: its length in a line, then the JSON."""
+    body = json.dumps(value).encode()
+    return b"%d\n" % len(body) + body
+
+
+def read_message():
+    """Exactly one message from stdin, not a byte more: the head's layers follow the second."""
+    def read(n):
+        data = b""
+        while len(data) < n:
+            part = os.read(0, n - len(data))
+            if not part:
+                raise Failed("kit went away before the transfer started")
+            data += part
+        return data
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 20:
+        line += read(1)
+    return json.loads(read(int(line)).decode())
+
+
 def main():
-    p = json.loads(sys.argv[1])
+    p = read_message()
     stall = p["stall"]
     listener = None
     if p["listen"]:
         family = socket.AF_INET6 if ":" in p["bind"] else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.bind((p["bind"], 0))
-        listener.listen(4)
+        listener.listen(PENDING)
         say("LISTEN", listener.getsockname()[1])
-    line = b""
-    while not line.endswith(b"\n"):  # byte by byte: what follows on stdin is the head's data
-        part = os.read(0, 1)
-        if not part:
-            raise Failed("kit went away before the transfer started")
-        line += part
-    told = json.loads(line.decode())
+    told = read_message()
     docker = Docker(stall)
 
     def abort(why):
@@ -303,14 +350,14 @@ def main():
         docker.write(image_tail(p["config"].encode(), p["tag"], p["layers"]))
         docker.finish(p["load_limit"], lambda: say("P", received, forward.sent))
         say("DONE", received, forward.sent)
-    except Failed as e:
-        docker.kill()
-        sys.stderr.write(str(e) + "\n")
-        sys.exit(e.code)
     except BaseException:
         docker.kill()  # before the manifest is written Docker keeps nothing; killed, it stops at once
         raise
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Failed as e:
+        sys.stderr.write(str(e) + "\n")
+        sys.exit(e.code)

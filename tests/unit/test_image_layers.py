@@ -74,9 +74,16 @@ def _relay(env: dict, loaded: Path, listen: bool, blobs: list, stall: float = 10
     """refuse: what its `docker load` says when it stops after 1000 bytes and fails (a full disk), if anything."""
     params = {"listen": listen, "bind": "127.0.0.1", "blobs": blobs, "layers": [b[0] for b in blobs],
               "config": '{"architecture": "amd64"}', "tag": "kit-test:1", "stall": stall, "load_limit": 30}
-    return subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT, json.dumps(params)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**env, "KIT_TEST_LOADED": str(loaded), "KIT_TEST_REFUSE": refuse})
+    env = {**env, "KIT_TEST_LOADED": str(loaded), "KIT_TEST_REFUSE": refuse}
+    proc = subprocess.Popen([sys.executable, "-c", RELAY_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdin.write(relay.message(params))  # as kit does: on stdin, not the command line
+    proc.stdin.flush()
+    return proc
+
+
+def _told(token: str | None, route: list) -> bytes:
+    return relay.message({"token": token, "next": route})
 
 
 def _loaded(path: Path) -> dict[str, bytes]:
@@ -95,14 +102,14 @@ def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, rec
     blobs = [one[1], two[1]]
     second = _relay(recorder, tmp_path / "second.tar", True, blobs)
     port = int(second.stdout.readline().split()[1])
-    second.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    second.stdin.write(_told("t" * 32, []))
     second.stdin.flush()
     # strangers are ignored: one with a wrong token, one that says nothing (for its few seconds); the chain goes on
     with socket.create_connection(("127.0.0.1", port)) as wrong, socket.create_connection(("127.0.0.1", port)):
         wrong.sendall(b"x" * 32 + b"\n")
         head = _relay(recorder, tmp_path / "head.tar", False, blobs)
         route = [["nobody", "127.0.0.1", _free_port(), "u" * 32], ["second", "127.0.0.1", port, "t" * 32]]
-        told = json.dumps({"token": None, "next": route}).encode() + b"\n"
+        told = _told(None, route)
         out, err = head.communicate(told + one[0] + two[0], timeout=60)
     lines = out.decode().splitlines()
     assert head.returncode == 0, err.decode()
@@ -120,16 +127,40 @@ def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, rec
         assert files["config.json"] == b'{"architecture": "amd64"}'
 
 
+def test_strangers_on_the_network_cannot_hold_a_relays_port(tmp_path, recorder):
+    """Twenty connections that never give a token, made before the host before it connects: each may take its few
+    seconds, but side by side, not one after the other (that took 20 x 5 s, far past the relay's wait)."""
+    blob = _blob(os.urandom(1 << 20), "one.tar.gz")
+    second = _relay(recorder, tmp_path / "second.tar", True, [blob[1]], stall=8)
+    port = int(second.stdout.readline().split()[1])
+    second.stdin.write(_told("t" * 32, []))
+    second.stdin.flush()
+    strangers = []
+    try:
+        for _ in range(20):
+            strangers.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        strangers[0].sendall(b"t" * 31)  # one that starts like the token and stops
+        head = _relay(recorder, tmp_path / "head.tar", False, [blob[1]])
+        out, err = head.communicate(_told(None, [["second", "127.0.0.1", port, "t" * 32]]) + blob[0], timeout=60)
+        assert head.returncode == 0, err.decode()
+        assert second.wait(timeout=60) == 0, second.stderr.read().decode()
+    finally:
+        for c in strangers:
+            c.close()
+        second.kill()
+    assert _loaded(tmp_path / "second.tar")["one.tar.gz"] == blob[0]
+
+
 def test_a_host_whose_docker_load_fails_still_passes_every_byte_on_and_says_why(tmp_path, recorder):
     """A full disk on one host of the chain costs that host, not the hosts behind it."""
     blob = _blob(os.urandom(3 << 20), "one.tar.gz")
     second = _relay(recorder, tmp_path / "second.tar", True, [blob[1]])
     port = int(second.stdout.readline().split()[1])
-    second.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    second.stdin.write(_told("t" * 32, []))
     second.stdin.flush()
     full = "write /var/lib/docker/tmp/docker-import-1/one.tar.gz: no space left on device"
     head = _relay(recorder, tmp_path / "head.tar", False, [blob[1]], refuse=full)
-    told = json.dumps({"token": None, "next": [["second", "127.0.0.1", port, "t" * 32]]}).encode() + b"\n"
+    told = _told(None, [["second", "127.0.0.1", port, "t" * 32]])
     out, err = head.communicate(told + blob[0], timeout=60)
     assert head.returncode == 1 and err.decode().strip().splitlines()[-1].endswith(full), err.decode()
     assert out.decode().splitlines()[-1] == f"P {len(blob[0])} {len(blob[0])}"  # all of it passed on; no DONE
@@ -143,7 +174,7 @@ def test_a_layer_damaged_on_the_way_is_never_given_whole_to_docker(tmp_path, rec
     damaged = bytearray(good[0])
     damaged[len(damaged) // 2] ^= 0xFF
     head = _relay(recorder, tmp_path / "head.tar", False, [good[1]])
-    _, err = head.communicate(json.dumps({"token": None, "next": []}).encode() + b"\n" + bytes(damaged), timeout=60)
+    _, err = head.communicate(_told(None, []) + bytes(damaged), timeout=60)
     assert head.returncode == relay.UPSTREAM and b"arrived damaged" in err
     loaded = tmp_path / "head.tar"  # docker load was killed: its input never ended as a tar does
     assert not (tmp_path / "head.tar.end").exists()
@@ -153,12 +184,12 @@ def test_a_layer_damaged_on_the_way_is_never_given_whole_to_docker(tmp_path, rec
 def test_a_stream_cut_short_and_a_silent_upstream_end_the_relay_with_the_reason(tmp_path, recorder):
     blob = _blob(os.urandom(1 << 20), "one.tar.gz")
     head = _relay(recorder, tmp_path / "head.tar", False, [blob[1]])
-    _, err = head.communicate(json.dumps({"token": None, "next": []}).encode() + b"\n" + blob[0][:1000], timeout=60)
+    _, err = head.communicate(_told(None, []) + blob[0][:1000], timeout=60)
     assert head.returncode == relay.UPSTREAM and b"ended at byte 1000 of" in err
     assert not (tmp_path / "head.tar.end").exists()
     waiting = _relay(recorder, tmp_path / "w.tar", True, [blob[1]], stall=1)
     waiting.stdout.readline()
-    waiting.stdin.write(json.dumps({"token": "t" * 32, "next": []}).encode() + b"\n")
+    waiting.stdin.write(_told("t" * 32, []))
     waiting.stdin.flush()
     assert waiting.wait(timeout=30) == relay.UPSTREAM
     assert b"no host before this one connected within 1 s" in waiting.stderr.read()
@@ -186,7 +217,8 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
         path.write_bytes(gzip.compress(data, 1))
         blobs.append(Blob(f"sha256:{n}" * 8, path, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()))
     image = LocalImage("kit-test:1", "sha256:" + "f" * 64, 10 << 20, None, tuple(b.diff_id for b in blobs))
-    layers = Layers(image, image.diff_ids, b'{"config": 1}', tuple(blobs), 0)
+    config = json.dumps({"history": [{"created_by": "RUN pip install " + "x" * 200}] * 1000}).encode()
+    layers = Layers(image, image.diff_ids, config, tuple(blobs), 0)  # a config of 200 KB: past one argument's limit
     nodes = [Node(Host(f"h{i}"), LocalRunner(f"h{i}"), Place("c", str(tmp_path)),
                   address="192.0.2.1" if i == 2 else "127.0.0.1", facts=HostFacts(0, "20.10", python3=True))
              for i in range(4)]
@@ -205,7 +237,8 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
     stream = sum(b.size for b in blobs)
     assert sent.routes == ("h2: its relay did not start (OSError: [Errno 99] Cannot assign requested address); "
                            "routed around it and sent its layers from here",)
-    assert 0 <= sent.from_here - 2 * stream < 8192  # the chain's head, and h2 (as a tar: headers, config, manifest)
+    # the chain's head, and h2 (as a tar: headers, config, manifest)
+    assert 0 <= sent.from_here - 2 * stream - len(config) < 8192
     assert sent.between_hosts == 2 * stream  # h0 -> h1 -> h3
     assert seen.done == {n.name: stream for n in nodes}
     assert 0 < sent.arrived <= sent.seconds
@@ -214,7 +247,7 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
     for path in loads:
         files = _loaded(path)
         assert [files[b.name] for b in blobs] == [b.path.read_bytes() for b in blobs]
-        assert files["config.json"] == b'{"config": 1}'
+        assert files["config.json"] == config
 
 
 def test_the_relays_tar_is_what_tarfile_reads():

@@ -19,7 +19,6 @@ its layers from here too, as `docker load` reads them. Nothing half-sent is ever
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
 import threading
@@ -36,10 +35,11 @@ from kit.steps.image import Blob, Layers, chunks
 from kit.steps.node import Node
 
 RELAY_SCRIPT = Path(relay.__file__).read_text()
+RELAY_COMMAND = f"python3 -c {shlex.quote(RELAY_SCRIPT)}"  # what it is told comes on stdin
 STALL_S = 30          # a hop that moves no byte (and says nothing) for this long has failed
 START_S = 15          # a relay says where it listens within this
 LOAD_LIMIT_S = 1800   # docker load of what arrived, on a slow disk
-RELAY_COMMAND = "kit's image relay (python3 -c ...)"
+RELAY_NAME = "kit's image relay (python3 -c ...)"  # the command, in a failure line
 LOAD_COMMAND = "docker load && echo loaded"  # not exec'd by the shell: a killed load is reported as exit 137
 LOAD_HINT = "check free disk space and that Docker runs on the host, then run kit up again"
 
@@ -196,7 +196,7 @@ class _Distribution:
             self.between += sum(h.forwarded for h in hops)
         for h in hops:
             if h.state == "failed" or (h is hops[0] and h.state not in ("done", "skipped")):
-                self.fail(h.name, f"loading image {self.layers.image.tag} failed: {h.reason}", RELAY_COMMAND, h.tail)
+                self.fail(h.name, f"loading image {self.layers.image.tag} failed: {h.reason}", RELAY_NAME, h.tail)
         return [h.node for h in hops[1:] if h.state == "upstream"]
 
     def route_around(self, hop: Hop, reason: str) -> None:
@@ -243,9 +243,8 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
         else:
             for i, h in enumerate(live):
                 route = [[n.name, n.node.address, n.port, n.token] for n in live[i + 1:]]
-                told = {"token": None if h is hops[0] else h.token, "next": route}  # on stdin: no command line shows it
                 try:
-                    h.talk.send(json.dumps(told).encode() + b"\n")
+                    h.talk.send(relay.message({"token": None if h is hops[0] else h.token, "next": route}))
                 except OSError as e:
                     h.end("failed", f"kit could not talk to its relay ({e})")
         readers = [pool.submit(_follow, h, by_name, lock, total, progress, stall, route_around) for h in live]
@@ -261,10 +260,9 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
 
 
 def _start(hop: Hop, params: dict, head: bool, stall: float) -> None:
-    mine = {**params, "listen": not head, "bind": hop.node.address}
-    command = f"python3 -c {shlex.quote(RELAY_SCRIPT)} {shlex.quote(json.dumps(mine))}"
     try:
-        hop.talk = hop.node.runner.converse(command, silence=stall + START_S)
+        hop.talk = hop.node.runner.converse(RELAY_COMMAND, silence=stall + START_S)
+        hop.talk.send(relay.message({**params, "listen": not head, "bind": hop.node.address}))
     except KitError as e:
         hop.end("failed", e.message)
         return
