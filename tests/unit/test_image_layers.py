@@ -8,18 +8,25 @@ import hashlib
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from kit import relay
-from kit.steps.distribute import RELAY_SCRIPT, Sent
-from kit.steps.facts import parse_facts
-from kit.steps.image import present
+from kit.inventory import Host
+from kit.place import Place
+from kit.runners.local import LocalRunner
+from kit.steps.distribute import RELAY_SCRIPT, Sent, distribute
+from kit.steps.facts import HostFacts, parse_facts
+from kit.steps.image import Blob, Layers, LocalImage, present
+from kit.steps.node import Node
 
 A, B, C, D = (f"sha256:{c * 64}" for c in "abcd")
 
@@ -59,13 +66,19 @@ def _blob(data: bytes, name: str) -> tuple[bytes, list]:
 
 @pytest.fixture
 def recorder(tmp_path) -> dict:
-    """`docker` on PATH that keeps what `docker load` would read, one file per host folder."""
+    """`docker` on PATH that keeps what `docker load` would read, one file per host folder; KIT_TEST_REFUSE: it
+    fails saying that; KIT_TEST_HANG=midway|after: it hangs after 100 kB, or once it read every byte."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = load ] || exit 2\nout="${KIT_TEST_LOADED:-$KIT_TEST_DIR/$$.tar}"\n'
                                     '[ -z "$KIT_TEST_REFUSE" ] || { head -c 1000 >/dev/null; echo "$KIT_TEST_REFUSE" >&2;'
                                     ' exit 1; }\n'
-                                    'cat > "$out" && echo "input ended" > "$out.end"\n')
+                                    'echo $$ > "$out.pid"\n'
+                                    'hang() { exec sleep 120; }\n'
+                                    '[ "$KIT_TEST_HANG" != midway ] || { head -c 100000 > "$out"; hang; }\n'
+                                    'cat > "$out" || exit 1\n'
+                                    '[ "$KIT_TEST_HANG" != after ] || hang\n'
+                                    'echo "input ended" > "$out.end"\n')
     (bin_dir / "docker").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
@@ -195,52 +208,62 @@ def test_a_stream_cut_short_and_a_silent_upstream_end_the_relay_with_the_reason(
     assert b"no host before this one connected within 1 s" in waiting.stderr.read()
 
 
-def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes_around_one_that_cannot_listen(
-        tmp_path, recorder, monkeypatch):
-    """distribute() with four hosts on this machine (LocalRunner, relays over loopback): the chain's bytes leave
-    here once; a host whose relay cannot listen (its address is not this machine's) is named and sent its layers
-    from here; every host's `docker load` reads the same whole tar."""
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.runners.local import LocalRunner
-    from kit.steps.distribute import distribute
-    from kit.steps.facts import HostFacts
-    from kit.steps.image import Blob, Layers, LocalImage
-    from kit.steps.node import Node
-
+@pytest.fixture
+def local_hosts(tmp_path, recorder, monkeypatch):
+    """distribute() on this machine: hosts are LocalRunners, their relays talk over loopback, `docker` records."""
     monkeypatch.setenv("PATH", recorder["PATH"])
     monkeypatch.setenv("KIT_TEST_DIR", str(tmp_path))
     monkeypatch.delenv("KIT_TEST_LOADED", raising=False)
+
+    def nodes(count: int, python3: bool = True, elsewhere: int = -1) -> list[Node]:
+        """`elsewhere`: the host whose address is not this machine's, so its relay cannot listen."""
+        return [Node(Host(f"h{i}"), LocalRunner(f"h{i}"), Place("c", str(tmp_path)),
+                     address="192.0.2.1" if i == elsewhere else "127.0.0.1",
+                     facts=HostFacts(0, "20.10", python3=python3)) for i in range(count)]
+    return nodes
+
+
+def _layers(folder: Path, config: bytes, *contents: bytes) -> Layers:
     blobs = []
-    for n, data in enumerate((b"base" * 100_000, os.urandom(2 << 20))):
-        path = tmp_path / f"{n}.tar.gz"
+    for n, data in enumerate(contents):
+        path = folder / f"{n}.tar.gz"
         path.write_bytes(gzip.compress(data, 1))
         blobs.append(Blob(f"sha256:{n}" * 8, path, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()))
     image = LocalImage("kit-test:1", "sha256:" + "f" * 64, 10 << 20, None, tuple(b.diff_id for b in blobs))
+    return Layers(image, image.diff_ids, config, tuple(blobs), 0)
+
+
+class Seen:
+    """The progress kit shows; `then(host, done, total)` runs on each report."""
+
+    def __init__(self, then=lambda host, done, total: None):
+        self.done: dict[str, int] = {}
+        self.then = then
+
+    def status(self, host, text):
+        pass
+
+    def transfer(self, host, done, total):
+        self.done[host] = max(done, self.done.get(host, 0))
+        self.then(host, done, total)
+
+
+def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes_around_one_that_cannot_listen(
+        tmp_path, local_hosts):
+    """Four hosts: the chain's bytes leave here once; a host whose relay cannot listen (its address is not this
+    machine's) is named and sent its layers from here; every host's `docker load` reads the same whole tar."""
     config = json.dumps({"history": [{"created_by": "RUN pip install " + "x" * 200}] * 1000}).encode()
-    layers = Layers(image, image.diff_ids, config, tuple(blobs), 0)  # a config of 200 KB: past one argument's limit
-    nodes = [Node(Host(f"h{i}"), LocalRunner(f"h{i}"), Place("c", str(tmp_path)),
-                  address="192.0.2.1" if i == 2 else "127.0.0.1", facts=HostFacts(0, "20.10", python3=True))
-             for i in range(4)]
-
-    class Seen:
-        def __init__(self):
-            self.done: dict[str, int] = {}
-
-        def status(self, host, text):
-            pass
-
-        def transfer(self, host, done, total):
-            self.done[host] = max(done, self.done.get(host, 0))
+    layers = _layers(tmp_path, config, b"base" * 100_000, os.urandom(2 << 20))  # config: past one argument's limit
+    blobs = layers.blobs
     seen = Seen()
-    sent = distribute(nodes, layers, {n.name: 0 for n in nodes}, seen, stall=10)
+    sent = distribute(local_hosts(4, elsewhere=2), layers, {f"h{i}": 0 for i in range(4)}, seen, stall=10)
     stream = sum(b.size for b in blobs)
     assert sent.routes == ("h2: its relay did not start (OSError: [Errno 99] Cannot assign requested address); "
                            "routed around it and sent its layers from here",)
     # the chain's head, and h2 (as a tar: headers, config, manifest)
     assert 0 <= sent.from_here - 2 * stream - len(config) < 8192
     assert sent.between_hosts == 2 * stream  # h0 -> h1 -> h3
-    assert seen.done == {n.name: stream for n in nodes}
+    assert seen.done == {f"h{i}": stream for i in range(4)}
     assert 0 < sent.arrived <= sent.seconds
     loads = sorted(tmp_path.glob("*.tar"))
     assert len(loads) == 4 and all(Path(f"{p}.end").exists() for p in loads)
@@ -248,6 +271,118 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
         files = _loaded(path)
         assert [files[b.name] for b in blobs] == [b.path.read_bytes() for b in blobs]
         assert files["config.json"] == config
+
+
+class Scripted:
+    """A host whose relays say what a script says (one script for each relay kit starts there): the bookkeeping of
+    the chain's rounds, with no timing in the way. What kit sends them is taken and dropped."""
+
+    def __init__(self, host: str, *scripts: tuple[list[str], int, str]):
+        self.host, self.sudo, self.scripts = host, False, list(scripts)
+
+    def converse(self, command: str, silence: float) -> "Scripted.Talk":
+        return Scripted.Talk(self.host, *self.scripts.pop(0))
+
+    def close(self) -> None:
+        pass
+
+    class Talk:
+        def __init__(self, host: str, lines: list[str], code: int, stderr: str):
+            self.host, self.said, self.code, self.stderr = host, iter(lines), code, stderr
+            self.ended = threading.Event()
+
+        def send(self, data: bytes) -> None:
+            pass
+
+        def end_input(self) -> None:
+            self.ended.set()
+
+        def lines(self):
+            for line in self.said:
+                if line == "(its input ends)":
+                    assert self.ended.wait(10)
+                else:
+                    yield line
+
+        def result(self):
+            from kit.runners.base import Result
+            return Result(self.host, "relay", self.code, "", self.stderr)
+
+        def close(self) -> None:
+            pass
+
+
+def test_hosts_cut_off_mid_way_are_served_again_and_named_in_the_summary(tmp_path):
+    """h0 loses h1 mid-way (a reset link), which cuts off h2 behind it: both are served in a second round, and the
+    summary says so, with why."""
+    layers = _layers(tmp_path, b"{}", b"x" * 10)
+    total = layers.blobs[0].size
+    h0 = Scripted("h0", (["NEXT h1", "LOST h1 Connection reset by peer", "(its input ends)", f"DONE {total} 5"], 0,
+                         ""))
+    h1 = Scripted("h1", (["LISTEN 1", "P 5 5"], relay.UPSTREAM, "the host before this one went away (reset)"),
+                  (["(its input ends)", f"DONE {total} {total}"], 0, ""))
+    h2 = Scripted("h2", (["LISTEN 2", "P 5 0"], relay.UPSTREAM, "the stream ended at byte 5 of 10"),
+                  (["LISTEN 3", f"DONE {total} 0"], 0, ""))
+    nodes = [Node(Host(r.host), r, Place("c", str(tmp_path)), address="127.0.0.1",
+                  facts=HostFacts(0, "20.10", python3=True)) for r in (h0, h1, h2)]
+    sent = distribute(nodes, layers, {n.name: 0 for n in nodes}, Seen(), stall=10)
+    assert sent.routes == ("h1: cut off (h0 lost it mid-way (Connection reset by peer)); sent its layers again",
+                           "h2: cut off (the stream ended at byte 5 of 10); sent its layers again")
+    assert sent.from_here == 2 * total and sent.between_hosts == 5 + 5 + total  # h0 -> h1 -> h2, then h1 -> h2
+    assert "h2: cut off (the stream ended at byte 5 of 10); sent its layers again" in str(sent).splitlines()
+
+
+def _interrupted(nodes: list[Node], layers: Layers, when) -> float:
+    """distribute(), and Ctrl-C (a real SIGINT) the first time when(done, total) holds; how long it took to stop.
+    Every `docker load` hangs (KIT_TEST_HANG), as one that is applying a large image, or a stuck disk."""
+    interrupted = threading.Event()
+
+    def then(host, done, total):
+        if when(done, total) and not interrupted.is_set():
+            interrupted.set()
+            os.kill(os.getpid(), signal.SIGINT)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        distribute(nodes, layers, {n.name: 0 for n in nodes}, Seen(then), stall=60)
+    assert interrupted.is_set()
+    return time.monotonic() - began
+
+
+def _hung_loads_end(folder: Path) -> None:
+    """Every `docker load` was killed, and none read a whole image."""
+    pids = [int(p.read_text()) for p in folder.glob("*.pid")]
+    assert pids
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+    assert not list(folder.glob("*.end"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ctrl_c_while_the_chain_streams_stops_every_relay_at_once(tmp_path, local_hosts, monkeypatch):
+    """Not after the relays' 75 s of silence: each relay's input ends, so it kills its `docker load` and ends."""
+    monkeypatch.setenv("KIT_TEST_HANG", "midway")  # docker load takes no more: the chain stalls mid-way
+    layers = _layers(tmp_path, b"{}", os.urandom(4 << 20))
+    took = _interrupted(local_hosts(3), layers, lambda done, total: 0 < done < total)
+    assert took < 40, f"Ctrl-C took {took:.0f} s to stop the image step"
+    _hung_loads_end(tmp_path)
+
+
+def test_ctrl_c_while_a_host_loads_what_it_was_sent_directly_stops_at_once(tmp_path, local_hosts, monkeypatch):
+    """A host without python3 is sent its layers from here; once they are all there, kit waits for `docker load`
+    (up to 30 min): Ctrl-C then ends that wait and the load, not after it."""
+    monkeypatch.setenv("KIT_TEST_HANG", "after")
+    layers = _layers(tmp_path, b"{}", os.urandom(1 << 20))
+    took = _interrupted(local_hosts(2, python3=False), layers, lambda done, total: done == total)
+    assert took < 40, f"Ctrl-C took {took:.0f} s to stop the image step"
+    _hung_loads_end(tmp_path)
 
 
 def test_the_relays_tar_is_what_tarfile_reads():

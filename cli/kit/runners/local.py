@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import threading
 from typing import Callable, Iterable, Iterator
@@ -24,6 +25,7 @@ class LocalRunner:
     def __init__(self, host: str) -> None:
         self.host = host
         self.sudo = False  # set by become_root when kit does not run as root
+        self.feeding: list[subprocess.Popen] = []  # what stream_in and converse started: close() ends it
 
     def peer_address(self) -> str:
         return "127.0.0.1"
@@ -33,6 +35,12 @@ class LocalRunner:
 
     def _popen(self, command: str, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self._argv(command), **_session(), **kwargs)
+
+    def _fed(self, command: str, **kwargs) -> subprocess.Popen:
+        """A command kit writes to: close() kills it, as closing an SSH connection ends such a command there."""
+        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+        self.feeding = [p for p in self.feeding if p.poll() is None] + [proc]
+        return proc
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
             changes: bool = False) -> Result:
@@ -49,7 +57,7 @@ class LocalRunner:
         """finish (None: timeout): how long the command may go on after its input has ended (this machine takes
         input as fast as it can write it)."""
         timeout = timeout if finish is None else finish
-        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = self._fed(command)
         out: dict[str, bytes] = {}
         readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)
                    for k, f in (("out", proc.stdout), ("err", proc.stderr))]
@@ -85,11 +93,18 @@ class LocalRunner:
         return proc.wait()
 
     def converse(self, command: str, silence: float) -> "LocalConversation":
-        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-        return LocalConversation(self.host, command, proc, silence)
+        return LocalConversation(self.host, command, self._fed(command, bufsize=0), silence)
 
     def close(self) -> None:
-        pass
+        """Ends what kit still writes to (an interrupted image step): each command's whole process group, which
+        its own session makes; one run through sudo is root's, and ends when its input does."""
+        for proc in self.feeding:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self.feeding = []
 
 
 class LocalConversation:

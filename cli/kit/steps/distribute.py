@@ -10,11 +10,13 @@ image about as fast as one host takes it, however long it is.
 A hop that cannot be reached (or whose relay does not start) is routed around:
 its predecessor goes on to the host after it, and kit sends it its layers from
 here at once. A host whose docker load fails still passes the layers on; one
-that drops out mid-way cuts off the rest of the chain, which
-is served again in another round without it; each round's first host is never
-served again, so the rounds end. A host alone, or one without python3, is sent
-its layers from here too, as `docker load` reads them. Nothing half-sent is ever loaded: a relay that fails kills its
-`docker load` before the tar ends, and Docker keeps nothing of it.
+that drops out mid-way cuts off the rest of the chain, which is served again in
+another round without it (the summary names each); each round's first host is
+never served again, so the rounds end. A host alone, or one without python3, is
+sent its layers from here too, as `docker load` reads them. Nothing half-sent is
+ever loaded: a relay that fails kills its `docker load` before the tar ends, and
+Docker keeps nothing of it. Ctrl-C closes every host's connection at once: kit
+waits for no transfer or load to end.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Sent:
     between_hosts: int     # bytes the hosts passed on to each other
     seconds: float
     arrived: float         # seconds until every host had every byte (the rest: docker load applying the layers)
-    routes: tuple[str, ...] = ()  # hosts routed around, and why
+    routes: tuple[str, ...] = ()  # hosts routed around, or cut off and served again, and why
 
     def __str__(self) -> str:
         hosts = f"{self.hosts} host{'s' if self.hosts > 1 else ''}"
@@ -88,6 +90,7 @@ class Hop:
     #                           around: served from here)
     reason: str = ""
     tail: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # its relay's reader and others end it
 
     @property
     def name(self) -> str:
@@ -95,10 +98,11 @@ class Hop:
 
     def end(self, state: str, reason: str = "", tail: str = "") -> bool:
         """Its outcome, unless it has one already (the first word stands); whether this one stood."""
-        if self.state in ("done", "failed", "upstream", "skipped"):
-            return False
-        self.state, self.reason, self.tail = state, reason, tail
-        return True
+        with self.lock:
+            if self.state in ("done", "failed", "upstream", "skipped"):
+                return False
+            self.state, self.reason, self.tail = state, reason, tail
+            return True
 
 
 def distribute(nodes: list[Node], layers: Layers, starts: dict[str, int], progress: Progress,
@@ -108,17 +112,21 @@ def distribute(nodes: list[Node], layers: Layers, starts: dict[str, int], progre
     arrivals = _Arrivals(progress)
     with ThreadPoolExecutor(max_workers=len(nodes) + 1) as pool:
         run = _Distribution(layers, starts, arrivals, stall, pool)
-        chained = [n for n in nodes if n.facts.python3 and not n.place.private]
-        for n in nodes:
-            if n not in chained:
+        try:
+            chained = [n for n in nodes if n.facts.python3 and not n.place.private]
+            for n in nodes:
+                if n not in chained:
+                    run.direct(n)
+            pending = chained
+            while len(pending) > 1:
+                pending = run.round(pending)
+            for n in pending:
                 run.direct(n)
-        pending = chained
-        while len(pending) > 1:
-            pending = run.round(pending)
-        for n in pending:
-            run.direct(n)
-        for job in list(run.jobs):
-            job.result()
+            for job in list(run.jobs):
+                job.result()
+        except BaseException:  # Ctrl-C: not a wait for the transfers still going
+            run.stop(nodes)
+            raise
     if run.failures:
         raise HostsFailed("copying the image", run.failures)
     streams = [layers.stream(starts[n.name]) for n in nodes]
@@ -153,10 +161,19 @@ class _Distribution:
         self.failures: dict[str, KitError] = {}
         self.routes: list[str] = []
         self.jobs: list[Future] = []
+        self.stopped = threading.Event()
+
+    def stop(self, nodes: list[Node]) -> None:
+        """No transfer starts or goes on: each host's connection closes, which ends its relay and its `docker load`
+        before the tar ends (Docker keeps nothing of it), or lets a load that has every byte finish there."""
+        self.stopped.set()
+        for n in nodes:
+            n.runner.close()
 
     def direct(self, node: Node) -> None:
         """The host's layers straight from here, as `docker load` reads them (in the pool)."""
-        self.jobs.append(self.pool.submit(self._direct, node))
+        if not self.stopped.is_set():
+            self.jobs.append(self.pool.submit(self._direct, node))
 
     def _direct(self, node: Node) -> None:
         stream = self.layers.stream(self.starts[node.name])
@@ -166,6 +183,8 @@ class _Distribution:
         def counted() -> Iterator[bytes]:
             nonlocal sent
             for part in _tar(self.layers, stream):
+                if self.stopped.is_set():
+                    raise InterruptedError("kit was stopped")
                 yield part
                 sent += len(part)
                 with self.lock:
@@ -194,10 +213,13 @@ class _Distribution:
         with self.lock:
             self.from_here += sent
             self.between += sum(h.forwarded for h in hops)
+        again = [h for h in hops[1:] if h.state == "upstream"]
         for h in hops:
             if h.state == "failed" or (h is hops[0] and h.state not in ("done", "skipped")):
                 self.fail(h.name, f"loading image {self.layers.image.tag} failed: {h.reason}", RELAY_NAME, h.tail)
-        return [h.node for h in hops[1:] if h.state == "upstream"]
+        with self.lock:
+            self.routes += [f"{h.name}: cut off ({h.reason}); sent its layers again" for h in again]
+        return [h.node for h in again]
 
     def route_around(self, hop: Hop, reason: str) -> None:
         """A host its predecessor could not reach, or whose relay did not start: its relay stops, and it is served
@@ -226,36 +248,47 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
     params = {"blobs": [[b.name, b.size, b.sha256] for b in stream], "layers": layers.manifest(),
               "config": layers.config.decode(), "tag": layers.image.tag, "stall": stall, "load_limit": LOAD_LIMIT_S}
     by_name = {h.name: h for h in hops}
-    lock = threading.Lock()
     with ThreadPoolExecutor(max_workers=len(hops)) as pool:
-        list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall), hops))
-        for h in hops:
-            if h.state == "failed":
-                reason = h.reason
-                h.state = "skipped"
-                route_around(h, reason)
-        live = [h for h in hops if h.state == "listening"]
-        if hops[0] not in live:
-            for h in live:
-                h.end("upstream", f"the chain's first host, {hops[0].name}, did not start")
-                h.talk.close()
-            live = []
-        else:
-            for i, h in enumerate(live):
-                route = [[n.name, n.node.address, n.port, n.token] for n in live[i + 1:]]
-                try:
-                    h.talk.send(relay.message({"token": None if h is hops[0] else h.token, "next": route}))
-                except OSError as e:
-                    h.end("failed", f"kit could not talk to its relay ({e})")
-        readers = [pool.submit(_follow, h, by_name, lock, total, progress, stall, route_around) for h in live]
-        sent, broke = _feed(hops[0], stream, progress) if hops[0].state == "listening" else (0, None)
-        for r in readers:
-            r.result()
-        if broke is not None and hops[0].state != "done":
-            hops[0].reason += f" (kit's stream to it broke: {broke})"
+        try:
+            return _run_chain(hops, by_name, stream, total, params, pool, progress, stall, route_around)
+        except BaseException:  # Ctrl-C: each host's connection closes, so its relay's reader here ends at once, and
+            for h in hops:      # the relay, its input ended, stops (one stuck writing to `docker load`: at its stall)
+                h.node.runner.close()
+            raise
+        finally:
+            for h in hops:
+                if h.talk is not None:
+                    h.talk.close()
+
+
+def _run_chain(hops: list[Hop], by_name: dict[str, Hop], stream: tuple[Blob, ...], total: int, params: dict,
+               pool: ThreadPoolExecutor, progress: Progress, stall: float,
+               route_around: Callable[[Hop, str], None]) -> int:
+    list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall), hops))
     for h in hops:
-        if h.talk is not None:
+        if h.state == "failed":
+            reason = h.reason
+            h.state = "skipped"
+            route_around(h, reason)
+    live = [h for h in hops if h.state == "listening"]
+    if hops[0] not in live:
+        for h in live:
+            h.end("upstream", f"the chain's first host, {hops[0].name}, did not start")
             h.talk.close()
+        live = []
+    else:
+        for i, h in enumerate(live):
+            route = [[n.name, n.node.address, n.port, n.token] for n in live[i + 1:]]
+            try:
+                h.talk.send(relay.message({"token": None if h is hops[0] else h.token, "next": route}))
+            except OSError as e:
+                h.end("failed", f"kit could not talk to its relay ({e})")
+    readers = [pool.submit(_follow, h, by_name, total, progress, stall, route_around) for h in live]
+    sent, broke = _feed(hops[0], stream, progress) if hops[0].state == "listening" else (0, None)
+    for r in readers:
+        r.result()
+    if broke is not None and hops[0].state != "done":
+        hops[0].reason += f" (kit's stream to it broke: {broke})"
     return sent
 
 
@@ -302,8 +335,8 @@ def _feed(head: Hop, stream: tuple[Blob, ...], progress: Progress) -> tuple[int,
     return sent, None
 
 
-def _follow(hop: Hop, by_name: dict[str, Hop], lock: threading.Lock, total: int, progress: Progress,
-            stall: float, route_around: Callable[[Hop, str], None]) -> None:
+def _follow(hop: Hop, by_name: dict[str, Hop], total: int, progress: Progress, stall: float,
+            route_around: Callable[[Hop, str], None]) -> None:
     """Read one relay's lines until it ends: progress, hops it skipped or lost, its outcome."""
     progress.status(hop.name, "receiving the image")
     said_done = False
@@ -318,16 +351,14 @@ def _follow(hop: Hop, by_name: dict[str, Hop], lock: threading.Lock, total: int,
                     progress.status(hop.name, "loading the image")
             elif word == "SKIP":
                 name, _, why = rest.partition(" ")
-                with lock:
-                    skipped = by_name.get(name)
-                    newly = skipped is not None and skipped.end("skipped")
-                if newly:  # not when it had ended already (gave up waiting, failed): the round's end handles it
+                skipped = by_name.get(name)
+                # not when it had ended already (gave up waiting, failed): the round's end handles it
+                if skipped is not None and skipped.end("skipped"):
                     route_around(skipped, f"not reached from {hop.name} ({why})")
             elif word == "LOST":
                 name, _, why = rest.partition(" ")
-                with lock:
-                    if name in by_name:
-                        by_name[name].end("upstream", f"{hop.name} lost it mid-way ({why})")
+                if name in by_name:
+                    by_name[name].end("upstream", f"{hop.name} lost it mid-way ({why})")
             elif word == "DONE":
                 received, forwarded = (int(x) for x in rest.split()[:2])
                 hop.received, hop.forwarded, said_done = received, forwarded, True
@@ -339,15 +370,13 @@ def _follow(hop: Hop, by_name: dict[str, Hop], lock: threading.Lock, total: int,
         hop.end("failed", f"the SSH connection to it broke ({e})")
         return
     r = hop.talk.result()
-    with lock:
-        if r.exit_code == 0 and said_done:
-            hop.end("done")
-        elif r.exit_code == relay.UPSTREAM:
-            hop.end("upstream", _tail(r.stderr).splitlines()[-1] if r.stderr.strip() else "cut off", _tail(r.stderr))
-        else:
-            said = r.stderr.strip().splitlines()
-            hop.end("failed", f"its relay failed (exit {r.exit_code}){': ' + said[-1] if said else ''}",
-                    _tail(r.stderr))
+    if r.exit_code == 0 and said_done:
+        hop.end("done")
+    elif r.exit_code == relay.UPSTREAM:
+        hop.end("upstream", _tail(r.stderr).splitlines()[-1] if r.stderr.strip() else "cut off", _tail(r.stderr))
+    else:
+        said = r.stderr.strip().splitlines()
+        hop.end("failed", f"its relay failed (exit {r.exit_code}){': ' + said[-1] if said else ''}", _tail(r.stderr))
 
 
 def _tail(text: str) -> str:
