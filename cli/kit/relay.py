@@ -118,8 +118,12 @@ class FromPeer:
                     if r is listener:
                         self._accept(listener, pending)
                         continue
+                    if r not in pending:  # made room for one accepted just now
+                        continue
                     try:
                         part = r.recv(len(want) - len(pending[r][0]))
+                    except (BlockingIOError, InterruptedError):  # not ready after all
+                        continue
                     except OSError:
                         part = b""
                     pending[r][0] += part

@@ -164,6 +164,29 @@ def test_strangers_on_the_network_cannot_hold_a_relays_port(tmp_path, recorder):
     assert _loaded(tmp_path / "second.tar")["one.tar.gz"] == blob[0]
 
 
+def test_a_relay_full_of_strangers_makes_room_and_still_finds_its_peer(monkeypatch):
+    """Connections past PENDING push out the oldest, also one that has just sent a byte (it was read after it had
+    gone, and the relay died on it); the host before it, last in the queue, is found."""
+    monkeypatch.setattr(relay, "PENDING", 2)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = listener.getsockname()
+        first = socket.create_connection(address)
+        first.sendall(b"x")
+        first.shutdown(socket.SHUT_WR)  # and readable again: its end
+        strangers = [first] + [socket.create_connection(address) for _ in range(3)]
+        peer = socket.create_connection(address)
+        peer.sendall(b"t" * 32 + b"\n" + b"layers")
+        try:
+            upstream = relay.FromPeer(listener, "t" * 32, 10)
+            assert upstream.recv(6) == b"layers"
+            upstream.conn.close()
+        finally:
+            for c in strangers + [peer]:
+                c.close()
+
+
 def test_a_host_whose_docker_load_fails_still_passes_every_byte_on_and_says_why(tmp_path, recorder):
     """A full disk on one host of the chain costs that host, not the hosts behind it."""
     blob = _blob(os.urandom(3 << 20), "one.tar.gz")
@@ -275,7 +298,10 @@ def test_a_chain_of_relays_gives_every_host_the_layers_once_from_here_and_routes
 
 class Scripted:
     """A host whose relays say what a script says (one script for each relay kit starts there): the bookkeeping of
-    the chain's rounds, with no timing in the way. What kit sends them is taken and dropped."""
+    the chain's rounds, with no timing in the way. What kit sends them is taken and dropped. A script's line
+    "(its input ends)" waits for kit to end the relay's input; "(set X)" and "(wait X)" order two relays' words."""
+
+    events: dict[str, threading.Event] = {}
 
     def __init__(self, host: str, *scripts: tuple[list[str], int, str]):
         self.host, self.sudo, self.scripts = host, False, list(scripts)
@@ -299,8 +325,15 @@ class Scripted:
 
         def lines(self):
             for line in self.said:
+                word, _, name = line.strip("()").partition(" ")
                 if line == "(its input ends)":
                     assert self.ended.wait(10)
+                elif line.startswith("(") and word in ("set", "wait"):
+                    event = Scripted.events.setdefault(name, threading.Event())
+                    if word == "set":
+                        event.set()
+                    else:
+                        assert event.wait(10)
                 else:
                     yield line
 
@@ -317,9 +350,12 @@ def test_hosts_cut_off_mid_way_are_served_again_and_named_in_the_summary(tmp_pat
     summary says so, with why."""
     layers = _layers(tmp_path, b"{}", b"x" * 10)
     total = layers.blobs[0].size
-    h0 = Scripted("h0", (["NEXT h1", "LOST h1 Connection reset by peer", "(its input ends)", f"DONE {total} 5"], 0,
-                         ""))
-    h1 = Scripted("h1", (["LISTEN 1", "P 5 5"], relay.UPSTREAM, "the host before this one went away (reset)"),
+    Scripted.events.clear()
+    h0 = Scripted("h0", (["NEXT h1", "LOST h1 Connection reset by peer", "(set lost)", "(its input ends)",
+                          f"DONE {total} 5"], 0, ""))
+    # h1's relay ends after h0 said it lost h1 (h1's own end would name the other side of it)
+    h1 = Scripted("h1", (["LISTEN 1", "P 5 5", "(wait lost)"], relay.UPSTREAM,
+                         "the host before this one went away (reset)"),
                   (["(its input ends)", f"DONE {total} {total}"], 0, ""))
     h2 = Scripted("h2", (["LISTEN 2", "P 5 0"], relay.UPSTREAM, "the stream ended at byte 5 of 10"),
                   (["LISTEN 3", f"DONE {total} 0"], 0, ""))
@@ -367,7 +403,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_while_the_chain_streams_stops_every_relay_at_once(tmp_path, local_hosts, monkeypatch):
-    """Not after the relays' 75 s of silence: each relay's input ends, so it kills its `docker load` and ends."""
+    """Not after the relays' 75 s of silence: each host's connection closes (here: its commands are killed, the
+    relays and their `docker load`), so kit's readers of the relays end at once."""
     monkeypatch.setenv("KIT_TEST_HANG", "midway")  # docker load takes no more: the chain stalls mid-way
     layers = _layers(tmp_path, b"{}", os.urandom(4 << 20))
     took = _interrupted(local_hosts(3), layers, lambda done, total: 0 < done < total)

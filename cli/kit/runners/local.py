@@ -37,7 +37,8 @@ class LocalRunner:
         return subprocess.Popen(self._argv(command), **_session(), **kwargs)
 
     def _fed(self, command: str, **kwargs) -> subprocess.Popen:
-        """A command kit writes to: close() kills it, as closing an SSH connection ends such a command there."""
+        """A command kit writes to: close() kills it (closing an SSH connection cuts such a command's input and
+        output there)."""
         proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
         self.feeding = [p for p in self.feeding if p.poll() is None] + [proc]
         return proc
@@ -97,7 +98,8 @@ class LocalRunner:
 
     def close(self) -> None:
         """Ends what kit still writes to (an interrupted image step): each command's whole process group, which
-        its own session makes; one run through sudo is root's, and ends when its input does."""
+        its own session makes. One run through sudo is root's and is not killed: its input ends, and a `docker
+        load` then stops short of an image, or finishes one that had every byte."""
         for proc in self.feeding:
             if proc.poll() is None:
                 try:

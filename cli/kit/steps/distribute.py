@@ -46,6 +46,10 @@ LOAD_COMMAND = "docker load && echo loaded"  # not exec'd by the shell: a killed
 LOAD_HINT = "check free disk space and that Docker runs on the host, then run kit up again"
 
 
+class Stopped(Exception):
+    """Ctrl-C (or a bug) stopped the image step: no transfer starts or goes on."""
+
+
 class Progress(Protocol):
     def status(self, host: str, text: str) -> None: ...
     def transfer(self, host: str, done: int, total: int) -> None: ...
@@ -90,7 +94,7 @@ class Hop:
     #                           around: served from here)
     reason: str = ""
     tail: str = ""
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # its relay's reader and others end it
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # end() is atomic
 
     @property
     def name(self) -> str:
@@ -164,8 +168,9 @@ class _Distribution:
         self.stopped = threading.Event()
 
     def stop(self, nodes: list[Node]) -> None:
-        """No transfer starts or goes on: each host's connection closes, which ends its relay and its `docker load`
-        before the tar ends (Docker keeps nothing of it), or lets a load that has every byte finish there."""
+        """No transfer starts or goes on; each host's connection closes, so kit waits for none. There, a `docker
+        load` fed from here has its input cut before the tar ends (Docker keeps nothing of it) or, with every byte
+        in, finishes; a relay ends at its next word to kit, or kills its load at its stall."""
         self.stopped.set()
         for n in nodes:
             n.runner.close()
@@ -176,6 +181,8 @@ class _Distribution:
             self.jobs.append(self.pool.submit(self._direct, node))
 
     def _direct(self, node: Node) -> None:
+        if self.stopped.is_set():  # not a new connection to a host once kit was stopped
+            return
         stream = self.layers.stream(self.starts[node.name])
         total = sum(b.size for b in stream)
         sent = 0
@@ -184,7 +191,7 @@ class _Distribution:
             nonlocal sent
             for part in _tar(self.layers, stream):
                 if self.stopped.is_set():
-                    raise InterruptedError("kit was stopped")
+                    raise Stopped("kit was stopped")
                 yield part
                 sent += len(part)
                 with self.lock:
@@ -209,7 +216,7 @@ class _Distribution:
         """One chain through `nodes`; the hosts it cut off, to be served by another."""
         hops = [Hop(n) for n in nodes]
         sent = _chain(hops, self.layers, min(self.starts[n.name] for n in nodes), self.progress, self.stall,
-                      self.route_around)
+                      self.route_around, self.stopped)
         with self.lock:
             self.from_here += sent
             self.between += sum(h.forwarded for h in hops)
@@ -241,8 +248,9 @@ def _tar(layers: Layers, stream: tuple[Blob, ...]) -> Iterator[bytes]:
 
 
 def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stall: float,
-           route_around: Callable[[Hop, str], None]) -> int:
-    """One chain: hops[0] fed from here, each passing on to the next that answers. Returns the bytes sent from here."""
+           route_around: Callable[[Hop, str], None], stopped: threading.Event) -> int:
+    """One chain: hops[0] fed from here, each passing on to the next that answers. Returns the bytes sent from here.
+    Once `stopped` is set no relay starts."""
     stream = layers.stream(start)
     total = sum(b.size for b in stream)
     params = {"blobs": [[b.name, b.size, b.sha256] for b in stream], "layers": layers.manifest(),
@@ -250,9 +258,10 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
     by_name = {h.name: h for h in hops}
     with ThreadPoolExecutor(max_workers=len(hops)) as pool:
         try:
-            return _run_chain(hops, by_name, stream, total, params, pool, progress, stall, route_around)
-        except BaseException:  # Ctrl-C: each host's connection closes, so its relay's reader here ends at once, and
-            for h in hops:      # the relay, its input ended, stops (one stuck writing to `docker load`: at its stall)
+            return _run_chain(hops, by_name, stream, total, params, pool, progress, stall, route_around, stopped)
+        except BaseException:  # Ctrl-C: nothing starts; each host's connection closes, so its relay's reader here
+            stopped.set()       # ends at once (for the relay there, see _Distribution.stop)
+            for h in hops:
                 h.node.runner.close()
             raise
         finally:
@@ -263,8 +272,8 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
 
 def _run_chain(hops: list[Hop], by_name: dict[str, Hop], stream: tuple[Blob, ...], total: int, params: dict,
                pool: ThreadPoolExecutor, progress: Progress, stall: float,
-               route_around: Callable[[Hop, str], None]) -> int:
-    list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall), hops))
+               route_around: Callable[[Hop, str], None], stopped: threading.Event) -> int:
+    list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall, stopped=stopped), hops))
     for h in hops:
         if h.state == "failed":
             reason = h.reason
@@ -292,7 +301,10 @@ def _run_chain(hops: list[Hop], by_name: dict[str, Hop], stream: tuple[Blob, ...
     return sent
 
 
-def _start(hop: Hop, params: dict, head: bool, stall: float) -> None:
+def _start(hop: Hop, params: dict, head: bool, stall: float, stopped: threading.Event) -> None:
+    if stopped.is_set():  # not a new connection to a host once kit was stopped
+        hop.end("failed", "kit was stopped")
+        return
     try:
         hop.talk = hop.node.runner.converse(RELAY_COMMAND, silence=stall + START_S)
         hop.talk.send(relay.message({**params, "listen": not head, "bind": hop.node.address}))
