@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import KitError
 from kit.inventory import Host
 from kit.runners.ssh import SshRunner
 
@@ -86,3 +87,16 @@ def test_input_this_machine_cannot_read_is_raised_here_and_the_command_on_the_ho
         assert seen.read_text() == "first part\nended\n"
     finally:
         runner.close()
+
+
+def test_a_closed_runner_opens_no_new_connection(host):
+    """Once kit closed it (Ctrl-C in the image step closes every host's), a thread that was about to start a command
+    there gets an error instead of a new connection, and starts nothing."""
+    runner = SshRunner(host)
+    assert runner.run("true").ok
+    runner.close()
+    for start in (lambda: runner.run("true"), lambda: runner.converse("cat", silence=5),
+                  lambda: runner.stream_in("cat", iter([b"x"]), lambda n: None)):
+        with pytest.raises(KitError, match="kit had closed its connection"):
+            start()
+    assert not runner.conn.is_connected

@@ -82,8 +82,11 @@ class SshRunner:
                 self.via.insert(0, hop.host)
             hop = hop.gateway
         self.sudo = False  # set once the login user is known not to be root
+        self.closed = False  # by kit: a closed runner opens no new connection (a stopped step starts nothing)
 
     def open(self) -> None:
+        if self.closed:
+            raise KitError("kit had closed its connection to the host (it was stopped)", host=self.host)
         try:
             self.conn.open()
             self.conn.transport.set_keepalive(15)
@@ -179,6 +182,7 @@ class SshRunner:
         return Result(self.host, command, code, out.decode(errors="replace"), b"".join(err).decode(errors="replace"))
 
     def close(self) -> None:
+        self.closed = True
         self.conn.close()
 
 
