@@ -117,24 +117,9 @@ class FromPeer:
                 for r in ready:
                     if r is listener:
                         self._accept(listener, pending)
-                        continue
-                    if r not in pending:  # made room for one accepted just now
-                        continue
-                    try:
-                        part = r.recv(len(want) - len(pending[r][0]))
-                    except (BlockingIOError, InterruptedError):  # not ready after all
-                        continue
-                    except OSError:
-                        part = b""
-                    pending[r][0] += part
-                    got = pending[r][0]
-                    if part and len(got) < len(want) and not got.endswith(b"\n"):
-                        continue
-                    del pending[r]
-                    if part and hmac.compare_digest(got, want):
+                    elif r in pending and self._gave(r, want, pending):  # (not one dropped to make room)
                         conn = r
                         break
-                    r.close()  # not the host kit sent: ignored
         finally:
             for c in pending:
                 c.close()
@@ -142,6 +127,25 @@ class FromPeer:
         conn.setblocking(True)
         conn.settimeout(stall)
         self.conn, self.stall = conn, stall
+
+    @staticmethod
+    def _gave(conn, want, pending):
+        """Whether what conn sent now completes `want`. Once it sent a line, or as much, or ended, it leaves
+        `pending`, and is closed unless it gave the token."""
+        try:
+            part = conn.recv(len(want) - len(pending[conn][0]))
+        except (BlockingIOError, InterruptedError):  # not ready after all
+            return False
+        except OSError:
+            part = b""
+        got = pending[conn][0] = pending[conn][0] + part
+        if part and len(got) < len(want) and not got.endswith(b"\n"):
+            return False
+        del pending[conn]
+        if part and hmac.compare_digest(got, want):
+            return True
+        conn.close()  # not the host kit sent: ignored
+        return False
 
     @staticmethod
     def _accept(listener, pending):
