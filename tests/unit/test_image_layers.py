@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import closed_port
 
 from kit import relay
 from kit.inventory import Host
@@ -104,11 +105,6 @@ def _loaded(path: Path) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, recorder):
     one, two = _blob(b"layer one" * 1000, "one.tar.gz"), _blob(os.urandom(3 << 20), "two.tar.gz")
@@ -121,7 +117,7 @@ def test_the_chains_head_loads_the_layers_and_passes_every_byte_on(tmp_path, rec
     with socket.create_connection(("127.0.0.1", port)) as wrong, socket.create_connection(("127.0.0.1", port)):
         wrong.sendall(b"x" * 32 + b"\n")
         head = _relay(recorder, tmp_path / "head.tar", False, blobs)
-        route = [["nobody", "127.0.0.1", _free_port(), "u" * 32], ["second", "127.0.0.1", port, "t" * 32]]
+        route = [["nobody", "127.0.0.1", closed_port(), "u" * 32], ["second", "127.0.0.1", port, "t" * 32]]
         told = _told(None, route)
         out, err = head.communicate(told + one[0] + two[0], timeout=60)
     lines = out.decode().splitlines()

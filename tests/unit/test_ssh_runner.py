@@ -10,23 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import closed_port
 
 from kit.errors import KitError
 from kit.inventory import Host
 from kit.runners.ssh import SshRunner
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture
 def host(tmp_path, monkeypatch) -> Host:
     if os.geteuid() != 0:
         pytest.skip("sshd on a port of its own runs as root here")
-    home, run, port = tmp_path / "home", tmp_path / "sshd", _free_port()
+    home, run, port = tmp_path / "home", tmp_path / "sshd", closed_port()
     (home / ".ssh").mkdir(parents=True)
     run.mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/id_ed25519")], check=True)
