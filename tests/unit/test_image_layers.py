@@ -21,6 +21,7 @@ import pytest
 from helpers import closed_port
 
 from kit import relay
+from kit.errors import KitError
 from kit.inventory import Host
 from kit.place import Place
 from kit.runners.local import LocalRunner
@@ -402,6 +403,21 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_closed_local_runner_ends_what_it_feeds_and_starts_nothing_more(tmp_path):
+    """As a closed SSH runner: Ctrl-C's close() ends a local host's relay or load, and a thread that was about to
+    start one gets an error instead."""
+    runner = LocalRunner("h0")
+    talk = runner.converse(f"echo started; sleep 120; touch {tmp_path / 'ran'}", silence=30)
+    assert next(talk.lines()) == "started"
+    runner.close()
+    assert talk.result().exit_code == -signal.SIGKILL
+    for start in (lambda: runner.run("true"), lambda: runner.converse("cat", silence=5),
+                  lambda: runner.stream_in("cat", iter([b"x"]), lambda n: None)):
+        with pytest.raises(KitError, match="kit had closed its connection"):
+            start()
+    assert not (tmp_path / "ran").exists()
 
 
 def test_ctrl_c_while_the_chain_streams_stops_every_relay_at_once(tmp_path, local_hosts, monkeypatch):

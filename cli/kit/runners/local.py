@@ -13,6 +13,7 @@ import subprocess
 import threading
 from typing import Callable, Iterable, Iterator
 
+from kit.errors import KitError
 from kit.runners.base import STALL_S, Result
 
 
@@ -26,11 +27,15 @@ class LocalRunner:
         self.host = host
         self.sudo = False  # set by become_root when kit does not run as root
         self.feeding: list[subprocess.Popen] = []  # what stream_in and converse started: close() ends it
+        self.closed = False  # by kit: as a closed SSH runner, it starts nothing more
+        self.lock = threading.Lock()  # a command starts wholly before close(), or not at all
 
     def peer_address(self) -> str:
         return "127.0.0.1"
 
     def _argv(self, command: str) -> list[str]:
+        if self.closed:
+            raise KitError("kit had closed its connection to the host (it was stopped)", host=self.host)
         return ["sudo", "-n", "bash", "-c", command] if self.sudo else ["bash", "-c", command]
 
     def _popen(self, command: str, **kwargs) -> subprocess.Popen:
@@ -39,8 +44,9 @@ class LocalRunner:
     def _fed(self, command: str, **kwargs) -> subprocess.Popen:
         """A command kit writes to: close() kills it (closing an SSH connection cuts such a command's input and
         output there)."""
-        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
-        self.feeding = [p for p in self.feeding if p.poll() is None] + [proc]
+        with self.lock:
+            proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+            self.feeding = [p for p in self.feeding if p.poll() is None] + [proc]
         return proc
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
@@ -100,13 +106,15 @@ class LocalRunner:
         """Ends what kit still writes to (an interrupted image step): each command's whole process group, which
         its own session makes. One run through sudo is root's and is not killed: its input ends, and a `docker
         load` then stops short of an image, or finishes one that had every byte."""
-        for proc in self.feeding:
+        with self.lock:
+            self.closed = True
+            feeding, self.feeding = self.feeding, []
+        for proc in feeding:
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        self.feeding = []
 
 
 class LocalConversation:

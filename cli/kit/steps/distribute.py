@@ -46,10 +46,6 @@ LOAD_COMMAND = "docker load && echo loaded"  # not exec'd by the shell: a killed
 LOAD_HINT = "check free disk space and that Docker runs on the host, then run kit up again"
 
 
-class Stopped(Exception):
-    """Ctrl-C (or a bug) stopped the image step: no transfer starts or goes on."""
-
-
 class Progress(Protocol):
     def status(self, host: str, text: str) -> None: ...
     def transfer(self, host: str, done: int, total: int) -> None: ...
@@ -129,7 +125,7 @@ def distribute(nodes: list[Node], layers: Layers, starts: dict[str, int], progre
             for job in list(run.jobs):
                 job.result()
         except BaseException:  # Ctrl-C: not a wait for the transfers still going
-            run.stop(nodes)
+            _stop(nodes)
             raise
     if run.failures:
         raise HostsFailed("copying the image", run.failures)
@@ -165,24 +161,12 @@ class _Distribution:
         self.failures: dict[str, KitError] = {}
         self.routes: list[str] = []
         self.jobs: list[Future] = []
-        self.stopped = threading.Event()
-
-    def stop(self, nodes: list[Node]) -> None:
-        """No transfer starts or goes on; each host's connection closes, so kit waits for none. There, a `docker
-        load` fed from here has its input cut before the tar ends (Docker keeps nothing of it) or, with every byte
-        in, finishes; a relay ends at its next word to kit, or kills its load at its stall."""
-        self.stopped.set()
-        for n in nodes:
-            n.runner.close()
 
     def direct(self, node: Node) -> None:
         """The host's layers straight from here, as `docker load` reads them (in the pool)."""
-        if not self.stopped.is_set():
-            self.jobs.append(self.pool.submit(self._direct, node))
+        self.jobs.append(self.pool.submit(self._direct, node))
 
     def _direct(self, node: Node) -> None:
-        if self.stopped.is_set():  # not a new connection to a host once kit was stopped
-            return
         stream = self.layers.stream(self.starts[node.name])
         total = sum(b.size for b in stream)
         sent = 0
@@ -190,8 +174,6 @@ class _Distribution:
         def counted() -> Iterator[bytes]:
             nonlocal sent
             for part in _tar(self.layers, stream):
-                if self.stopped.is_set():
-                    raise Stopped("kit was stopped")
                 yield part
                 sent += len(part)
                 with self.lock:
@@ -216,7 +198,7 @@ class _Distribution:
         """One chain through `nodes`; the hosts it cut off, to be served by another."""
         hops = [Hop(n) for n in nodes]
         sent = _chain(hops, self.layers, min(self.starts[n.name] for n in nodes), self.progress, self.stall,
-                      self.route_around, self.stopped)
+                      self.route_around)
         with self.lock:
             self.from_here += sent
             self.between += sum(h.forwarded for h in hops)
@@ -247,22 +229,23 @@ def _tar(layers: Layers, stream: tuple[Blob, ...]) -> Iterator[bytes]:
     yield relay.image_tail(layers.config, layers.image.tag, layers.manifest())
 
 
+def _stop(nodes: list[Node]) -> None:
+    """Ctrl-C: each host's connection closes, so no transfer goes on and kit waits for none (a reader of a relay's
+    lines ends at once), and none starts: a closed runner starts nothing. There, a `docker load` fed from here has
+    its input cut before the tar ends (Docker keeps nothing of it) or, with every byte in, finishes; a relay ends at
+    its next word to kit, or kills its load at its stall."""
+    for n in nodes:
+        n.runner.close()
+
+
 def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stall: float,
-           route_around: Callable[[Hop, str], None], stopped: threading.Event) -> int:
-    """One chain: hops[0] fed from here, each passing on to the next that answers. Returns the bytes sent from here.
-    Once `stopped` is set no relay starts."""
-    stream = layers.stream(start)
-    total = sum(b.size for b in stream)
-    params = {"blobs": [[b.name, b.size, b.sha256] for b in stream], "layers": layers.manifest(),
-              "config": layers.config.decode(), "tag": layers.image.tag, "stall": stall, "load_limit": LOAD_LIMIT_S}
-    by_name = {h.name: h for h in hops}
+           route_around: Callable[[Hop, str], None]) -> int:
+    """One chain: hops[0] fed from here, each passing on to the next that answers. Returns the bytes sent from here."""
     with ThreadPoolExecutor(max_workers=len(hops)) as pool:
         try:
-            return _run_chain(hops, by_name, stream, total, params, pool, progress, stall, route_around, stopped)
-        except BaseException:  # Ctrl-C: nothing starts; each host's connection closes, so its relay's reader here
-            stopped.set()       # ends at once (for the relay there, see _Distribution.stop)
-            for h in hops:
-                h.node.runner.close()
+            return _run_chain(hops, layers, start, pool, progress, stall, route_around)
+        except BaseException:  # before this pool waits for the relays' readers
+            _stop([h.node for h in hops])
             raise
         finally:
             for h in hops:
@@ -270,10 +253,14 @@ def _chain(hops: list[Hop], layers: Layers, start: int, progress: Progress, stal
                     h.talk.close()
 
 
-def _run_chain(hops: list[Hop], by_name: dict[str, Hop], stream: tuple[Blob, ...], total: int, params: dict,
-               pool: ThreadPoolExecutor, progress: Progress, stall: float,
-               route_around: Callable[[Hop, str], None], stopped: threading.Event) -> int:
-    list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall, stopped=stopped), hops))
+def _run_chain(hops: list[Hop], layers: Layers, start: int, pool: ThreadPoolExecutor, progress: Progress,
+               stall: float, route_around: Callable[[Hop, str], None]) -> int:
+    stream = layers.stream(start)
+    total = sum(b.size for b in stream)
+    params = {"blobs": [[b.name, b.size, b.sha256] for b in stream], "layers": layers.manifest(),
+              "config": layers.config.decode(), "tag": layers.image.tag, "stall": stall, "load_limit": LOAD_LIMIT_S}
+    by_name = {h.name: h for h in hops}
+    list(pool.map(lambda h: _start(h, params, head=h is hops[0], stall=stall), hops))
     for h in hops:
         if h.state == "failed":
             reason = h.reason
@@ -301,10 +288,7 @@ def _run_chain(hops: list[Hop], by_name: dict[str, Hop], stream: tuple[Blob, ...
     return sent
 
 
-def _start(hop: Hop, params: dict, head: bool, stall: float, stopped: threading.Event) -> None:
-    if stopped.is_set():  # not a new connection to a host once kit was stopped
-        hop.end("failed", "kit was stopped")
-        return
+def _start(hop: Hop, params: dict, head: bool, stall: float) -> None:
     try:
         hop.talk = hop.node.runner.converse(RELAY_COMMAND, silence=stall + START_S)
         hop.talk.send(relay.message({**params, "listen": not head, "bind": hop.node.address}))
