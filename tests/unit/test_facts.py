@@ -116,6 +116,39 @@ def test_facts_command_quotes_what_it_is_given():
     assert "cd '/var/lib/kit/a b/ssh'" in cmd and "docker image inspect --format '{{.Id}}' img:1" in cmd
 
 
+def test_facts_script_asks_docker_info_once_and_measures_free_space_where_docker_keeps_its_data(tmp_path):
+    """The script itself, in sh, with a `docker` that records its calls and answers `info` as Docker renders the
+    script's template (the lab tests read the real engines' answers)."""
+    import subprocess
+
+    root = tmp_path / "docker root"
+    root.mkdir()
+    calls = tmp_path / "calls"
+    (tmp_path / "docker").write_text(f"""#!/bin/sh
+echo "$1" >> '{calls}'
+case "$1" in
+  version) echo 28.2.2 ;;
+  info) printf '%s\\n' '{root}' '@@kit runtimes' '{{"runc":{{}},"nvidia":{{}}}}' '@@kit driverstatus' \\
+          '[["driver-type","io.containerd.snapshotter.v1"]]' ;;
+  *) exit 1 ;;
+esac
+""")
+    (tmp_path / "df").write_text(f"""#!/bin/sh
+echo "df $*" >> '{calls}'
+exec /bin/df "$@"
+""")
+    for tool in ("docker", "df"):
+        (tmp_path / tool).chmod(0o755)
+    script = facts_command("img:1", Place("kit-a", str(tmp_path / "kit")), "/w", "a")
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    f = parse_facts(0, out)
+    assert calls.read_text().splitlines().count("info") == 1
+    assert f"df -Pk {root}" in calls.read_text().splitlines()
+    assert f.docker_root == str(root) and f.runtimes == {"runc", "nvidia"} and f.containerd_store
+    assert f.free_bytes > 0
+
+
 def test_facts_cut_short_are_an_error_naming_the_host_not_a_guess():
     """Half a facts script (a timeout, a killed shell) must not read as a host with nothing of the cluster."""
     import pytest

@@ -92,7 +92,11 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         tcp = f"docker exec {q(container)} {tcp}"
     return "\n".join([
         f"echo '{MARK}docker'; docker version --format '{{{{.Server.Version}}}}' 2>&1",
-        f"echo '{MARK}dockerroot'; root=$(docker info --format '{{{{.DockerRootDir}}}}' 2>/dev/null); echo \"$root\"",
+        # One docker info for all it says (each call costs the engine a full reading); its first line, Docker's data
+        # root, is where df looks.
+        f"info=$(docker info --format '{{{{.DockerRootDir}}}}{{{{\"\\n{MARK}runtimes\\n\"}}}}{{{{json .Runtimes}}}}"
+        f"{{{{\"\\n{MARK}driverstatus\\n\"}}}}{{{{json .DriverStatus}}}}' 2>/dev/null)",
+        f"echo '{MARK}dockerroot'; printf '%s\\n' \"$info\"; root=$(printf '%s\\n' \"$info\" | head -n 1)",
         f"echo '{MARK}df'; df -Pk \"${{root:-/}}\" 2>/dev/null | tail -n 1",
         f"echo '{MARK}tcp'; {tcp} 2>/dev/null",
         f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
@@ -107,8 +111,6 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}kitfiles'; cd {q(kit_dir + '/ssh')} 2>/dev/null && sha256sum -- * 2>/dev/null",
         f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
         f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
-        f"echo '{MARK}runtimes'; docker info --format '{{{{json .Runtimes}}}}{{{{\"\\n{MARK}driverstatus\\n\"}}}}"
-        f"{{{{json .DriverStatus}}}}' 2>/dev/null",  # one docker info: each call costs the engine a full reading
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
