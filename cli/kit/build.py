@@ -24,6 +24,7 @@ import docker.errors
 from kit import baseimage, pipconfig, probe, wheels
 from kit.config import BuildConfig, default_torch_index
 from kit.errors import BuildFailed, KitError
+from kit.identity import state_root
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, containerd_store
@@ -152,13 +153,24 @@ class Sources:
         rows += [("note", note) for note in self.notes]
         rows.append(("wheels", f"{found.count()} files, {found.size / 1e6:,.0f} MB, for {self.target.describe()}, "
                                f"resolved in {found.seconds:.0f} s" + (f": {', '.join(key_files)}" if key_files else "")))
+        if found.pinned:
+            rows.append(("pinned", f"{', '.join(found.pinned)}: the same files as the image built before from these "
+                                   f"settings took (delete {PINS} to take the newest instead)"))
         if self.ca_bundle:
             rows.append(("CA", f"{self.ca_bundle}, trusted in the image"))
         return rows
 
 
+PINS = "~/.kit/.wheels"  # what users are told; state_root() honours $KIT_HOME
+
+
+def wheel_pins() -> wheels.Pins:
+    """The files each group of packages took in the images built here (see kit.wheels)."""
+    return wheels.Pins(state_root() / ".wheels")
+
+
 def resolve_sources(client: docker.DockerClient, config: BuildConfig, work: Path, *,
-                    env: Mapping[str, str] | None = None,
+                    env: Mapping[str, str] | None = None, pins: wheels.Pins | None = None,
                     on_status: Callable[[str], None] = lambda s: None) -> Sources:
     """The base image and the wheels of a build, from what this machine has (see kit.baseimage, kit.wheels)."""
     env = dict(os.environ if env is None else env)
@@ -167,7 +179,7 @@ def resolve_sources(client: docker.DockerClient, config: BuildConfig, work: Path
     base = baseimage.ensure(client, config.base_image, on_status=on_status)
     builder = baseimage.ensure(client, config.builder_image, on_status=on_status) if config.builder_image else None
     target = image_target(client, base.ref, config.python)
-    wheelhouse = wheels.resolve(config, target, settings, work / "wheels", env=env, on_status=on_status)
+    wheelhouse = wheels.resolve(config, target, settings, work / "wheels", env=env, on_status=on_status, pins=pins)
     return Sources(base, builder, settings, target, wheelhouse,
                    config.ca_bundle or pipconfig.ca_file(settings, env), notes)
 

@@ -5,11 +5,17 @@ so the build needs no network and no credential ever reaches it. A group is
 resolved for the image's Python and platform (`pip download --python-version
 --platform --only-binary=:all:`), not this machine's. Groups follow the stages, so
 that a change of the user's extra packages leaves torch's and Horovod's layers as
-they were.
+they were. So that they stay so when the index has moved on since (a new release
+of one of torch's loose dependencies would change torch's layer, and every host
+would be sent the whole image again), a group whose pip run and sources are those
+of an image built before takes the very files it took then (pins, kept by the
+group's key in state_root()/.wheels).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -17,9 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
+
+from packaging.requirements import Requirement
+from packaging.utils import parse_wheel_filename
 
 from kit.config import CUDA_LINES, BuildConfig
 from kit.errors import KitError
@@ -138,6 +147,49 @@ def download_argv(python: str, group: Group, target: Target, dest: Path) -> list
     return argv + list(group.along) + list(group.requirements)
 
 
+def group_key(group: Group, target: Target, settings: PipSettings) -> str:
+    """What a group's files depend on: its pip run (requirements, flags, the image's platform) and pip's sources."""
+    run = [group.folder, group.requirements, group.no_deps, group.sdist, group.along, target.pip_options(),
+           settings.config_file()]
+    return hashlib.sha256(json.dumps(run).encode()).hexdigest()[:32]
+
+
+def pinned(group: Group, names: list[str]) -> Group:
+    """The group's pip run for exactly these files (a resolution of it kept from before): each wheel by its name and
+    version, nothing else."""
+    pins = []
+    for name in names:
+        dist, version, _, _ = parse_wheel_filename(name)
+        pins.append(f"{dist}=={version}")
+    return Group(group.folder, tuple(pins), no_deps=True)
+
+
+def can_pin(group: Group) -> bool:
+    """Wheels only, each from an index or folder: a source archive's group is one exact release already, and a
+    package from a URL is not found by its version."""
+    return not group.sdist and not any(Requirement(r).url for r in group.requirements + group.along)
+
+
+class Pins:
+    """The files each group took in an image that was built (its key -> their names), in `folder`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def get(self, key: str) -> list[str] | None:
+        try:
+            return json.loads((self.folder / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def keep(self, resolved: Mapping[str, list[str]]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for key, names in resolved.items():
+            tmp = self.folder / f".{key}.json.tmp"
+            tmp.write_text(json.dumps(names))
+            tmp.replace(self.folder / f"{key}.json")
+
+
 @dataclass
 class Wheelhouse:
     """The resolved files, per folder of the build context's wheelhouse."""
@@ -145,6 +197,8 @@ class Wheelhouse:
     root: Path
     files: dict[str, list[Path]]
     seconds: float = 0.0
+    resolved: dict[str, list[str]] = field(default_factory=dict)  # each pinnable group's key -> its files' names
+    pinned: tuple[str, ...] = ()  # the folders whose files are those of an image built before
 
     @property
     def size(self) -> int:
@@ -162,11 +216,14 @@ Run = Callable[..., subprocess.CompletedProcess]
 
 def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Path, *,
             env: Mapping[str, str] | None = None, python: str = sys.executable, run: Run = subprocess.run,
-            on_status: Callable[[str], None] = lambda s: None) -> Wheelhouse:
-    """Every group's files into root/<folder>, with this machine's pip and the given settings."""
+            on_status: Callable[[str], None] = lambda s: None, pins: Pins | None = None) -> Wheelhouse:
+    """Every group's files into root/<folder>, with this machine's pip and the given settings; a group `pins` knows
+    takes the files it took before."""
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
     files: dict[str, list[Path]] = {}
+    resolved: dict[str, list[str]] = {}
+    kept: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kit-pip-") as tmp:
         conf = Path(tmp) / "pip.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold an index's credentials
@@ -177,6 +234,12 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             on_status(f"resolving {group.folder}: {' '.join(group.requirements)}")
             dest = root / group.folder
             dest.mkdir(parents=True, exist_ok=True)
+            key = group_key(group, target, settings) if can_pin(group) else None
+            names = pins.get(key) if pins and key else None
+            if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files):
+                kept.append(group.folder)
+                resolved[key] = names
+                continue
             # Files of the groups this one is resolved along with are already there: pip skips them.
             along = [f for g in files.values() for f in g] if group.along else []
             scratch = root / ".along" if along else dest
@@ -193,8 +256,25 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
                     f.rename(dest / f.name)
                 new = [dest / f.name for f in new]
             files.setdefault(group.folder, []).extend(new)
+            if key:
+                resolved[key] = [f.name for f in new]
         _remove_tree(root / ".along")
-    return Wheelhouse(root, files, time.monotonic() - started)
+    return Wheelhouse(root, files, time.monotonic() - started, resolved, tuple(dict.fromkeys(kept)))
+
+
+def _download_pinned(python: str, group: Group, names: list[str], target: Target, dest: Path, env: dict[str, str],
+                     run: Run, files: dict[str, list[Path]]) -> bool:
+    """The files a group took before, into dest; False (and none of them) where the sources no longer have one."""
+    before = set(dest.iterdir())
+    try:
+        if names:  # none: its stage's files were all the stages' below
+            _pip(download_argv(python, pinned(group, names), target, dest), env, run, group)
+    except KitError:
+        for f in set(dest.iterdir()) - before:
+            f.unlink()
+        return False
+    files.setdefault(group.folder, []).extend(sorted(set(dest.iterdir()) - before))
+    return True
 
 
 def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:

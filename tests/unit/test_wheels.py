@@ -213,3 +213,46 @@ def test_every_stage_resolved_along_with_torch_gets_only_its_own_files(tmp_path)
         "torch": sorted(made["torch==2.13.0+cpu"]), "build": made["setuptools"], "horovod": made["horovod==0.28.1"],
         "user": made["six"], "tools": made["py-spy>=0.4,<0.5"]}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["build", "horovod", "tools", "torch", "user"]
+
+
+def test_stages_below_a_changed_one_keep_the_files_of_the_image_built_before_though_the_index_moved_on(offline,
+                                                                                                        tmp_path):
+    """The user's extra packages change after a new numpy came out: tf's stage takes the numpy it took before (its
+    layers stay, and `kit up` sends only the top ones); a build without what was kept takes the new one."""
+    env = {"PATH": "/usr/bin:/bin"}
+    pins = wheels.Pins(tmp_path / "pins")
+
+    def names(found):
+        return {folder: sorted(f.name for f in files) for folder, files in found.files.items()}
+    before = wheels.resolve(config(flavor="tf-cpu", pip_packages=("tqdm",)), TARGET, offline, tmp_path / "a",
+                            env=env, pins=pins)
+    assert before.pinned == ()
+    pins.keep(before.resolved)
+    links = Path(offline.values["find-links"])
+    make_wheel(links, "numpy", "2.4.7", tag="cp311-cp311-manylinux_2_27_x86_64")  # released since
+    make_wheel(links, "six", "1.17.0")
+    changed = config(flavor="tf-cpu", pip_packages=("tqdm", "six"))
+
+    after = wheels.resolve(changed, TARGET, offline, tmp_path / "b", env=env, pins=pins)
+    assert names(after)["tf"] == names(before)["tf"] and "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl" in \
+        names(after)["tf"]
+    assert names(after)["tools"] == names(before)["tools"] and after.pinned == ("tf", "tools")
+    assert {"six-1.17.0-py3-none-any.whl", "tqdm-4.67.1-py3-none-any.whl"} <= set(names(after)["user"])
+
+    fresh = wheels.resolve(changed, TARGET, offline, tmp_path / "c", env=env)
+    assert "numpy-2.4.7-cp311-cp311-manylinux_2_27_x86_64.whl" in names(fresh)["tf"] and fresh.pinned == ()
+
+    (links / "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl").unlink()  # the index no longer has it: anew
+    gone = wheels.resolve(changed, TARGET, offline, tmp_path / "d", env=env, pins=pins)
+    assert "numpy-2.4.7-cp311-cp311-manylinux_2_27_x86_64.whl" in names(gone)["tf"]
+    assert names(gone)["tf"] == names(fresh)["tf"]
+
+
+def test_a_group_is_pinned_by_each_wheels_name_and_version_and_never_one_from_a_url_or_a_source_archive():
+    group = Group("torch", ("torch==2.13.0+cpu", "numpy"), along=("x",))
+    assert wheels.pinned(group, ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                                 "typing_extensions-4.16.0-py3-none-any.whl"]) == \
+        Group("torch", ("torch==2.13.0+cpu", "typing-extensions==4.16.0"), no_deps=True)
+    assert wheels.can_pin(group)
+    assert not wheels.can_pin(Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True))
+    assert not wheels.can_pin(Group("user", ("mypkg @ https://example.invalid/mypkg-1.0-py3-none-any.whl",)))

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kit import pipconfig
-from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch
+from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch, wheel_pins
 from kit.config import build_config, read_config
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
 from kit.verify import ImageReport, verify_image
@@ -77,9 +77,10 @@ def ensure_image(client, plan: Recipe, verbose: bool) -> str:
     if built:
         console.print(f"[green]✓[/] {built} is up to date (built before from the same settings)")
         return built
+    pins = wheel_pins()
     with tempfile.TemporaryDirectory(prefix="kit-build-", dir=scratch()) as work:
         with console.status("finding the base image and the Python packages") as status:
-            sources = resolve_sources(client, plan.config, Path(work), on_status=status.update)
+            sources = resolve_sources(client, plan.config, Path(work), pins=pins, on_status=status.update)
         _print_rows("sources", sources.lines())
         recipe = make_recipe(plan.config, single_stage=plan.single_stage, base=sources.base.ref,
                              builder=sources.builder.ref if sources.builder else None,
@@ -88,6 +89,7 @@ def ensure_image(client, plan: Recipe, verbose: bool) -> str:
         with console.status("starting the build") as status:
             build_image(client, recipe, on_step=functools.partial(_show_step, status),
                         on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
+        pins.keep(sources.wheelhouse.resolved)  # built: the next build of a changed top takes the same files below
     console.print(f"[green]✓[/] built {recipe.tag}")
     return recipe.tag
 
