@@ -36,6 +36,17 @@ RUN = Path(f"/run/{PREFIX}")
 DATA = Path(f"/var/lib/{PREFIX}")
 HOST_LOCAL = ("/var/lib/kit",)  # paths kit expects to be host-local
 FORWARD_RULE = ["-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, as this machine mounts it
+
+
+def cpu_group(pid: str = "self") -> Path | None:
+    """The cpu cgroup a process is in (the lab's hosts, as started, are in the lab's own); None on a machine without
+    cgroup v1's cpu controller."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and CPU_CGROUPS.is_dir():
+            return CPU_CGROUPS / path.lstrip("/")
+    return None
 
 
 def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -331,6 +342,28 @@ Subsystem sftp /usr/lib/openssh/sftp-server
             sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-v{h.index}", "root", *token_bucket(rate))
             sh("tc", "-n", h.name, "qdisc", "replace", "dev", "eth0", "root", *token_bucket(rate))
 
+    @contextlib.contextmanager
+    def cpu_per_host(self, cores: float):
+        """Each host runs on `cores` of a CPU of its own, as separate machines do, instead of all of them sharing this
+        machine's cores as they come: every process in its namespace (its sshd and dockerd, and from then on what
+        they start: a login's relay, `docker load`) goes into a cgroup of its own with that CPU quota. No limit
+        after."""
+        if cpu_group() is None:
+            raise RuntimeError(f"lab: a CPU quota per host needs cgroup v1's cpu controller at {CPU_CGROUPS}")
+        for h in self.hosts:
+            group = cpu_group() / h.name
+            group.mkdir()
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))
+            for pid in sh("ip", "netns", "pids", h.name).stdout.split():
+                with _quiet():  # one that ended since
+                    if cpu_group(pid) == cpu_group():  # not a container's (Docker gave it a group of its own)
+                        (group / "cgroup.procs").write_text(pid)
+        try:
+            yield
+        finally:
+            release_cpu_groups()
+
     def forget_images(self) -> None:
         """No host holds any image: the next up sends every layer."""
         for h in self.hosts:
@@ -512,9 +545,24 @@ def remove_local_clusters() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def release_cpu_groups() -> None:
+    """The lab hosts' CPU quotas (Lab.cpu_per_host) removed: their processes back in the root group, the groups gone."""
+    for group in cpu_group().glob(f"{PREFIX}-*") if cpu_group() else ():
+        for _ in range(10):  # a process forked while they moved stays behind once: move again
+            for pid in (group / "cgroup.procs").read_text().split():
+                with _quiet():
+                    (group.parent / "cgroup.procs").write_text(pid)
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def cleanup_leftovers() -> None:
     """Remove every lab thing a run (this one, or one that was killed) left behind."""
     remove_local_clusters()
+    release_cpu_groups()
     for proc_file in RUN.glob("*/*.process") if RUN.exists() else []:
         _stop(proc_file)
     if RUN.exists():
