@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--host-cpu", type=float, metavar="CORES",
                         help="each host's own CPU quota while up runs (e.g. 0.2: 8 hosts take 1.6 of the 2 cores)")
     args = parser.parse_args()
+    if args.host_cpu is not None and not 0.01 <= args.host_cpu <= (os.cpu_count() or 1):
+        parser.error(f"--host-cpu: between 0.01 and this machine's {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as work, Lab(COUNTS[-1], Path(work)) as lab:
         project = make_project(Path(work) / "project", lab, "bench")
         for k in COUNTS:

@@ -155,13 +155,10 @@ class Sources:
                                f"resolved in {found.seconds:.0f} s" + (f": {', '.join(key_files)}" if key_files else "")))
         if found.pinned:
             rows.append(("pinned", f"{', '.join(found.pinned)}: the same files as the image built before from these "
-                                   f"settings took (delete {PINS} to take the newest instead)"))
+                                   f"settings took (delete {wheel_pins().folder} to take the newest instead)"))
         if self.ca_bundle:
             rows.append(("CA", f"{self.ca_bundle}, trusted in the image"))
         return rows
-
-
-PINS = "~/.kit/.wheels"  # what users are told; state_root() honours $KIT_HOME
 
 
 def wheel_pins() -> wheels.Pins:

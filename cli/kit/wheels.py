@@ -148,19 +148,20 @@ def download_argv(python: str, group: Group, target: Target, dest: Path) -> list
 
 
 def group_key(group: Group, target: Target, settings: PipSettings) -> str:
-    """What a group's files depend on: its pip run (requirements, flags, the image's platform) and pip's sources."""
+    """What a group's files depend on: its pip run (requirements, flags, the image's platform) and pip's sources as
+    `kit build` names them (credentials hidden: a token that rotates keeps the key)."""
     run = [group.folder, group.requirements, group.no_deps, group.sdist, group.along, target.pip_options(),
-           settings.config_file()]
+           settings.describe()]
     return hashlib.sha256(json.dumps(run).encode()).hexdigest()[:32]
 
 
 def pinned(group: Group, names: list[str]) -> Group:
     """The group's pip run for exactly these files (a resolution of it kept from before): each wheel by its name and
-    version, nothing else."""
+    its whole version string (===: 2.4.6 is not 2.4.6+cpu), nothing else."""
     pins = []
     for name in names:
         dist, version, _, _ = parse_wheel_filename(name)
-        pins.append(f"{dist}=={version}")
+        pins.append(f"{dist}==={version}")
     return Group(group.folder, tuple(pins), no_deps=True)
 
 
@@ -177,17 +178,25 @@ class Pins:
         self.folder = folder
 
     def get(self, key: str) -> list[str] | None:
+        """The names kept for the key; None for none, or for a file that is not a list of wheels' names."""
         try:
-            return json.loads((self.folder / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
+            names = json.loads((self.folder / f"{key}.json").read_text())
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                for name in names:
+                    parse_wheel_filename(name)
+                return names
+        except (OSError, ValueError):  # InvalidWheelFilename is a ValueError
+            pass
+        return None
 
     def keep(self, resolved: Mapping[str, list[str]]) -> None:
+        """Each key's names, written whole (a file of its own, then renamed: builds side by side each write theirs)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for key, names in resolved.items():
-            tmp = self.folder / f".{key}.json.tmp"
-            tmp.write_text(json.dumps(names))
-            tmp.replace(self.folder / f"{key}.json")
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.")
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(names))
+            os.replace(tmp, self.folder / f"{key}.json")
 
 
 @dataclass
@@ -224,6 +233,7 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
     files: dict[str, list[Path]] = {}
     resolved: dict[str, list[str]] = {}
     kept: list[str] = []
+    fresh_below = False  # a group below, that could have kept its files, was resolved anew
     with tempfile.TemporaryDirectory(prefix="kit-pip-") as tmp:
         conf = Path(tmp) / "pip.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold an index's credentials
@@ -235,11 +245,14 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             dest = root / group.folder
             dest.mkdir(parents=True, exist_ok=True)
             key = group_key(group, target, settings) if can_pin(group) else None
-            names = pins.get(key) if pins and key else None
+            # A group resolved along the groups below keeps its files only while they keep theirs: its files were
+            # what those lacked.
+            names = pins.get(key) if pins and key and not (group.along and fresh_below) else None
             if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files):
                 kept.append(group.folder)
                 resolved[key] = names
                 continue
+            fresh_below = fresh_below or key is not None
             # Files of the groups this one is resolved along with are already there: pip skips them.
             along = [f for g in files.values() for f in g] if group.along else []
             scratch = root / ".along" if along else dest
@@ -264,17 +277,21 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
 
 def _download_pinned(python: str, group: Group, names: list[str], target: Target, dest: Path, env: dict[str, str],
                      run: Run, files: dict[str, list[Path]]) -> bool:
-    """The files a group took before, into dest; False (and none of them) where the sources no longer have one."""
+    """The files a group took before, into dest; False (and none of them) where the sources no longer have one or
+    now give another file for it (a wheel of the same version for another platform tag)."""
     before = set(dest.iterdir())
     try:
         if names:  # none: its stage's files were all the stages' below
             _pip(download_argv(python, pinned(group, names), target, dest), env, run, group)
+        got = sorted(set(dest.iterdir()) - before)
+        if sorted(f.name for f in got) == sorted(names):
+            files.setdefault(group.folder, []).extend(got)
+            return True
     except KitError:
-        for f in set(dest.iterdir()) - before:
-            f.unlink()
-        return False
-    files.setdefault(group.folder, []).extend(sorted(set(dest.iterdir()) - before))
-    return True
+        pass
+    for f in set(dest.iterdir()) - before:
+        f.unlink()
+    return False
 
 
 def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:

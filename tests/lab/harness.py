@@ -350,16 +350,16 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         after."""
         if cpu_group() is None:
             raise RuntimeError(f"lab: a CPU quota per host needs cgroup v1's cpu controller at {CPU_CGROUPS}")
-        for h in self.hosts:
-            group = cpu_group() / h.name
-            group.mkdir()
-            (group / "cpu.cfs_period_us").write_text("100000")
-            (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))
-            for pid in sh("ip", "netns", "pids", h.name).stdout.split():
-                with _quiet():  # one that ended since
-                    if cpu_group(pid) == cpu_group():  # not a container's (Docker gave it a group of its own)
-                        (group / "cgroup.procs").write_text(pid)
         try:
+            for h in self.hosts:
+                group = cpu_group() / h.name
+                group.mkdir()
+                (group / "cpu.cfs_period_us").write_text("100000")
+                (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))  # the kernel takes >= 1000
+                for pid in sh("ip", "netns", "pids", h.name).stdout.split():
+                    with _quiet():  # one that ended since
+                        if cpu_group(pid) == cpu_group():  # not a container's (Docker gave it a group of its own)
+                            (group / "cgroup.procs").write_text(pid)
             yield
         finally:
             release_cpu_groups()
@@ -549,11 +549,14 @@ def release_cpu_groups() -> None:
     """The lab hosts' CPU quotas (Lab.cpu_per_host) removed: their processes back in the root group, the groups gone."""
     for group in cpu_group().glob(f"{PREFIX}-*") if cpu_group() else ():
         for _ in range(10):  # a process forked while they moved stays behind once: move again
-            for pid in (group / "cgroup.procs").read_text().split():
-                with _quiet():
-                    (group.parent / "cgroup.procs").write_text(pid)
+            with _quiet():
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with _quiet():
+                        (group.parent / "cgroup.procs").write_text(pid)
             try:
                 group.rmdir()
+                break
+            except FileNotFoundError:
                 break
             except OSError:
                 time.sleep(0.1)

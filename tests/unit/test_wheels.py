@@ -237,7 +237,9 @@ def test_stages_below_a_changed_one_keep_the_files_of_the_image_built_before_tho
     assert names(after)["tf"] == names(before)["tf"] and "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl" in \
         names(after)["tf"]
     assert names(after)["tools"] == names(before)["tools"] and after.pinned == ("tf", "tools")
+    # Resolved anew: pip takes the newest numpy for tqdm as well; the image keeps tf's, which satisfies it.
     assert {"six-1.17.0-py3-none-any.whl", "tqdm-4.67.1-py3-none-any.whl"} <= set(names(after)["user"])
+    pins.keep(after.resolved)
 
     fresh = wheels.resolve(changed, TARGET, offline, tmp_path / "c", env=env)
     assert "numpy-2.4.7-cp311-cp311-manylinux_2_27_x86_64.whl" in names(fresh)["tf"] and fresh.pinned == ()
@@ -246,13 +248,49 @@ def test_stages_below_a_changed_one_keep_the_files_of_the_image_built_before_tho
     gone = wheels.resolve(changed, TARGET, offline, tmp_path / "d", env=env, pins=pins)
     assert "numpy-2.4.7-cp311-cp311-manylinux_2_27_x86_64.whl" in names(gone)["tf"]
     assert names(gone)["tf"] == names(fresh)["tf"]
+    assert "user" not in gone.pinned  # kept for (tqdm, six), but it was what tf's stage lacked, and that changed
+
+
+def test_a_kept_file_the_sources_now_replace_with_another_of_the_same_version_is_resolved_anew(offline, tmp_path):
+    env = {"PATH": "/usr/bin:/bin"}
+    pins = wheels.Pins(tmp_path / "pins")
+    tf = config(flavor="tf-cpu")
+    pins.keep(wheels.resolve(tf, TARGET, offline, tmp_path / "a", env=env, pins=pins).resolved)
+    links = Path(offline.values["find-links"])
+    make_wheel(links, "numpy", "2.4.6", tag="cp311-cp311-manylinux_2_34_x86_64")  # a better fit, same version
+    again = wheels.resolve(tf, TARGET, offline, tmp_path / "b", env=env, pins=pins)
+    taken = sorted(f.name for f in again.files["tf"])
+    assert "numpy-2.4.6-cp311-cp311-manylinux_2_34_x86_64.whl" in taken
+    assert sorted(n for names in again.resolved.values() for n in names if n.startswith(("numpy", "tensorflow",
+                                                                                         "tf_keras"))) == taken
+
+
+def test_a_groups_key_follows_its_pip_run_and_sources_but_not_an_index_credential():
+    group = Group("torch", ("torch==2.13.0+cpu",))
+    key = wheels.group_key(group, TARGET, PipSettings({"index-url": "https://me:token1@pypi.example/simple"}))
+    assert key == wheels.group_key(group, TARGET, PipSettings({"index-url": "https://me:token2@pypi.example/simple"}))
+    assert key != wheels.group_key(group, TARGET, PipSettings({"index-url": "https://me:token1@other.example/simple"}))
+    assert key != wheels.group_key(Group("torch", ("torch==2.14.1",)), TARGET,
+                                   PipSettings({"index-url": "https://me:token1@pypi.example/simple"}))
+    other = wheels.Target("3.12", TARGET.machine, TARGET.glibc)
+    assert key != wheels.group_key(group, other, PipSettings({"index-url": "https://me:token1@pypi.example/simple"}))
+
+
+def test_a_pins_file_that_is_not_a_list_of_wheels_is_no_pin(tmp_path):
+    pins = wheels.Pins(tmp_path)
+    pins.keep({"a": ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl"]})
+    assert pins.get("a") == ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl"]
+    for text in ('"abc"', '["abc"]', "{", "[1]"):
+        (tmp_path / "b.json").write_text(text)
+        assert pins.get("b") is None
+    assert pins.get("missing") is None and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
 
 
 def test_a_group_is_pinned_by_each_wheels_name_and_version_and_never_one_from_a_url_or_a_source_archive():
     group = Group("torch", ("torch==2.13.0+cpu", "numpy"), along=("x",))
     assert wheels.pinned(group, ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
                                  "typing_extensions-4.16.0-py3-none-any.whl"]) == \
-        Group("torch", ("torch==2.13.0+cpu", "typing-extensions==4.16.0"), no_deps=True)
+        Group("torch", ("torch===2.13.0+cpu", "typing-extensions===4.16.0"), no_deps=True)
     assert wheels.can_pin(group)
     assert not wheels.can_pin(Group("horovod", ("horovod==0.28.1",), no_deps=True, sdist=True))
     assert not wheels.can_pin(Group("user", ("mypkg @ https://example.invalid/mypkg-1.0-py3-none-any.whl",)))

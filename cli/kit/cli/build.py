@@ -89,7 +89,11 @@ def ensure_image(client, plan: Recipe, verbose: bool) -> str:
         with console.status("starting the build") as status:
             build_image(client, recipe, on_step=functools.partial(_show_step, status),
                         on_line=(lambda line: console.print(escape(line), style="dim")) if verbose else None)
-        pins.keep(sources.wheelhouse.resolved)  # built: the next build of a changed top takes the same files below
+        try:  # built: the next build of a changed top takes the same files below
+            pins.keep(sources.wheelhouse.resolved)
+        except OSError as e:
+            console.print(f"note: the wheels this image took are not kept in {pins.folder} ({e}); the next build "
+                          "resolves them anew")
     console.print(f"[green]✓[/] built {recipe.tag}")
     return recipe.tag
 
