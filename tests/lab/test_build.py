@@ -124,6 +124,30 @@ def test_changed_input_gets_a_new_tag_without_recompiling_horovod(built, client,
         client.images.remove(new_tag, force=True)
 
 
+def test_changed_extra_packages_keep_every_layer_below_theirs(built, client, tmp_path):
+    """Built with one set of extras, then another: the stages below take the files they took for the first image
+    (`pinned`, though the index may have released new versions since), so every layer below the extras' own is the
+    first image's, and `kit up` sends hosts that hold it only the top ones."""
+    layers, tags = [], []
+    try:
+        for extras in (("tqdm",), ("tqdm", "six")):
+            flags = [a for p in extras for a in ("--pip", p)]
+            plan = run_kit("build", *flags, "--dry-run", cwd=tmp_path)
+            key = re.search(r"^  key +([0-9a-f]+)", plan.stdout, re.M)[1]
+            for old in client.images.list(filters={"label": f"io.kit.key={key}"}):  # a run before left it: resolve
+                client.images.remove(old.id, force=True)
+            r = run_kit("build", *flags, "--no-verify", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+            tags.append(tag_of(r.stdout))
+            layers.append(client.images.get(tags[-1]).attrs["RootFS"]["Layers"])
+        assert sources(r.stdout)["pinned"].startswith("torch, build, tools: "), sources(r.stdout)
+        shared = next(i for i, (a, b) in enumerate(zip(*layers)) if a != b)
+        assert len(layers[1]) - shared <= 4, (shared, len(layers[1]))  # the extras' delta and kit's files on top
+    finally:
+        for tag in tags:
+            client.images.remove(tag, force=True)
+
+
 def test_failed_step_is_named_with_the_tail_of_its_log(built, client, tmp_path):
     images_before = {i.id for i in client.images.list()}
     r = run_kit("build", "--apt", "kit-no-such-package", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
