@@ -207,7 +207,7 @@ class Wheelhouse:
     files: dict[str, list[Path]]
     seconds: float = 0.0
     resolved: dict[str, list[str]] = field(default_factory=dict)  # each pinnable group's key -> its files' names
-    pinned: tuple[str, ...] = ()  # the folders whose files are those of an image built before
+    pinned: tuple[str, ...] = ()  # the folders whose files are all those of an image built before
 
     @property
     def size(self) -> int:
@@ -232,7 +232,7 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
     started = time.monotonic()
     files: dict[str, list[Path]] = {}
     resolved: dict[str, list[str]] = {}
-    kept: list[str] = []
+    kept: dict[str, bool] = {}  # folder -> whether each of its groups kept its files
     fresh_below = False  # a group below, that could have kept its files, was resolved anew
     with tempfile.TemporaryDirectory(prefix="kit-pip-") as tmp:
         conf = Path(tmp) / "pip.conf"
@@ -249,9 +249,10 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             # what those lacked.
             names = pins.get(key) if pins and key and not (group.along and fresh_below) else None
             if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files):
-                kept.append(group.folder)
+                kept.setdefault(group.folder, True)
                 resolved[key] = names
                 continue
+            kept[group.folder] = False
             fresh_below = fresh_below or key is not None
             # Files of the groups this one is resolved along with are already there: pip skips them.
             along = [f for g in files.values() for f in g] if group.along else []
@@ -272,7 +273,8 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             if key:
                 resolved[key] = [f.name for f in new]
         _remove_tree(root / ".along")
-    return Wheelhouse(root, files, time.monotonic() - started, resolved, tuple(dict.fromkeys(kept)))
+    return Wheelhouse(root, files, time.monotonic() - started, resolved,
+                     tuple(folder for folder, every in kept.items() if every))
 
 
 def _download_pinned(python: str, group: Group, names: list[str], target: Target, dest: Path, env: dict[str, str],

@@ -249,6 +249,7 @@ def test_stages_below_a_changed_one_keep_the_files_of_the_image_built_before_tho
     assert "numpy-2.4.7-cp311-cp311-manylinux_2_27_x86_64.whl" in names(gone)["tf"]
     assert names(gone)["tf"] == names(fresh)["tf"]
     assert "user" not in gone.pinned  # kept for (tqdm, six), but it was what tf's stage lacked, and that changed
+    assert gone.pinned == ("tools",)  # tf_keras kept its file, but tf's folder is not all as before
 
 
 def test_a_kept_file_the_sources_now_replace_with_another_of_the_same_version_is_resolved_anew(offline, tmp_path):
