@@ -578,7 +578,11 @@ def cleanup_leftovers() -> None:
                 with _quiet():
                     os.kill(int(pid), signal.SIGKILL)
             sh("ip", "netns", "del", ns.split()[0], check=False)
-    sh("ip", "link", "del", BRIDGE, check=False)
+    # The bridge, and the two ends of a host's veth pair when a run was killed before it moved one into the host.
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"{PREFIX}-"):
+            sh("ip", "link", "del", name, check=False)
     for _ in range(10):  # the lab's own firewall rule, however many runs left it
         if sh("iptables", "-D", "FORWARD", *FORWARD_RULE, check=False).returncode != 0:
             break

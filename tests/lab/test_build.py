@@ -105,7 +105,17 @@ def sources(out: str) -> dict[str, str]:
     return {m[1]: m[2] for m in re.finditer(r"^  (\w+) +(.*)$", table, re.M)}
 
 
+def remove_image_of(flags: list[str], client, cwd: Path, env: dict | None = None) -> None:
+    """Remove the image `kit build FLAGS` would find up to date (a run killed before its cleanup left it), so that
+    the build really builds."""
+    plan = run_kit("build", *flags, "--dry-run", cwd=cwd, env=env)
+    key = re.search(r"^  key +([0-9a-f]+)", plan.stdout, re.M)[1]
+    for old in client.images.list(filters={"label": f"io.kit.key={key}"}):
+        client.images.remove(old.id, force=True)
+
+
 def test_changed_input_gets_a_new_tag_without_recompiling_horovod(built, client, tmp_path):
+    remove_image_of(["--pip", "six"], client, tmp_path)
     r = run_kit("build", "--pip", "six", "--no-verify", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     new_tag = tag_of(r.stdout)
@@ -142,10 +152,7 @@ def test_changed_extra_packages_keep_every_layer_below_theirs(built, client, tmp
     try:
         for extras in (("tqdm",), ("tqdm", "six")):
             flags = [a for p in extras for a in ("--pip", p)]
-            plan = run_kit("build", *flags, "--dry-run", cwd=tmp_path, env=env)
-            key = re.search(r"^  key +([0-9a-f]+)", plan.stdout, re.M)[1]
-            for old in client.images.list(filters={"label": f"io.kit.key={key}"}):  # a run before left it: resolve
-                client.images.remove(old.id, force=True)
+            remove_image_of(flags, client, tmp_path, env)
             r = run_kit("build", *flags, "--no-verify", cwd=tmp_path, env=env, timeout=BUILD_TIMEOUT_S)
             assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
             tags.append(tag_of(r.stdout))
