@@ -10,6 +10,7 @@ multi-GB CUDA build).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -579,10 +580,9 @@ def cleanup_leftovers() -> None:
                     os.kill(int(pid), signal.SIGKILL)
             sh("ip", "netns", "del", ns.split()[0], check=False)
     # The bridge, and the two ends of a host's veth pair when a run was killed before it moved one into the host.
-    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(f"{PREFIX}-"):
-            sh("ip", "link", "del", name, check=False)
+    for link in json.loads(sh("ip", "-j", "link", "show", check=False).stdout or "[]"):
+        if link["ifname"].startswith(f"{PREFIX}-"):
+            sh("ip", "link", "del", link["ifname"], check=False)
     for _ in range(10):  # the lab's own firewall rule, however many runs left it
         if sh("iptables", "-D", "FORWARD", *FORWARD_RULE, check=False).returncode != 0:
             break
