@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 from kit import state as st
 from kit.commands.docker import ContainerSpec, command, network_remove_argv, remove_argv
 from kit.config import KIT_ROOT, ClusterConfig, framework, uses_gpus
-from kit.errors import HostsFailed, KitError
+from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.identity import Identity, Owner
 from kit.inventory import Host
@@ -60,6 +60,40 @@ def _name(node: Node) -> str:
 
 
 # ---------------------------------------------------------------- up
+
+@dataclass(frozen=True)
+class Where:
+    """Where `kit up` brings the cluster up: the recorded hosts (hosts None, count None), a local cluster of count
+    containers (count set), or the hosts of a hosts file (neither: the caller reads it)."""
+
+    recorded: list[Host] | None = None
+    count: int | None = None
+
+
+def where_to_bring_up(state: st.ClusterState | None, cluster: str, hosts_file: bool, local: bool,
+                      nodes: int | None, default_count: int) -> Where:
+    """Decide from the flags and the cluster's record; nothing a flag left out may remove a cluster from a host.
+    Pure: raises BadInput for the cases that would replace one kind of cluster with another."""
+    on_servers = state is not None and not state.local
+    names = ", ".join(h.name for h in state.hosts) if state else ""
+    if hosts_file and (local or nodes is not None):
+        raise BadInput(f"{'--local' if local else '--nodes'} is for a cluster on this machine; --hosts lists servers",
+                       hint="drop --hosts for a local cluster, or drop " + ("--local" if local else "--nodes"))
+    if hosts_file:
+        if state is not None and state.local:
+            raise BadInput(f"cluster {cluster} runs on this machine ({len(state.hosts)} local containers); "
+                           "kit up --hosts would remove them", hint=f"`kit down --name {cluster}` first, or give "
+                                                                     "the servers' cluster another --name")
+        return Where()
+    if on_servers:
+        if local or nodes is not None:
+            raise BadInput(f"cluster {cluster} runs on servers ({names}); a local cluster would remove it from them",
+                           hint=f"give the local cluster another --name (e.g. --name local), or `kit down --name "
+                                f"{cluster}` first")
+        return Where(recorded=[h.host for h in state.hosts])
+    recorded = len(state.hosts) if state is not None else None
+    return Where(count=nodes if nodes is not None else recorded or default_count)
+
 
 @dataclass
 class Up:
@@ -139,7 +173,7 @@ class Up:
             at_ws = before if old and old.workspace == self.cfg.workspace_path else None
             hosts.append(st.HostState(
                 name=n.name, address=n.address, place=n.place, user=n.host.user, port=n.host.port,
-                slots=preflight.slots(n, self.cfg, uses_gpus(self.flavor)),
+                slots=preflight.slots(n, self.cfg, uses_gpus(self.flavor)), given_slots=n.host.slots,
                 primary=n.host.primary, local=n.host.local,
                 made_workspace=(at_ws.made_workspace if at_ws else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,

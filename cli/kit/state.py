@@ -20,6 +20,7 @@ class HostState:
     user: str | None = None
     port: int | None = None
     slots: int | None = None
+    given_slots: int | None = None  # as hosts.txt gave them (None: decided by the flavor): a later up keeps them
     primary: bool = False
     local: bool = False            # a container of the local cluster: reached without SSH
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
@@ -31,7 +32,8 @@ class HostState:
     @property
     def host(self) -> Host:
         """How to reach it again, as hosts.txt said."""
-        return Host(self.name, user=self.user, port=self.port, primary=self.primary, local=self.local)
+        return Host(self.name, slots=self.given_slots, user=self.user, port=self.port, primary=self.primary,
+                    local=self.local)
 
 
 @dataclass
@@ -55,10 +57,15 @@ class ClusterState:
         return next(h for h in self.hosts if h.primary)
 
     @property
+    def local(self) -> bool:
+        """A cluster of containers on this machine (kit up without hosts)."""
+        return all(h.local for h in self.hosts)
+
+    @property
     def workspace_shared(self) -> bool:
         """Every container sees the primary's workspace (sshfs, nfs, or the local cluster's one folder of this
         machine): a job is copied there once, and what it writes needs no copying."""
-        return self.storage != "copy" or all(h.local for h in self.hosts)
+        return self.storage != "copy" or self.local
 
 
 def state_file(folder: Path) -> Path:

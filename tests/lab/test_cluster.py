@@ -76,6 +76,18 @@ def test_up_twice_then_down_twice(project, lab):
     assert "loaded image" not in again.stdout and "started container" not in again.stdout
     assert {h.name: started_at(h) for h in lab.hosts} == before
 
+    # A forgotten --hosts brings the cluster up where it is, and says where; nothing is taken from its hosts.
+    bare = kit(project, lab, "up")
+    assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr[-3000:]
+    used = ", ".join(h.address for h in lab.hosts)
+    assert f"cluster lab was brought up on {used}: bringing it up there" in bare.stdout
+    assert "✓ cluster lab is up on 3 hosts: no change" in bare.stdout and "removed" not in bare.stdout
+    local = kit(project, lab, "up", "--local")
+    assert local.returncode == 2 and "cluster lab runs on servers" in local.stderr, local.stderr
+    assert {h.name: started_at(h) for h in lab.hosts} == before
+    for h in lab.hosts:
+        assert [c["State"] for c in containers(h)] == ["running"], h.name
+
     st = kit(project, lab, "status", "--json")
     assert st.returncode == 0, st.stderr
     rows = json.loads(st.stdout)["hosts"]

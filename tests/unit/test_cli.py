@@ -65,7 +65,7 @@ def test_local_cluster_size_is_checked_before_docker_is_contacted(in_tmp):
                                      "fix: use --nodes 3, or list real hosts with --hosts hosts.txt"]
     (in_tmp / "hosts.txt").write_text("node-1\n")
     r = kit("up", "--hosts", "hosts.txt", "--nodes", "2", cwd=in_tmp)
-    assert r.returncode == 2 and r.stderr.startswith("error: --nodes is for the local cluster")
+    assert r.returncode == 2 and r.stderr.startswith("error: --nodes is for a cluster on this machine")
 
 
 def test_version(in_tmp):

@@ -67,3 +67,53 @@ def test_demo_summary_reads_rank_zero():
     assert rows["speed"] == "619 images/sec, all ranks together"
     assert rows["checkpoint"] == "/var/lib/kit/demo/workspace/checkpoints/cifar10_cnn.pt"
     assert dict(Training().rows()) == {"training": "no epoch finished"}
+
+
+# ---------------------------------------------------------------- where `kit up` brings a cluster up
+
+def _state(local: bool, given_slots: int | None = None):
+    from kit import state as st
+    from kit.config import ClusterConfig
+    from kit.place import Place
+    hosts = [st.HostState(name=f"local-{i}" if local else f"gpu-{i}", address=f"10.0.0.{i}",
+                          place=Place(f"kit-lab-{i}", "/var/lib/kit/lab") if local else ClusterConfig().host_place(),
+                          user=None if local else "alice", port=None if local else 2222, slots=4,
+                          given_slots=given_slots, primary=i == 1, local=local) for i in (1, 2, 3)]
+    return st.ClusterState(cluster="lab", image="kit-horovod:cpu-0", image_id="sha256:0", ssh_port=12345,
+                           workspace="/w", hosts=hosts)
+
+
+def test_up_without_flags_goes_back_to_the_recorded_servers_as_hosts_txt_gave_them():
+    from kit.cluster import where_to_bring_up
+    where = where_to_bring_up(_state(local=False, given_slots=2), "lab", False, False, None, 3)
+    assert where.count is None
+    assert [(h.name, h.user, h.port, h.slots, h.primary, h.local) for h in where.recorded] == [
+        ("gpu-1", "alice", 2222, 2, True, False), ("gpu-2", "alice", 2222, 2, False, False),
+        ("gpu-3", "alice", 2222, 2, False, False)]
+    # slots the flavor decided (none in hosts.txt) are decided again, not frozen
+    assert {h.slots for h in where_to_bring_up(_state(local=False), "lab", False, False, None, 3).recorded} == {None}
+
+
+def test_up_makes_a_local_cluster_only_where_none_is_recorded_on_servers():
+    from kit.cluster import where_to_bring_up
+    assert where_to_bring_up(None, "lab", False, False, None, 3).count == 3
+    assert where_to_bring_up(None, "lab", False, True, 2, 3).count == 2
+    assert where_to_bring_up(_state(local=True), "lab", False, False, None, 5).count == 3  # as many as it has
+    assert where_to_bring_up(_state(local=True), "lab", False, True, 4, 3).count == 4
+    hosts_file = where_to_bring_up(_state(local=False), "lab", True, False, None, 3)
+    assert hosts_file.recorded is None and hosts_file.count is None  # the hosts file says
+
+
+@pytest.mark.parametrize("local, hosts_file, local_flag, nodes, says", [
+    (False, False, True, None, "cluster lab runs on servers (gpu-1, gpu-2, gpu-3); a local cluster would remove it"),
+    (False, False, False, 2, "cluster lab runs on servers"),
+    (True, True, False, None, "cluster lab runs on this machine (3 local containers); kit up --hosts would remove"),
+    (None, True, True, None, "--local is for a cluster on this machine; --hosts lists servers"),
+    (None, True, False, 2, "--nodes is for a cluster on this machine; --hosts lists servers"),
+])
+def test_up_refuses_to_replace_one_kind_of_cluster_with_another(local, hosts_file, local_flag, nodes, says):
+    from kit.cluster import where_to_bring_up
+    state = None if local is None else _state(local)
+    with pytest.raises(BadInput) as e:
+        where_to_bring_up(state, "lab", hosts_file, local_flag, nodes, 3)
+    assert str(e.value).startswith(says) and e.value.hint

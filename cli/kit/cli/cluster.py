@@ -17,12 +17,12 @@ from rich.table import Table
 from kit import state as st
 from kit.build import connect, find_built
 from kit.cluster import (HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status,
-                         what_may_remain)
+                         what_may_remain, where_to_bring_up)
 from kit.config import ClusterConfig, ConfigFile, build_config
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
 from kit.identity import Identity, state_root
-from kit.inventory import read_hosts
+from kit.inventory import Host, read_hosts
 from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
 from kit import prepare as prepare_hosts
@@ -68,9 +68,13 @@ def _print_notes(nodes: list[Node]) -> None:
 @reports_errors
 def up(
     hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: one host a line (host, host:slots, "
-                                                                 "user@host...). Without it: a local cluster."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="Containers of the local cluster (when there is no "
-                                                                 "--hosts; default 3)."),
+                                                                 "user@host...). Without it: the hosts the cluster "
+                                                                 "was brought up on, or a local cluster when it has "
+                                                                 "none."),
+    local: bool = typer.Option(False, "--local", help="A cluster of containers on this machine (the default when "
+                                                      "no cluster of this name is recorded on servers)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Containers of the local cluster (default: as many "
+                                                                 "as it has, else 3)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
     ssh_port: Optional[int] = typer.Option(None, help="Port of the containers' sshd (default 12345)."),
@@ -81,19 +85,24 @@ def up(
 ) -> None:
     """Bring the cluster up: keys, image, containers on every host, then verify it.
 
-    Without --hosts, the cluster is N containers on this machine, on a private Docker network."""
+    Without --hosts, on the hosts it was brought up on before; a cluster that has none (or --local) is N containers
+    on this machine, on a private Docker network. A left-out flag never removes a cluster from its hosts."""
     cfg_file, cfg = cluster_settings(config, dict(name=name, ssh_port=ssh_port, workspace=workspace,
                                               shm_size=shm_size, image_tag=image_tag))
-    if hosts is not None and nodes is not None:
-        raise BadInput("--nodes is for the local cluster; with --hosts, hosts.txt lists the hosts",
-                       hint="drop --nodes, or drop --hosts to make a local cluster of N containers")
     with cluster_lock(cfg.name):
-        bring_up(cfg_file, cfg, hosts, LOCAL_NODES if nodes is None else nodes, dry_run)
+        where = where_to_bring_up(st.load(Identity(cfg.name, persist=False).folder), cfg.name, hosts is not None,
+                                  local, nodes, LOCAL_NODES)
+        if where.recorded:
+            console.print(f"cluster {cfg.name} was brought up on {', '.join(h.name for h in where.recorded)}: "
+                          "bringing it up there (--hosts FILE changes its hosts)")
+        bring_up(cfg_file, cfg, hosts, where.count, dry_run, where.recorded)
 
 
-def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], count: int, dry_run: bool) -> None:
-    inventory = read_hosts(hosts) if hosts is not None else None
-    count = check_count(count)  # bad input is found before anything is contacted
+def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], count: Optional[int], dry_run: bool,
+             recorded: Optional[list[Host]] = None) -> None:
+    """Up on the hosts of a hosts file, on recorded hosts, or (neither) as a local cluster of count containers."""
+    inventory = read_hosts(hosts) if hosts is not None else recorded
+    count = check_count(count) if inventory is None else count  # bad input is found before anything is contacted
     st.load(Identity(cfg.name, persist=False).folder)  # a damaged record too
     client = connect()
     if inventory is None:
@@ -115,10 +124,10 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
                       progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
     changed = any(n.changes for n in nodes + workflow.left) or dry_run
-    where = "on this machine in " if hosts is None else "on "
+    where = f"on this machine in {len(nodes)} containers" if all(h.local for h in inventory) else \
+        f"on {len(nodes)} hosts"
     console.print(("[bold]plan[/] (dry run: nothing was changed)" if dry_run else
-                   f"[green]✓[/] cluster {cfg.name} is up {where}{len(nodes)} {'containers' if hosts is None else 'hosts'}"
-                   + ("" if changed else ": no change")))
+                   f"[green]✓[/] cluster {cfg.name} is up {where}" + ("" if changed else ": no change")))
     if changed:
         _print_changes(nodes, dry_run)
     for n in workflow.left:

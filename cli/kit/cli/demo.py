@@ -25,6 +25,7 @@ from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES
 from kit.cli.build import ensure_image
 from kit.cli.cluster import bring_up
+from kit.cluster import where_to_bring_up
 from kit.cli.common import CONFIG, LiveProgress, app, cluster_settings, connector, console, progress_bar, reports_errors
 from kit.cli.jobs import job_printer, run_job
 
@@ -60,7 +61,8 @@ def _demo(cfg_file: ConfigFile, cfg: ClusterConfig, build, nodes: int, epochs: i
         ensure_image(connect(), make_recipe(build), verbose)
     try:
         with _timed("up", timings):
-            bring_up(cfg_file, cfg, None, nodes, dry_run=False)
+            where = where_to_bring_up(st.load(identity.folder), cfg.name, False, True, nodes, nodes)
+            bring_up(cfg_file, cfg, None, where.count, dry_run=False)
         state = st.load(identity.folder)
         training, show = Training(), job_printer("horovod")
 
