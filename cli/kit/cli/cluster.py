@@ -31,7 +31,8 @@ from kit.recipe import make_recipe
 from kit.steps.image import layers, local_image
 from kit.steps.node import Node
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
-                             need_state, progress_bar, recorded, reports_errors)
+                             need_state, progress_bar, recorded, recorded_clusters,
+                             reports_errors)
 
 
 def _image_tag(client, cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
@@ -172,9 +173,7 @@ def status(
 ) -> None:
     """Each host of the cluster: reachable, container, image, port, GPUs."""
     cfg, identity, state = recorded(name, config)
-    if state is None:
-        raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
-                       hint="bring it up with `kit up --hosts hosts.txt`")
+    state = need_state(cfg, identity, state)
     rows = cluster_status(state, connector(cfg.connect_timeout), identity.owner)
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
@@ -210,7 +209,9 @@ def down(
     """Remove exactly what `kit up` made: containers, kit's folders and files. Safe to run twice."""
     with locked(name, config) as (cfg, identity, state):
         if state is None:
-            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
+            others = st.all_recorded(identity.folder.parent)
+            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})"
+                          + (f"; recorded: {escape(recorded_clusters(others))}" if others else ""))
             return
         with progress_bar() as bar:
             done = down_cluster(state, identity, connector(cfg.connect_timeout), dry_run=dry_run, force=force,

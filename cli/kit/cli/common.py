@@ -157,6 +157,27 @@ def recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig
 
 def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
     if state is None:
-        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
-                       hint="bring it up first: kit up --hosts hosts.txt")
+        raise not_recorded(cfg.name, identity)
     return state
+
+
+def not_recorded(name: str, identity: Identity, hint: str = "bring one up: kit up --hosts hosts.txt") -> BadInput:
+    """A cluster that is not recorded on this control machine, with the ones that are (and how to name one); hint:
+    the fix when none is."""
+    root = identity.folder.parent
+    found = st.all_recorded(root)
+    if not found:
+        return BadInput(f"no cluster {name} is recorded here: {root} holds none", hint=hint)
+    first = found[0].cluster
+    return BadInput(f"no cluster {name} is recorded here; recorded: {recorded_clusters(found)}",
+                    hint=f"name it: --name {first}" + (" (or another of those)" if len(found) > 1 else "")
+                         + f", or cluster.name: {first} in kit.yaml")
+
+
+def recorded_clusters(found: list[st.ClusterState]) -> str:
+    """alice (3 hosts), demo (local)"""
+    def where(state: st.ClusterState) -> str:
+        if state.hosts and all(h.local for h in state.hosts):
+            return "local"
+        return f"{len(state.hosts)} host{'s' if len(state.hosts) != 1 else ''}"
+    return ", ".join(f"{state.cluster} ({where(state)})" for state in found)
