@@ -365,14 +365,16 @@ _PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0
         "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
 
 
-def follow_command(container: str, folder: str, job_id: str) -> str:
-    """The job's output from its start while it runs (in the primary's container), then END_MARK and its exit code
-    (none when it left none). Ctrl-C or a dropped session ends the following, never the job."""
-    d = shlex.quote(folder)
+def follow_command(container: str, folder: str, job_id: str, first: int = 1) -> str:
+    """The job's output from its line `first` (1: its start) while it runs (in the primary's container), then
+    END_MARK and its exit code (none when it left none). Ctrl-C or a dropped session ends the following, never the
+    job."""
+    d, first = shlex.quote(folder), int(first)
     return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
         f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then tail -n +1 -s 0.2 -F --pid=$sup {d}/output.log; "
-        f"else cat {d}/output.log; fi 2>/dev/null; "  # running: to its end; ended (or never started): as it is
+        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
+        f"tail -n +{first} -s 0.2 -F --pid=$sup {d}/output.log; "  # running: to its end
+        f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
         f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\""]))
 
 
@@ -483,6 +485,35 @@ def check_job_id(job: str) -> str:
     if not JOB_ID.fullmatch(job):
         raise BadInput(f"'{job}' is not a job id", hint="`kit jobs` lists them, e.g. 20261123-194512-ab12")
     return job
+
+
+JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
+
+
+def check_job_ref(text: str) -> str:
+    """How a user may name a job (checked before any host is asked): `last`, a whole id, the start of one, or the
+    4-hex tail after its last dash, as people read it off the screen."""
+    if text != "last" and not re.fullmatch(r"[0-9a-f-]{1,20}", text):
+        raise BadInput(f"'{text}' is not a job id", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
+    return text
+
+
+def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
+    """The job `ref` names among the cluster's job ids (check_job_ref's forms). Ids start with their time, so the
+    newest is the greatest; a start or tail that fits several is refused with them listed."""
+    check_job_ref(ref)
+    if not ids:
+        raise BadInput(f"no jobs on cluster {cluster} yet", hint="`kit run train.py` starts one")
+    if ref == "last" or ref in ids:
+        return max(ids) if ref == "last" else ref
+    found = sorted(i for i in ids if i.startswith(ref) or i.rsplit("-", 1)[-1] == ref)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
+                   hint="give more of the id, or its last 4 characters")
 
 
 @dataclass

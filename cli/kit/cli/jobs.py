@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -220,43 +221,76 @@ def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterS
 @app.command()
 @reports_errors
 def logs(
-    job: Optional[str] = typer.Argument(None, help="Job id (default: the last job)."),
+    job: Optional[str] = typer.Argument(None, help="The job: its id, a unique start of it, its last 4 characters, or "
+                                        "last (the default)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the job runs."),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines (with -f: then what comes)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Output of a job, kept on the primary; per rank with --rank."""
+    ref = jobs.check_job_ref(job or "last")
+    if tail is not None and tail < 0:
+        raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     primary = state.primary
     (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
     try:
         records = {r.id: r for r in jobs.read_records(node)}
-        job = jobs.check_job_id(job) if job else next(reversed(records), None)
-        if job not in records:
-            raise BadInput(f"no job {job or ''} on cluster {state.cluster}".replace("  ", " "),
-                           hint="run one with kit run; `kit jobs` lists the cluster's jobs")
-        record, folder = records[job], primary.place.job_dir(job)
-        printer = job_printer(record.launcher)
-        follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
-            command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))
-
-        hosts = list(record.hosts)
-
-        def show(line: str) -> None:
-            nonlocal hosts
-            if line.startswith(jobs.END_MARK):
-                return
-            if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
-                hosts = launched
-                return
-            r, text = split_rank(line)
-            if (rank is None or r == rank) and exit_report(text) is None:
-                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
-        node.runner.stream_out(follower, show)
+        job = jobs.resolve_job(ref, list(records), state.cluster)
+        shown = _LogLines(job_printer(records[job].launcher), list(records[job].hosts), rank, tail)
+        folder = primary.place.job_dir(job)
+        read = 0
+        if not follow or tail is not None:  # what is there now; the last `tail` lines of it
+            read = _read_lines(node, command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"])),
+                               shown)
+            shown.flush()
+        if follow:  # (a line being written when it was read is shown cut; the rest of it is not)
+            node.runner.stream_out(jobs.follow_command(primary.place.container, folder, job, first=read + 1),
+                                   shown.add)
     finally:
         node.runner.close()
+
+
+def _read_lines(node, cmd: str, shown: "_LogLines") -> int:
+    count = 0
+
+    def one(line: str) -> None:
+        nonlocal count
+        count += 1
+        shown.add(line)
+    node.runner.stream_out(cmd, one)
+    return count
+
+
+class _LogLines:
+    """A job's output log read as `kit logs` shows it: kit's own marks left out, each rank's lines with its host, only
+    one rank's with --rank; with --tail, held back until flush() and only the last N of them shown."""
+
+    def __init__(self, printer, hosts: list[str], rank: Optional[int], tail: Optional[int]) -> None:
+        self.printer, self.hosts, self.rank = printer, hosts, rank
+        self.held: Optional[collections.deque] = collections.deque(maxlen=tail) if tail is not None else None
+
+    def add(self, line: str) -> None:
+        if line.startswith(jobs.END_MARK):
+            return
+        if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
+            self.hosts = launched
+            return
+        r, text = split_rank(line)
+        if (self.rank is None or r == self.rank) and exit_report(text) is None:
+            host = self.hosts[r] if r is not None and r < len(self.hosts) else None
+            if self.held is None:
+                self.printer(r, host, text)
+            else:
+                self.held.append((r, host, text))
+
+    def flush(self) -> None:
+        while self.held:
+            self.printer(*self.held.popleft())
+        self.held = None
 
 
 @app.command("jobs")
@@ -305,18 +339,20 @@ def jobs_(
 @contextlib.contextmanager
 def _the_job(job: str, name: Optional[str], config: Optional[Path]):
     """(the cluster's state, a node a host (the primary first), the job's record), the nodes closed afterwards."""
-    jobs.check_job_id(job)
+    jobs.check_job_ref(job)
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
     try:
-        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
-        if record is None:
-            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
-        yield state, nodes, record
+        records = {r.id: r for r in jobs.read_records(nodes[0])}
+        yield state, nodes, records[jobs.resolve_job(job, list(records), state.cluster)]
     finally:
         for n in nodes:
             n.runner.close()
+
+
+JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "
+                     "`kit jobs` lists them.")
 
 
 def _duration(seconds: int | None) -> str:
@@ -329,12 +365,13 @@ def _duration(seconds: int | None) -> str:
 @app.command()
 @reports_errors
 def stop(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         if record.state not in jobs.ACTIVE:
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
@@ -349,13 +386,14 @@ def stop(
 @app.command()
 @reports_errors
 def attach(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
     stops it on every host (`kit logs ID -f` follows without that)."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         outcome = jobs.follow_to_end(nodes, job, list(record.hosts), job_printer(record.launcher))
     report(outcome, job, record.launcher, state)
 
@@ -363,12 +401,13 @@ def attach(
 @app.command()
 @reports_errors
 def stacks(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         if record.state not in jobs.ACTIVE:
             raise BadInput(f"job {job} is not running ({record.state})",
                            hint=f"a hung job's stacks, taken when it was stopped, are in "
