@@ -141,7 +141,9 @@ def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
 @reports_errors
 def prepare(
     hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
-    check: bool = typer.Option(False, "--check", help="Say what would change (Ansible check mode); change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would change (Ansible check mode); change "
+                                                          "nothing."),
+    check: bool = typer.Option(False, "--check", hidden=True, help="The same as --dry-run (its former name)."),
     storage: Optional[str] = typer.Option(None, help="copy, sshfs or nfs (default: cluster.storage in kit.yaml)."),
     nfs_server: Optional[str] = typer.Option(None, help="An existing NFS export, server:/path (default: "
                                                         "cluster.nfs_server; without one the primary exports)."),
@@ -149,6 +151,7 @@ def prepare(
     name: Optional[str] = NAME,
 ) -> None:
     """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    check = check or dry_run
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
