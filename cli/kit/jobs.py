@@ -23,13 +23,14 @@ from typing import Callable
 from kit import jobenv, state as st, supervisor
 from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
-from kit.commands.launchers import FREE_PORT, tf_config
+from kit.commands.launchers import tf_config
 from kit.errors import BadInput, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
-from kit.supervisor import (ENV_DIR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK, TORCHRUN_PREFIX, NodeCommand, Plan,
-                            Slot, placement, reap_script, torch_ranks, torchrun_argv)
+from kit.supervisor import (ENV_DIR, FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
+                            TORCHRUN_PREFIX, NodeCommand, Plan, Slot, placement, reap_script, torch_ranks,
+                            torchrun_argv)
 
 STOP_WAIT_S = 20
 
@@ -88,7 +89,7 @@ class Job:
                     nics=list(self.nics), args=[*self.options.argv(), *self.command] if self.launcher == "horovod"
                     else list(self.command), nodes=list(self.fanout), restarts=self.policy.restarts,
                     min_np=self.np if self.policy.min_np is None else self.policy.min_np,
-                    hang_timeout=self.policy.hang_timeout, env=bool(self.env))
+                    hang_timeout=self.policy.hang_timeout, env=bool(self.env), here=self.state.primary.address)
 
     def write_plan(self) -> tuple[str, bytes]:
         """(command, its stdin): the job's folder and its plan, in the primary's container."""
@@ -166,20 +167,20 @@ def free_port(node: Node) -> int:
 def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
            nproc: int | None) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
     """torchrun or tf: each host's command, and the host of each rank. tf: a port for each worker, picked free on
-    the hosts now (torchrun's store port is picked by the supervisor at each launch). nodes[0] and slots[0] are the
-    primary's; slots are in the state's host order."""
-    hosts = state.hosts
+    the hosts now (torchrun's store port is picked by the supervisor at each launch). slots: the job's hosts, in the
+    order of their node ranks (the state's, or -H's); nodes: at least theirs."""
+    hosts = [state.host(s.host) for s in slots]
     if launcher == "torchrun":
         addresses = {h.name: h.address for h in hosts}
         commands = []
-        for h, slot in zip(hosts, slots):  # nodes, rank and port are the launch's: the supervisor fills them in
+        for h, slot in zip(hosts, slots):  # nodes, rank, store address and port are the launch's: the supervisor's
             nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
                 "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
-                *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, hosts[0].address, MASTER_PORT, rank_cmd)),
-                None))
+                *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, MASTER_ADDR, MASTER_PORT, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
-    ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
+    by_name = {n.name: n for n in nodes}
+    ports = fan_out("finding free ports", [by_name[s.host] for s in slots], free_port, lambda n: n.name)
     workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
     commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
