@@ -70,11 +70,12 @@ def hosts_arg(slots: list[Slot], np: int) -> str:
     return ",".join(f"{address}:{count}" for address, count in used.items())
 
 
-def horovodrun(np: int, slots: list[Slot], port: int, nics: list[str], args: list[str]) -> list[str]:
-    """horovodrun over Gloo; args: its options, then what each rank runs."""
-    # A job on one host is local to horovodrun (it talks over loopback): naming a NIC would contradict it.
-    one_host = len({s.address for s in placement(slots, np)}) == 1
-    nic = [] if one_host else ["--network-interface", ",".join(nics)]
+def horovodrun(np: int, slots: list[Slot], port: int, nics: list[str], args: list[str], here: str = "") -> list[str]:
+    """horovodrun over Gloo; args: its options, then what each rank runs; here: the address of the host it runs on
+    (default: the first host's)."""
+    # A job on horovodrun's own host alone is local to it (it talks over loopback): naming a NIC would contradict it.
+    local = {s.address for s in placement(slots, np)} == {here or slots[0].address}
+    nic = [] if local else ["--network-interface", ",".join(nics)]
     return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port), *nic, *args]
 
 
@@ -334,7 +335,8 @@ class Plan:
         """(the launcher's argv, the host of each rank) for a launch on these hosts; port: torchrun's store."""
         if self.launcher == "horovod":
             np = self.np_on(hosts)
-            return horovodrun(np, hosts, self.port, self.nics, self.args), [s.host for s in placement(hosts, np)]
+            return (horovodrun(np, hosts, self.port, self.nics, self.args, self.here),
+                    [s.host for s in placement(hosts, np)])
         if self.launcher == "torchrun":
             by_host = {n.host: n for n in self.nodes}
             nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_ADDR: hosts[0].address,

@@ -154,6 +154,7 @@ def test_the_first_job_line_shows_what_the_script_was_given_and_where_it_runs():
                              ["10.0.0.1", "10.0.0.1", "10.0.0.3"], 4, Path("/p")) == (
         "job 20261122-005727-b862: train.py --epochs 2 --note 'a b'; 3 processes on 2 hosts (10.0.0.1, 10.0.0.3); "
         "copied 4 changed files of /p")
+    assert "; 1 process on 1 host (a); " in cli_jobs.job_line("j", ["t.py"], ["a"], 0, Path("/p"))
     many = [f"h{i}" for i in range(10)]
     assert "; 10 processes on 10 hosts (h0, h1, h2, h3, h4, h5, h6, h7 and 2 more); " in \
            cli_jobs.job_line("j", ["t.py"], many, 0, Path("/p"))
@@ -194,3 +195,16 @@ def test_a_torchrun_job_on_h_has_those_hosts_as_its_nodes_and_the_first_as_the_s
     assert "--nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=10.0.0.2 --master-port=29400" in script
     assert "--nnodes=2 --nproc-per-node=2 --node-rank=1 --master-addr=10.0.0.2 --master-port=29400" in script
     assert "10.0.0.1" not in script  # the primary, which -H left out, runs none of it
+
+
+def test_a_horovod_job_on_one_host_that_is_not_horovodruns_own_names_the_interface():
+    """-H c:2 from the primary a: horovodrun reaches c over the network, so the cluster's interface is named; on a
+    alone it talks over loopback and names none."""
+    state = subset_state()
+    for wanted, nic in (([("c", 2)], ["--network-interface", "eth0"]), ([("a", 2)], [])):
+        picked = pick_hosts(wanted, SLOTS, "lab")
+        plan = jobs.Job("j1", state, 2, tuple(picked), ("eth0",), ("python", "t.py")).plan()
+        argv, _ = plan.launch(plan.hosts, "0")
+        assert argv[:8 + len(nic)] == ["horovodrun", "--gloo", "-np", "2", "-H", f"{picked[0].address}:2", "-p",
+                                       "12345", *nic]
+        assert argv[8 + len(nic)] == "--start-timeout"

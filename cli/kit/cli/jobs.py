@@ -211,8 +211,9 @@ def job_line(job_id: str, script: list[str], ranks: list[str], copied: int, fold
     its ranks run."""
     hosts = list(dict.fromkeys(ranks))
     on = ", ".join(hosts) if len(hosts) <= 8 else f"{', '.join(hosts[:8])} and {len(hosts) - 8} more"
-    return (f"job {job_id}: {shlex.join(script)}; {len(ranks)} processes on {len(hosts)} "
-            f"host{'s' if len(hosts) != 1 else ''} ({on}); copied {copied} changed files of {folder}")
+    processes = f"{len(ranks)} process{'es' if len(ranks) != 1 else ''}"
+    return (f"job {job_id}: {shlex.join(script)}; {processes} on {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
+            f"({on}); copied {copied} changed files of {folder}")
 
 
 def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState, out: Console = console) -> None:
