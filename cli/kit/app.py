@@ -7,4 +7,4 @@ COMMANDS = (bench, build, cluster, demo, doctor, jobs)  # importing them adds th
 
 
 def main() -> None:
-    app()
+    app(prog_name="kit")  # also as `python -m kit`: shell completion is kit's (_KIT_COMPLETE)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -411,6 +412,8 @@ class ClusterConfig(BaseModel):
     def _shm(cls, v: str | None) -> str | None:
         if v is not None and not _SIZE.match(str(v).lower()):
             raise ValueError(f"'{v}' is not a size")
+        if v is not None and str(v).isdigit():  # `shm_size: 8` meant 8g, surely
+            raise ValueError(f"'{v}' has no unit, and Docker would read it as {v} bytes")
         return str(v).lower() if v is not None else v
 
     @field_validator("gpus")
@@ -473,6 +476,7 @@ class ConfigFile:
     path: Path | None = None
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     lines: dict[tuple[str, str], int] = field(default_factory=dict)
+    written: dict[tuple[str, str], Any] = field(default_factory=dict)  # a YAML number's own text (_written)
 
     def where(self, section: str, key: str | None = None) -> str:
         line = self.lines.get((section, key or ""), self.lines.get((section, "")))
@@ -512,10 +516,60 @@ def _read_sections(path: Path, root: yaml.Node | None) -> ConfigFile:
             raise BadInput(f"{path}:{line}: section '{name}' must be a mapping of settings",
                            hint=f"indent `key: value` lines under `{name}:`")
         cfg.lines[(name, "")] = line
-        for k, _ in value_node.value:
+        for k, v in value_node.value:
             cfg.lines[(name, k.value)] = k.start_mark.line + 1
+            if (text := _written(v)) is not None:
+                cfg.written[(name, k.value)] = text
         cfg.sections[name] = yaml.safe_load(yaml.serialize(value_node)) or {}
     return cfg
+
+
+_NOT_TEXT = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
+
+
+def _written(node: yaml.Node) -> str | list[str | None] | None:
+    """How a value YAML reads as a number or a boolean was written (`python: 3.10` is the float 3.1 to YAML): the
+    scalar's own text; for a list, each item's (None for text). None when the value is text (or no scalar)."""
+    if isinstance(node, yaml.ScalarNode):
+        return node.value if node.tag in _NOT_TEXT else None
+    if isinstance(node, yaml.SequenceNode):
+        items = [_written(item) if isinstance(item, yaml.ScalarNode) else None for item in node.value]
+        return items if any(item is not None for item in items) else None
+    return None
+
+
+def _types(annotation: Any) -> set:
+    """The types a field's values may have: `str | None` -> {str}, Literal["a", "b"] -> {str}, tuple[str, ...] ->
+    {str}."""
+    if get_origin(annotation) is Literal:
+        return {type(arg) for arg in get_args(annotation)}
+    if get_origin(annotation) in (Union, UnionType, tuple, list):
+        return set().union(*(_types(arg) for arg in get_args(annotation) if arg is not Ellipsis))
+    return set() if annotation is type(None) else {annotation}
+
+
+def wants_text(model: type[BaseModel], key: str) -> bool:
+    """Whether a setting is text (a version, a size, a name): then a YAML number there means what it was written as."""
+    found = model.model_fields.get(key)
+    kinds = _types(found.annotation) if found is not None else set()
+    return bool(kinds) and kinds <= {str, Path}
+
+
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)*")  # 3.10, 12.8, 8: as written, there is only one way to read it
+
+
+def as_written(value: Any, written: str | list | None, where: str, key: str) -> Any:
+    """A text setting given as a YAML number or boolean: its text as the user wrote it (3.10, not 3.1), or, where
+    that text reads otherwise to YAML (1e3, 0x1f, 1_000, 1:30, yes), refused with the quoted form to write."""
+    if isinstance(written, list) and isinstance(value, list):
+        return [as_written(v, w, where, key) for v, w in zip(value, written)]
+    if not isinstance(written, str):
+        return value
+    if _PLAIN_NUMBER.fullmatch(written):
+        return written
+    what = f"the boolean {str(value).lower()}" if isinstance(value, bool) else f"the number {value!r}"
+    raise BadInput(f"{where}: {written} reads as {what} in YAML, not as the text {written}",
+                   hint=f'quote it if you mean the text: write {key}: "{written}"')
 
 
 # ---------------------------------------------------------------- merging
@@ -545,9 +599,12 @@ def section_config(cfg: ConfigFile, section: str, flags: dict[str, Any]):
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for key, value in cfg.sections.get(section, {}).items():
+        where = f"{cfg.where(section, key)}: {section}.{key}"
+        if (section, key) in cfg.written and wants_text(model, key):
+            value = as_written(value, cfg.written[(section, key)], where, key)
         if key in PATH_FIELDS and isinstance(value, str):
             value = (cfg.path.parent / value).expanduser()  # relative to kit.yaml, like compose files
-        values[key], origin[key] = value, f"{cfg.where(section, key)}: {section}.{key}"
+        values[key], origin[key] = value, where
     for key, value in flags.items():
         if value is not None and value != ():
             values[key], origin[key] = value, flag_name(key)

@@ -23,13 +23,14 @@ from typing import Callable
 from kit import jobenv, state as st, supervisor
 from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
-from kit.commands.launchers import FREE_PORT, tf_config
+from kit.commands.launchers import tf_config
 from kit.errors import BadInput, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
-from kit.supervisor import (ENV_DIR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK, TORCHRUN_PREFIX, NodeCommand, Plan,
-                            Slot, placement, reap_script, torch_ranks, torchrun_argv)
+from kit.supervisor import (ENV_DIR, FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
+                            TORCHRUN_PREFIX, NodeCommand, Plan, Slot, placement, reap_script, torch_ranks,
+                            torchrun_argv)
 
 STOP_WAIT_S = 20
 
@@ -88,7 +89,7 @@ class Job:
                     nics=list(self.nics), args=[*self.options.argv(), *self.command] if self.launcher == "horovod"
                     else list(self.command), nodes=list(self.fanout), restarts=self.policy.restarts,
                     min_np=self.np if self.policy.min_np is None else self.policy.min_np,
-                    hang_timeout=self.policy.hang_timeout, env=bool(self.env))
+                    hang_timeout=self.policy.hang_timeout, env=bool(self.env), here=self.state.primary.address)
 
     def write_plan(self) -> tuple[str, bytes]:
         """(command, its stdin): the job's folder and its plan, in the primary's container."""
@@ -166,20 +167,20 @@ def free_port(node: Node) -> int:
 def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
            nproc: int | None) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
     """torchrun or tf: each host's command, and the host of each rank. tf: a port for each worker, picked free on
-    the hosts now (torchrun's store port is picked by the supervisor at each launch). nodes[0] and slots[0] are the
-    primary's; slots are in the state's host order."""
-    hosts = state.hosts
+    the hosts now (torchrun's store port is picked by the supervisor at each launch). slots: the job's hosts, in the
+    order of their node ranks (the state's, or -H's); nodes: at least theirs."""
+    hosts = [state.host(s.host) for s in slots]
     if launcher == "torchrun":
         addresses = {h.name: h.address for h in hosts}
         commands = []
-        for h, slot in zip(hosts, slots):  # nodes, rank and port are the launch's: the supervisor fills them in
+        for h, slot in zip(hosts, slots):  # nodes, rank, store address and port are the launch's: the supervisor's
             nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
                 "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
-                *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, hosts[0].address, MASTER_PORT, rank_cmd)),
-                None))
+                *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, MASTER_ADDR, MASTER_PORT, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
-    ports = fan_out("finding free ports", nodes, free_port, lambda n: n.name)
+    by_name = {n.name: n for n in nodes}
+    ports = fan_out("finding free ports", [by_name[s.host] for s in slots], free_port, lambda n: n.name)
     workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
     commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
@@ -365,14 +366,16 @@ _PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0
         "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
 
 
-def follow_command(container: str, folder: str, job_id: str) -> str:
-    """The job's output from its start while it runs (in the primary's container), then END_MARK and its exit code
-    (none when it left none). Ctrl-C or a dropped session ends the following, never the job."""
-    d = shlex.quote(folder)
+def follow_command(container: str, folder: str, job_id: str, first: int = 1) -> str:
+    """The job's output from its line `first` (1: its start) while it runs (in the primary's container), then
+    END_MARK and its exit code (none when it left none). Ctrl-C or a dropped session ends the following, never the
+    job."""
+    d, first = shlex.quote(folder), int(first)
     return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
         f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then tail -n +1 -s 0.2 -F --pid=$sup {d}/output.log; "
-        f"else cat {d}/output.log; fi 2>/dev/null; "  # running: to its end; ended (or never started): as it is
+        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
+        f"tail -n +{first} -s 0.2 -F --pid=$sup {d}/output.log; "  # running: to its end
+        f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
         f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\""]))
 
 
@@ -483,6 +486,35 @@ def check_job_id(job: str) -> str:
     if not JOB_ID.fullmatch(job):
         raise BadInput(f"'{job}' is not a job id", hint="`kit jobs` lists them, e.g. 20261123-194512-ab12")
     return job
+
+
+JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
+
+
+def check_job_ref(text: str) -> str:
+    """How a user may name a job (checked before any host is asked): `last`, a whole id, the start of one, or the
+    4-hex tail after its last dash, as people read it off the screen."""
+    if text != "last" and not re.fullmatch(r"[0-9a-f-]{1,20}", text):
+        raise BadInput(f"'{text}' is not a job id", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
+    return text
+
+
+def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
+    """The job `ref` names among the cluster's job ids (check_job_ref's forms). Ids start with their time, so the
+    newest is the greatest; a start or tail that fits several is refused with them listed."""
+    check_job_ref(ref)
+    if not ids:
+        raise BadInput(f"no jobs on cluster {cluster} yet", hint="`kit run train.py` starts one")
+    if ref == "last" or ref in ids:
+        return max(ids) if ref == "last" else ref
+    found = sorted(i for i in ids if i.startswith(ref) or i.rsplit("-", 1)[-1] == ref)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
+                   hint="give more of the id, or its last 4 characters")
 
 
 @dataclass

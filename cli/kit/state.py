@@ -88,3 +88,16 @@ def load(folder: Path) -> ClusterState | None:
 
 def save(folder: Path, state: ClusterState) -> None:
     write_secret(state_file(folder), json.dumps(asdict(state), indent=2).encode())
+
+
+def all_recorded(root: Path) -> list[ClusterState]:
+    """Every cluster recorded under kit's state folder (kit.identity.state_root), by name; damaged records left out."""
+    found = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            state = load(folder) if not folder.name.startswith(".") and folder.is_dir() else None
+        except (BadInput, OSError):
+            state = None
+        if state is not None:
+            found.append(state)
+    return found

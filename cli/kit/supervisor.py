@@ -42,6 +42,7 @@ TORCHRUN_PREFIX = "[${rank}]<stdout>:"
 RANKS_MARK = "@@kit-ranks"
 # Placeholders of a torchrun node command that depend on the hosts of the launch (filled by for_hosts()).
 NNODES, NODE_RANK, MASTER_PORT = "@KIT_NNODES@", "@KIT_NODE_RANK@", "@KIT_MASTER_PORT@"
+MASTER_ADDR = "@KIT_MASTER_ADDR@"  # node 0's address: the store's (it is not the primary's when -H leaves that out)
 SSH = ("ssh", "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
@@ -69,11 +70,12 @@ def hosts_arg(slots: list[Slot], np: int) -> str:
     return ",".join(f"{address}:{count}" for address, count in used.items())
 
 
-def horovodrun(np: int, slots: list[Slot], port: int, nics: list[str], args: list[str]) -> list[str]:
-    """horovodrun over Gloo; args: its options, then what each rank runs."""
-    # A job on one host is local to horovodrun (it talks over loopback): naming a NIC would contradict it.
-    one_host = len({s.address for s in placement(slots, np)}) == 1
-    nic = [] if one_host else ["--network-interface", ",".join(nics)]
+def horovodrun(np: int, slots: list[Slot], port: int, nics: list[str], args: list[str], here: str = "") -> list[str]:
+    """horovodrun over Gloo; args: its options, then what each rank runs; here: the address of the host it runs on
+    (default: the first host's)."""
+    # A job on horovodrun's own host alone is local to it (it talks over loopback): naming a NIC would contradict it.
+    local = {s.address for s in placement(slots, np)} == {here or slots[0].address}
+    nic = [] if local else ["--network-interface", ",".join(nics)]
     return ["horovodrun", "--gloo", "-np", str(np), "-H", hosts_arg(slots, np), "-p", str(port), *nic, *args]
 
 
@@ -295,7 +297,7 @@ class Plan:
     folder: str
     workspace: str
     launcher: str                    # horovod, torchrun, tf
-    hosts: list[Slot]                # the cluster's hosts in the inventory's order, the primary first
+    hosts: list[Slot]                # the job's hosts: the cluster's in the inventory's order, or -H's
     np: int                          # horovod: processes
     nproc: int | None                # torchrun: processes a host (None: its slots)
     port: int                        # the cluster's SSH port
@@ -306,6 +308,7 @@ class Plan:
     min_np: int = 1
     hang_timeout: float = 0          # seconds; 0: no watch
     env: bool = False                # the job has variables in every container (ENV_DIR), removed at its end
+    here: str = ""                   # the address of the host whose container runs the supervisor ("": hosts[0])
 
     @classmethod
     def load(cls, text: str) -> "Plan":
@@ -318,6 +321,10 @@ class Plan:
         return json.dumps({**self.__dict__, "hosts": [h.__dict__ for h in self.hosts],
                            "nodes": [n.__dict__ for n in self.nodes]})
 
+    def is_here(self, host: Slot) -> bool:
+        """Whether the host is the one the supervisor runs on (the primary), which is not always one of the job's."""
+        return host.address == (self.here or self.hosts[0].address)
+
     def np_on(self, hosts: list[Slot]) -> int:
         """Processes of a launch on these hosts."""
         if self.launcher == "horovod":
@@ -328,11 +335,12 @@ class Plan:
         """(the launcher's argv, the host of each rank) for a launch on these hosts; port: torchrun's store."""
         if self.launcher == "horovod":
             np = self.np_on(hosts)
-            return horovodrun(np, hosts, self.port, self.nics, self.args), [s.host for s in placement(hosts, np)]
+            return (horovodrun(np, hosts, self.port, self.nics, self.args, self.here),
+                    [s.host for s in placement(hosts, np)])
         if self.launcher == "torchrun":
             by_host = {n.host: n for n in self.nodes}
-            nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_PORT: port})
-                     for i, h in enumerate(hosts)]
+            nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_ADDR: hosts[0].address,
+                                            MASTER_PORT: port}) for i, h in enumerate(hosts)]
             ranks = [s.host for s in torch_ranks(hosts, self.nproc)]
         else:
             nodes, ranks = self.nodes, [h.host for h in hosts]
@@ -370,7 +378,7 @@ class Supervisor:
     def remote(self, host: Slot, argv: list[str], timeout: float = REMOTE_TIMEOUT_S) -> subprocess.CompletedProcess:
         """A command in a host's container: here for the primary, over the cluster SSH for the others."""
         # An SSH session starts with sshd's environment: the image's PATH (its venv: python, py-spy) goes along.
-        full = argv if host is self.plan.hosts[0] else \
+        full = argv if self.plan.is_here(host) else \
             [*SSH, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
         try:
             return subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -398,8 +406,7 @@ class Supervisor:
             except subprocess.TimeoutExpired as e:
                 found = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
             alive = parse_discovery(found, hosts)
-            if plan.hosts[0] in hosts and plan.hosts[0] not in alive:
-                alive.insert(0, plan.hosts[0])  # the supervisor runs there: it answers
+            alive = [h for h in hosts if h in alive or plan.is_here(h)]  # the supervisor's host answers
             gone = [h for h in hosts if h not in alive]
             if self.stopped():
                 break
@@ -423,7 +430,7 @@ class Supervisor:
 
     def attempt(self, hosts: list[Slot], attempt: int) -> int:
         plan = self.plan
-        port = free_port() if plan.launcher == "torchrun" else 0
+        port = self.store_port(hosts[0]) if plan.launcher == "torchrun" else 0
         argv, ranks = plan.launch(hosts, str(port))
         _write(plan.folder, "ranks", " ".join(ranks))
         self.log.write(f"{RANKS_MARK} {' '.join(ranks)}\n")
@@ -449,6 +456,13 @@ class Supervisor:
                 self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])
         code = proc.wait()
         return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
+
+    def store_port(self, host: Slot) -> int:
+        """A port free now on node 0 of a torchrun launch, for its store: here, or asked there."""
+        if self.plan.is_here(host):
+            return free_port()
+        found = self.remote(host, ["python", "-c", FREE_PORT]).stdout.strip()
+        return int(found) if found.isdigit() else free_port()  # (a node that does not answer fails the launch)
 
     def beats(self, hosts: list[Slot]) -> list[Beat]:
         found = self.on_all(hosts, ["sh", "-c", progress_script(self.plan.id)])
@@ -490,6 +504,10 @@ class Watch:
         return time.monotonic() - self.since
 
 
+# A port nothing listens on now, from the kernel's ephemeral range (python -c, in a host's container).
+FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("", 0))
@@ -526,7 +544,7 @@ def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
                 kept.append(h.address)
         except subprocess.TimeoutExpired:
             kept.append(h.address)
-    at_once(plan.hosts[1:], one)
+    at_once([h for h in plan.hosts if not plan.is_here(h)], one)
     if os.path.exists(path):
         os.remove(path)
     if kept:

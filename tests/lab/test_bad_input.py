@@ -99,7 +99,7 @@ RECORDED = [
     (["run", "job/train.py", "--launcher", "torchrun", "--nproc-per-node", "0"], None,
      r"--nproc-per-node: 0 is not from 1 to 256", "256"),
     (["run", "job/missing.py"], None, r"job/missing\.py: no such file", "training script"),
-    (["run", "job/train.py", "--workdir", "elsewhere"], None, r"job/train\.py is not inside --workdir", "folder"),
+    (["run", "--workdir", "elsewhere", "job/train.py"], None, r"job/train\.py is not inside --workdir", "folder"),
     (["run", "job/train.py", "--np", "9"], None, r"--np: 9 processes, but the cluster has 3 slots", "1 to 3"),
     (["run", "job/train.py", "--launcher", "tf"], None, r"--launcher tf: cluster recorded runs", "--launcher horovod"),
     (["exec", "10.231.77.99", "--", "true"], None, r"10\.231\.77\.99 is not a host of cluster recorded", "use one of"),

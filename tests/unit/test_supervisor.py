@@ -5,6 +5,7 @@ answer, the hang watch, and the discovery script."""
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -18,8 +19,8 @@ import pytest
 from kit import jobs
 from kit.commands.horovod import rank_command
 from kit.commands.launchers import tf_config
-from kit.supervisor import (MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot, discovery_script, fill,
-                            hang_report, parse_discovery)
+from kit.supervisor import (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot,
+                            discovery_script, fill, hang_report, parse_discovery)
 
 HOSTS = [Slot("a", "10.0.0.1", 1), Slot("b", "10.0.0.2", 1), Slot("c", "10.0.0.3", 1)]
 
@@ -254,3 +255,36 @@ def test_a_horovod_launch_on_the_hosts_that_answer(hosts, np):
     argv, ranks = plan.launch(list(hosts), "0")
     assert argv[:6] == ["horovodrun", "--gloo", "-np", str(np), "-H", ",".join(f"{h.address}:1" for h in hosts)]
     assert ranks == [h.host for h in hosts]
+
+
+STORE = """\
+import os, sys
+restart, nodes, rank, store = int(os.environ["KIT_RESTART"]), *sys.argv[1:]
+print("restart", restart, "nodes", nodes, "rank", rank, "store", store, flush=True)
+if restart == 0 and rank == "0":
+    open(os.environ["SHIM"] + "/down", "w").write("10.0.0.2\\n")  # node 0's host goes away
+    raise SystemExit(3)
+"""
+
+
+def test_a_torchrun_job_on_hosts_without_the_supervisors_has_its_store_on_node_0_also_after_a_restart(tmp_path,
+                                                                                                      ssh_shim):
+    """`kit run -H b,c` on a cluster whose primary, where the supervisor runs, is a: node 0 (b) holds the store, on a
+    port found free there; when b goes away, the restart makes c node 0 and the store's host; a runs none of it."""
+    (tmp_path / "node.py").write_text(STORE)
+    hosts = HOSTS[1:]
+    nodes = [NodeCommand(h.host, h.address, ("python", "-u", str(tmp_path / "node.py"), NNODES, NODE_RANK,
+                                             f"{MASTER_ADDR}:{MASTER_PORT}"), None) for h in hosts]
+    job = job_id()
+    plan = Plan(job, str(tmp_path / "jobs" / job), str(tmp_path), "torchrun", list(hosts), 2, 1, 12345, [], [],
+                nodes, restarts=1, min_np=1, here="10.0.0.1")
+    r, folder = supervise(tmp_path, plan)
+    out = (folder / "output.log").read_text()
+    assert (folder / "exit").read_text() == "0\n", out
+    assert re.search(r"restart 0 nodes 2 rank 0 store 10\.0\.0\.2:\d+\n", out), out
+    assert re.search(r"restart 1 nodes 1 rank 0 store 10\.0\.0\.3:\d+\n", out), out
+    assert "kit: restart 1 of 1: left out b (no answer); 1 processes on c, KIT_RESTART=1" in out
+    calls = (ssh_shim / "calls").read_text().splitlines()
+    asked = [c.split()[0] for c in calls if "socket.socket()" in c]
+    assert asked == ["10.0.0.2", "10.0.0.3"]  # each launch's node 0, for its store's port
+    assert not [c for c in calls if c.startswith("10.0.0.1 ")] and not leftovers(job)

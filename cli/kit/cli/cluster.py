@@ -31,7 +31,8 @@ from kit.recipe import make_recipe
 from kit.steps.image import layers, local_image
 from kit.steps.node import Node
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
-                             need_state, progress_bar, recorded, reports_errors)
+                             need_state, progress_bar, recorded, recorded_clusters,
+                             reports_errors)
 
 
 def _image_tag(client, cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
@@ -149,7 +150,9 @@ def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
 @reports_errors
 def prepare(
     hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
-    check: bool = typer.Option(False, "--check", help="Say what would change (Ansible check mode); change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would change (Ansible check mode); change "
+                                                          "nothing."),
+    check: bool = typer.Option(False, "--check", hidden=True, help="The same as --dry-run (its former name)."),
     storage: Optional[str] = typer.Option(None, help="copy, sshfs or nfs (default: cluster.storage in kit.yaml)."),
     nfs_server: Optional[str] = typer.Option(None, help="An existing NFS export, server:/path (default: "
                                                         "cluster.nfs_server; without one the primary exports)."),
@@ -157,6 +160,7 @@ def prepare(
     name: Optional[str] = NAME,
 ) -> None:
     """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    check = check or dry_run
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
@@ -181,9 +185,7 @@ def status(
 ) -> None:
     """Each host of the cluster: reachable, container, image, port, GPUs."""
     cfg, identity, state = recorded(name, config)
-    if state is None:
-        raise KitError(f"no cluster {cfg.name} is recorded here ({identity.folder})",
-                       hint="bring it up with `kit up --hosts hosts.txt`")
+    state = need_state(cfg, identity, state)
     rows = cluster_status(state, connector(cfg.connect_timeout), identity.owner)
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
@@ -219,7 +221,9 @@ def down(
     """Remove exactly what `kit up` made: containers, kit's folders and files. Safe to run twice."""
     with locked(name, config) as (cfg, identity, state):
         if state is None:
-            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})")
+            others = st.all_recorded(identity.folder.parent)
+            console.print(f"nothing to remove: no cluster {cfg.name} is recorded here ({identity.folder})"
+                          + (f"; recorded: {escape(recorded_clusters(others))}" if others else ""))
             return
         with progress_bar() as bar:
             done = down_cluster(state, identity, connector(cfg.connect_timeout), dry_run=dry_run, force=force,

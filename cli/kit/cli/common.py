@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.markup import escape
 from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
@@ -27,11 +28,68 @@ from kit.runners.local import LocalRunner
 from kit.runners.ssh import SshRunner
 
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+# `kit --help` lists the commands in the order of a user's work; a name not here is left out of the order (a command
+# another branch has not added yet), a command not named here comes at the end.
+WORKFLOW = ("prepare", "build", "up", "status", "run", "jobs", "logs", "attach", "stop", "stacks", "exec", "cp",
+            "doctor", "bench", "down", "demo")
+
+# What each option's or argument's value is, in help and usage lines (instead of Typer's <str>, <list[str]>, TEXT):
+# by the parameter's name, or by (command, name) where one name means two things.
+METAVARS = {
+    "config": "KIT_YAML", "name": "CLUSTER", "hosts": "HOSTS_FILE", ("bench train", "hosts"): "COUNTS",
+    ("run", "hosts"): "HOST[:SLOTS],...", "job": "JOB", "script": "SCRIPT", "args": "ARGS", "host": "HOST",
+    "argv": "COMMAND", "env": "NAME[=VALUE]", "env_file": "FILE", "workdir": "FOLDER", "wheelhouse": "FOLDER",
+    "workspace": "FOLDER", "ca_bundle": "PEM_FILE", "timeline": "FILE", "launcher": "horovod|torchrun|tf",
+    "storage": "copy|sshfs|nfs", "backend": "horovod|torch|all", "hang_timeout": "DURATION",
+    "start_timeout": "SECONDS", "seconds": "SECONDS", "rank": "RANK", "ssh_port": "PORT", "shm_size": "SIZE",
+    "min_size": "SIZE", "max_size": "SIZE", "image_tag": "IMAGE:TAG", "image": "REPOSITORY",
+    "base_image": "IMAGE", "builder_image": "IMAGE", "python": "VERSION", "torch": "VERSION", "cuda": "VERSION",
+    "horovod_version": "VERSION", "tensorflow": "VERSION", "torch_index_url": "URL", "index_url": "URL",
+    "horovod_source": "PIP_URL", "pip": "PACKAGE", "apt": "PACKAGE", "cuda_arch": "CAPABILITY",
+    "nfs_server": "SERVER:/PATH", "fusion_threshold_mb": "MB", "cycle_time_ms": "MS", "link_gbits": "GBITS",
+}
+_BY_TYPE = {int: "N", float: "NUMBER", Path: "PATH"}
+
+
+def metavar(command: str, param) -> str:
+    """A parameter's metavar: from METAVARS, else from its type (N for a count), else its name in capitals."""
+    found = METAVARS.get((command, param.name)) or METAVARS.get(param.name)
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    return found or _BY_TYPE.get(annotation) or (param.name or "value").upper()
+
+
+def readable(command, path: str = "") -> None:
+    """Every parameter of command (and of its subcommands) gets a metavar that says what it is."""
+    for param in command.params:
+        if param.metavar is None and not getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = metavar(path, param)
+        if param.param_type_name == "argument" and hasattr(param, "display_type_rich"):
+            # Typer >= 0.2x writes `NAME <type>` and `{NAME}`: the metavar says it, as click writes it
+            param.display_type_rich = lambda ctx: None
+            param.get_usage_pieces = lambda ctx, p=param: [
+                (p.metavar if p.required else f"[{p.metavar}]") + ("..." if p.nargs != 1 else "")]
+    for name, sub in getattr(command, "commands", {}).items():
+        readable(sub, f"{path} {name}".strip())
+
+
+class KitGroup(TyperGroup):
+    """kit's command group: its commands in WORKFLOW order, every parameter with a readable metavar."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        readable(self)
+
+    def list_commands(self, ctx) -> list[str]:
+        names = list(super().list_commands(ctx))
+        order = [n for n in WORKFLOW if n in names]
+        return order + [n for n in names if n not in order]
+
+
+app = typer.Typer(cls=KitGroup, no_args_is_help=True, rich_markup_mode=None,
                   help="Turn a few Linux servers into a Horovod / PyTorch cluster of Docker containers.")
-# soft_wrap: long lines (Dockerfile, commands) stay whole, so they can be copied.
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# soft_wrap: long lines (Dockerfile, commands) stay whole, so they can be copied. No emoji: `-H a:x:` is no icon.
+console = Console(highlight=False, soft_wrap=True, emoji=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def reports_errors(command: Callable) -> Callable:
@@ -157,6 +215,27 @@ def recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig
 
 def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
     if state is None:
-        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
-                       hint="bring it up first: kit up --hosts hosts.txt")
+        raise not_recorded(cfg.name, identity)
     return state
+
+
+def not_recorded(name: str, identity: Identity, hint: str = "bring one up: kit up --hosts hosts.txt") -> BadInput:
+    """A cluster that is not recorded on this control machine, with the ones that are (and how to name one); hint:
+    the fix when none is."""
+    root = identity.folder.parent
+    found = st.all_recorded(root)
+    if not found:
+        return BadInput(f"no cluster {name} is recorded here: {root} holds none", hint=hint)
+    first = found[0].cluster
+    return BadInput(f"no cluster {name} is recorded here; recorded: {recorded_clusters(found)}",
+                    hint=f"name it: --name {first}" + (" (or another of those)" if len(found) > 1 else "")
+                         + f", or cluster.name: {first} in kit.yaml")
+
+
+def recorded_clusters(found: list[st.ClusterState]) -> str:
+    """alice (3 hosts), demo (local)"""
+    def where(state: st.ClusterState) -> str:
+        if state.hosts and all(h.local for h in state.hosts):
+            return "local"
+        return f"{len(state.hosts)} host{'s' if len(state.hosts) != 1 else ''}"
+    return ", ".join(f"{state.cluster} ({where(state)})" for state in found)

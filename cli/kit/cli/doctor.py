@@ -12,11 +12,10 @@ from kit import doctor as dr
 from kit import state as st
 from kit.cluster import state_cfg
 from kit.config import build_config, uses_gpus
-from kit.errors import BadInput
 from kit.identity import Identity
 from kit.inventory import read_hosts
 from kit.steps.node import Node
-from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, reports_errors
+from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, not_recorded, reports_errors
 
 MARKS = {dr.OK: "[green]ok  [/]", dr.WARN: "[yellow]warn[/]", dr.FAIL: "[red]fail[/]"}
 
@@ -43,8 +42,7 @@ def doctor(
         nodes = [Node(h, connect(h), cfg.host_place()) for h in inventory]
         image, gpu = cfg.image_tag or "", uses_gpus(build_config(cfg_file, {}).flavor)
     elif state is None:
-        raise BadInput(f"no cluster {cfg.name} is recorded here ({identity.folder})",
-                       hint="check hosts before bringing them up: kit doctor --hosts hosts.txt")
+        raise not_recorded(cfg.name, identity, hint="check hosts before bringing them up: kit doctor --hosts hosts.txt")
     else:
         nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in state.hosts]
         cfg, image, gpu = state_cfg(state), state.image, uses_gpus(state.flavor)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -21,9 +23,10 @@ from kit import jobenv, jobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
-                                  exit_report, rank_command, split_rank)
+                                  exit_report, parse_hosts, pick_hosts, rank_command, split_rank)
 from kit.errors import BadInput, KitError
 from kit.cli.common import CONFIG, NAME, app, connector, console, locked, need_state, recorded, reports_errors
+from kit.cli.runargs import RunCommand
 
 
 def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
@@ -36,14 +39,20 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
     return show
 
 
-@app.command()
+@app.command(cls=RunCommand)
 @reports_errors
 def run(
     script: Path = typer.Argument(..., help="The training script (python), inside the job's folder."),
-    args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script (after --)."),
+    args: Optional[List[str]] = typer.Argument(None, help="The script's arguments: what follows SCRIPT, but kit "
+                                               "run's own options (see above); all that follows --."),
     launcher: str = typer.Option("horovod", help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
                                                  "(MultiWorkerMirroredStrategy, one worker a host)."),
-    np: Optional[int] = typer.Option(None, "--np", help="horovod: processes (default: every slot of the cluster)."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", help="horovod: processes (default: every slot of the "
+                                     "cluster, or of -H)."),
+    hosts: Optional[str] = typer.Option(None, "-H", "--hosts", help="Only these hosts of the cluster, each with its "
+                                        "slots: host:slots,host:slots (a host alone: its slots in hosts.txt), by name "
+                                        "or address; horovod: ranks in this order; torchrun: the nodes, slots as "
+                                        "--nproc-per-node; tf: the workers."),
     nproc_per_node: Optional[int] = typer.Option(None, help="torchrun: processes on each host (default: its slots)."),
     workdir: Optional[Path] = typer.Option(None, help="Folder copied to every host (default: the script's)."),
     config: Optional[Path] = CONFIG,
@@ -69,7 +78,21 @@ def run(
                                      "never), every rank's stack goes in the job's folder and the job is stopped "
                                      "(or restarted)."),
 ) -> None:
-    """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here."""
+    """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here.
+
+    The script's arguments need no --: before SCRIPT go kit run's options (an unknown one is refused); after SCRIPT,
+    kit takes its own run options wherever they stand, except --config/-c, --name, --workdir and --help, which are
+    the script's there, and every other argument goes to the script, in its order; after --, all is the script's.
+    -np N and -H host:slots,... are spelled as horovodrun spells them. kit's first line shows what the script got.
+
+    \b
+      kit run train.py --epochs 2                      the script gets --epochs 2
+      kit run -np 3 train.py --epochs 2                3 processes; the script gets --epochs 2
+      kit run train.py --epochs 1 -np 2 -H a:1,c:1     2 processes, on hosts a and c
+      kit run -c kit.yaml train.py --config cfg.yaml   kit reads kit.yaml, the script gets --config cfg.yaml
+      kit run train.py -- --np 5                       the script gets --np 5
+    """
+    picked = parse_hosts(hosts) if hosts is not None else None
     if launcher not in LAUNCHERS:
         raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
     if launcher != "horovod" and np is not None:
@@ -103,7 +126,7 @@ def run(
         _check_launcher(launcher, state)
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
         run_job(cfg, state, script, args or [], np, workdir, options, variables, job_printer(launcher), launcher,
-                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang))
+                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang), hosts=picked)
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:
@@ -121,23 +144,28 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
              workdir: Optional[Path], options: HorovodOptions, env: tuple[tuple[str, str], ...],
              on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
              nproc_per_node: Optional[int] = None, detach: bool = False,
-             policy: jobs.Policy = jobs.Policy(), out: Console = console) -> jobs.Job:
+             policy: jobs.Policy = jobs.Policy(), out: Console = console,
+             hosts: Optional[list[tuple[str, int | None]]] = None) -> jobs.Job:
     """Copy the job's folder, run it, say how it ended (on `out`); raise unless it succeeded. Detached: start it and
-    return."""
+    return. hosts: -H (parse_hosts), the cluster's hosts the job runs on (default: all)."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
     if not script.resolve().is_relative_to(folder):
         raise BadInput(f"{script} is not inside --workdir {folder}", hint="put the script in the folder kit copies")
     slots = [Slot(h.name, h.address, h.slots or 1) for h in state.hosts]
-    count = check_np(np, slots)
-    nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in state.hosts},
-                             {h.name: h.address for h in state.hosts})
-    rank_cmd = rank_command(script.resolve().relative_to(folder).as_posix(), args)
+    if hosts is not None:
+        slots = pick_hosts(hosts, slots, state.cluster)
+    count = check_np(np, slots, ",".join(f"{h}:{c}" if c else h for h, c in hosts) if hosts is not None else None)
+    used = {s.host for s in slots}
+    on = [h for h in state.hosts if h.primary or h.name in used]  # the primary too: the job's supervisor runs there
+    nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in on}, {h.name: h.address for h in on})
+    script_path = script.resolve().relative_to(folder).as_posix()
+    rank_cmd = rank_command(script_path, args)
     if len(nics) > 1 and launcher == "horovod":
         out.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
                       "kit chose each by subnet and passes them all")
-    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+    nodes = recorded_nodes(on, connector(cfg.connect_timeout))
     try:
         fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node) \
             if launcher != "horovod" else ((), ())
@@ -147,8 +175,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
         synced = jobs.sync_workspace(nodes, folder, state)
-        setup = (f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
-                 f"copied {sum(synced.sent.values())} changed files of {folder}",
+        setup = (job_line(job.id, [script_path, *args], job.ranks_hosts(), sum(synced.sent.values()), folder),
                  *([f"environment: {jobenv.shown(env)}"] if env else []),
                  *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
                    if policy.restarts else []),
@@ -177,6 +204,16 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             n.runner.close()
     report(outcome, job.id, job.launcher, state, out)
     return job
+
+
+def job_line(job_id: str, script: list[str], ranks: list[str], copied: int, folder: Path) -> str:
+    """kit's first line of a job: what the script was given (so that which arguments went to it shows), and where
+    its ranks run."""
+    hosts = list(dict.fromkeys(ranks))
+    on = ", ".join(hosts) if len(hosts) <= 8 else f"{', '.join(hosts[:8])} and {len(hosts) - 8} more"
+    processes = f"{len(ranks)} process{'es' if len(ranks) != 1 else ''}"
+    return (f"job {job_id}: {shlex.join(script)}; {processes} on {len(hosts)} host{'s' if len(hosts) != 1 else ''} "
+            f"({on}); copied {copied} changed files of {folder}")
 
 
 def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState, out: Console = console) -> None:
@@ -220,43 +257,76 @@ def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterS
 @app.command()
 @reports_errors
 def logs(
-    job: Optional[str] = typer.Argument(None, help="Job id (default: the last job)."),
+    job: Optional[str] = typer.Argument(None, help="The job: its id, a unique start of it, its last 4 characters, or "
+                                        "last (the default)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the job runs."),
+    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines (with -f: then what comes)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Output of a job, kept on the primary; per rank with --rank."""
+    ref = jobs.check_job_ref(job or "last")
+    if tail is not None and tail < 0:
+        raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     primary = state.primary
     (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
     try:
         records = {r.id: r for r in jobs.read_records(node)}
-        job = jobs.check_job_id(job) if job else next(reversed(records), None)
-        if job not in records:
-            raise BadInput(f"no job {job or ''} on cluster {state.cluster}".replace("  ", " "),
-                           hint="run one with kit run; `kit jobs` lists the cluster's jobs")
-        record, folder = records[job], primary.place.job_dir(job)
-        printer = job_printer(record.launcher)
-        follower = jobs.follow_command(primary.place.container, folder, job) if follow else \
-            command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"]))
-
-        hosts = list(record.hosts)
-
-        def show(line: str) -> None:
-            nonlocal hosts
-            if line.startswith(jobs.END_MARK):
-                return
-            if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
-                hosts = launched
-                return
-            r, text = split_rank(line)
-            if (rank is None or r == rank) and exit_report(text) is None:
-                printer(r, hosts[r] if r is not None and r < len(hosts) else None, text)
-        node.runner.stream_out(follower, show)
+        job = jobs.resolve_job(ref, list(records), state.cluster)
+        shown = _LogLines(job_printer(records[job].launcher), list(records[job].hosts), rank, tail)
+        folder = primary.place.job_dir(job)
+        read = 0
+        if not follow or tail is not None:  # what is there now; the last `tail` lines of it
+            read = _read_lines(node, command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"])),
+                               shown)
+            shown.flush()
+        if follow:  # (a line being written when it was read is shown cut; the rest of it is not)
+            node.runner.stream_out(jobs.follow_command(primary.place.container, folder, job, first=read + 1),
+                                   shown.add)
     finally:
         node.runner.close()
+
+
+def _read_lines(node, cmd: str, shown: "_LogLines") -> int:
+    count = 0
+
+    def one(line: str) -> None:
+        nonlocal count
+        count += 1
+        shown.add(line)
+    node.runner.stream_out(cmd, one)
+    return count
+
+
+class _LogLines:
+    """A job's output log read as `kit logs` shows it: kit's own marks left out, each rank's lines with its host, only
+    one rank's with --rank; with --tail, held back until flush() and only the last N of them shown."""
+
+    def __init__(self, printer, hosts: list[str], rank: Optional[int], tail: Optional[int]) -> None:
+        self.printer, self.hosts, self.rank = printer, hosts, rank
+        self.held: Optional[collections.deque] = collections.deque(maxlen=tail) if tail is not None else None
+
+    def add(self, line: str) -> None:
+        if line.startswith(jobs.END_MARK):
+            return
+        if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
+            self.hosts = launched
+            return
+        r, text = split_rank(line)
+        if (self.rank is None or r == self.rank) and exit_report(text) is None:
+            host = self.hosts[r] if r is not None and r < len(self.hosts) else None
+            if self.held is None:
+                self.printer(r, host, text)
+            else:
+                self.held.append((r, host, text))
+
+    def flush(self) -> None:
+        while self.held:
+            self.printer(*self.held.popleft())
+        self.held = None
 
 
 @app.command("jobs")
@@ -305,18 +375,20 @@ def jobs_(
 @contextlib.contextmanager
 def _the_job(job: str, name: Optional[str], config: Optional[Path]):
     """(the cluster's state, a node a host (the primary first), the job's record), the nodes closed afterwards."""
-    jobs.check_job_id(job)
+    jobs.check_job_ref(job)
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
     try:
-        record = next((r for r in jobs.read_records(nodes[0]) if r.id == job), None)
-        if record is None:
-            raise BadInput(f"no job {job} on cluster {state.cluster}", hint="`kit jobs` lists its jobs")
-        yield state, nodes, record
+        records = {r.id: r for r in jobs.read_records(nodes[0])}
+        yield state, nodes, records[jobs.resolve_job(job, list(records), state.cluster)]
     finally:
         for n in nodes:
             n.runner.close()
+
+
+JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "
+                     "`kit jobs` lists them.")
 
 
 def _duration(seconds: int | None) -> str:
@@ -329,12 +401,13 @@ def _duration(seconds: int | None) -> str:
 @app.command()
 @reports_errors
 def stop(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         if record.state not in jobs.ACTIVE:
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
@@ -349,13 +422,14 @@ def stop(
 @app.command()
 @reports_errors
 def attach(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
     stops it on every host (`kit logs ID -f` follows without that)."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         outcome = jobs.follow_to_end(nodes, job, list(record.hosts), job_printer(record.launcher))
     report(outcome, job, record.launcher, state)
 
@@ -363,12 +437,13 @@ def attach(
 @app.command()
 @reports_errors
 def stacks(
-    job: str = typer.Argument(..., help="Job id (`kit jobs` lists them)."),
+    job: str = JOB,
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
     with _the_job(job, name, config) as (state, nodes, record):
+        job = record.id
         if record.state not in jobs.ACTIVE:
             raise BadInput(f"job {job} is not running ({record.state})",
                            hint=f"a hung job's stacks, taken when it was stopped, are in "

@@ -137,14 +137,50 @@ def check_knobs(fusion_threshold_mb: float | None, cycle_time_ms: float | None) 
             raise BadInput(f"{flag} {value:g}: Horovod takes 0 or more", hint=f"give e.g. {flag} {usual} (its default)")
 
 
-def check_np(np: int | None, slots: list[Slot]) -> int:
+def check_np(np: int | None, slots: list[Slot], picked: str | None = None) -> int:
+    """The job's processes: --np, or every slot; picked: the -H that chose the slots, if one did."""
     total = sum(s.slots for s in slots)
     if np is None:
         return total
     if not 1 <= np <= total:
-        raise BadInput(f"--np: {np} processes, but the cluster has {total} slots",
-                       hint=f"use --np from 1 to {total}, or give hosts more slots in hosts.txt (host:slots)")
+        raise BadInput(f"--np: {np} processes, but " + (f"-H {picked} gives {total} slots" if picked else
+                                                         f"the cluster has {total} slots"),
+                       hint=f"use --np from 1 to {total}, or give hosts more slots in " +
+                            ("-H (host:slots)" if picked else "hosts.txt (host:slots)"))
     return np
+
+
+HOSTS_FORM = "host:slots,host:slots (a host alone: its slots in hosts.txt), e.g. -H node-1:2,node-3:2"
+
+
+def parse_hosts(text: str) -> list[tuple[str, int | None]]:
+    """`-H a:2,c,d:1` as horovodrun spells it -> [(host, slots or None)]; checked before any host is asked."""
+    found: list[tuple[str, int | None]] = []
+    for entry in text.split(","):
+        host, colon, slots = entry.strip().partition(":")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,252}", host) or \
+                (colon and not re.fullmatch(r"[1-9]\d{0,2}", slots)):
+            raise BadInput(f"-H: '{entry}' is not host or host:slots (in {text})", hint=f"give {HOSTS_FORM}")
+        if host in (h for h, _ in found):
+            raise BadInput(f"-H: {host} is named twice (in {text})", hint="name each host once, with all its slots")
+        found.append((host, int(slots) if colon else None))
+    return found
+
+
+def pick_hosts(wanted: list[tuple[str, int | None]], slots: list[Slot], cluster: str) -> list[Slot]:
+    """The cluster's hosts that -H names (by their name in hosts.txt or their address), in -H's order (horovodrun's
+    ranks follow it), each with the slots -H gives it or else its own."""
+    picked = []
+    for host, count in wanted:
+        found = next((s for s in slots if host in (s.host, s.address)), None)
+        if found is None:
+            raise BadInput(f"-H: {host} is not a host of cluster {cluster}",
+                           hint="use its hosts: " + ", ".join(f"{s.host}:{s.slots}" for s in slots))
+        if found.host in (p.host for p in picked):
+            raise BadInput(f"-H: {host} and {found.host} are one host of cluster {cluster}",
+                           hint="name each host once, with all its slots")
+        picked.append(Slot(found.host, found.address, count or found.slots))
+    return picked
 
 
 def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], addresses: dict[str, str]) -> list[str]:

@@ -13,8 +13,6 @@ import json
 LAUNCHERS = ("horovod", "torchrun", "tf")
 # What each image framework can run: torch + Horovod images horovodrun and torchrun; TensorFlow images tf.
 FRAMEWORK_LAUNCHERS = {"horovod": ("horovod", "torchrun"), "tensorflow": ("tf",)}
-# A port nothing listens on now, from the kernel's ephemeral range.
-FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
 def tf_config(workers: list[str], index: int) -> str:

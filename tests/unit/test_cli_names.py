@@ -1,0 +1,179 @@
+"""How things are named on kit's command line: jobs (a prefix, the 4-hex tail, `last`), clusters that are not
+recorded, commands in workflow order with readable metavars, shell completion, `prepare --dry-run`, `logs --tail`."""
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from helpers import run_kit
+from kit import jobs
+from kit import state as st
+from kit.app import app
+from kit.cli import cluster as cli_cluster
+from kit.cli.common import WORKFLOW, KitGroup
+from kit.cli.jobs import _LogLines
+from kit.config import ClusterConfig
+from kit.errors import BadInput
+
+IDS = ["20261122-005727-b862", "20261122-010002-0c1d", "20261123-094501-b862", "20261123-101500-77aa"]
+
+
+def test_a_job_is_named_by_its_id_a_unique_start_its_tail_or_last():
+    assert [jobs.resolve_job(ref, IDS, "lab") for ref in (
+        "20261122-010002-0c1d", "20261122-01", "0c1d", "20261123-10", "20261123-1", "77aa", "last")] == [
+        IDS[1], IDS[1], IDS[1], IDS[3], IDS[3], IDS[3], IDS[3]]
+    assert jobs.resolve_job("last", list(reversed(IDS)), "lab") == IDS[3]  # the newest, whatever the order
+
+
+@pytest.mark.parametrize("ref, said", [
+    ("20261122", "job 20261122 is ambiguous on cluster lab: it fits 20261122-005727-b862, 20261122-010002-0c1d"),
+    ("b862", "job b862 is ambiguous on cluster lab: it fits 20261122-005727-b862, 20261123-094501-b862"),
+    ("ffff", "no job ffff on cluster lab"),
+    ("20261124", "no job 20261124 on cluster lab"),
+])
+def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
+    with pytest.raises(BadInput) as e:
+        jobs.resolve_job(ref, IDS, "lab")
+    assert (str(e.value), e.value.exit_code) == (said, 2)
+    assert ("give more of the id" if "ambiguous" in said else "`kit jobs` lists them") in e.value.hint
+
+
+def test_a_job_name_is_checked_before_any_host_is_asked():
+    for bad in ("../../etc", "20261123-194512-ab12/..", "x", "", "LAST", "2026 1"):
+        with pytest.raises(BadInput, match="is not a job id"):
+            jobs.check_job_ref(bad)
+    with pytest.raises(BadInput, match="no jobs on cluster lab yet"):
+        jobs.resolve_job("last", [], "lab")
+
+
+def record(home: Path, name: str, hosts: int, local: bool = False) -> None:
+    place = ClusterConfig(name=name).host_place()
+    st.save(home / name, st.ClusterState(name, "img:cpu", "sha256:0", 12345, "/ws", [
+        st.HostState(f"h{i}", f"192.0.2.{i + 1}", place, primary=i == 0, local=local) for i in range(hosts)]))
+
+
+def kit(*args: str, home: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return run_kit(*args, cwd=cwd, env={"KIT_HOME": str(home), "DOCKER_HOST": "unix:///nonexistent/kit-test.sock"})
+
+
+def test_a_cluster_that_is_not_recorded_lists_those_that_are(in_tmp):
+    home = in_tmp / "home"
+    r = kit("jobs", home=home, cwd=in_tmp)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        f"error: no cluster kit is recorded here: {home} holds none", "fix: bring one up: kit up --hosts hosts.txt"])
+    record(home, "alice", 3)
+    record(home, "demo", 3, local=True)
+    (home / "broken").mkdir()
+    (home / "broken" / "state.json").write_text("{not json")
+    for command in (["jobs"], ["logs", "last"], ["stop", "b862"], ["status"], ["exec", "h1", "true"], ["run", "t.py"]):
+        (in_tmp / "t.py").write_text("")
+        r = kit(*command, home=home, cwd=in_tmp)
+        assert (r.returncode, r.stderr.splitlines()) == (2, [
+            "error: no cluster kit is recorded here; recorded: alice (3 hosts), demo (local)",
+            "fix: name it: --name alice (or another of those), or cluster.name: alice in kit.yaml"]), command
+    r = kit("down", home=home, cwd=in_tmp)
+    assert r.returncode == 0 and "; recorded: alice (3 hosts), demo (local)" in r.stdout
+
+
+def test_doctor_without_a_cluster_says_how_to_check_hosts_first(in_tmp):
+    r = kit("doctor", "--name", "nosuch", home=in_tmp / "home", cwd=in_tmp)
+    assert r.returncode == 2 and r.stderr.splitlines()[1] == \
+        "fix: check hosts before bringing them up: kit doctor --hosts hosts.txt"
+
+
+def help_of(*argv: str) -> str:
+    r = CliRunner().invoke(app, [*argv, "--help"], prog_name="kit", terminal_width=200)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_help_lists_the_commands_in_workflow_order():
+    listed = re.findall(r"^  (\w+)  ", help_of().split("Commands:")[1], re.M)
+    assert listed == [n for n in WORKFLOW if n in listed] and listed[:5] == ["prepare", "build", "up", "status", "run"]
+    assert listed[-3:] == ["bench", "down", "demo"]
+
+
+def test_a_command_the_order_does_not_name_comes_last_and_a_missing_one_is_skipped():
+    group = KitGroup(name="kit", commands={n: typer.main.get_command(app).commands[n] for n in ("demo", "up")})
+    group.add_command(typer.main.get_command(app).commands["jobs"], "zzz")
+    assert group.list_commands(None) == ["up", "demo", "zzz"]
+
+
+def all_commands():
+    def walk(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("path", all_commands(), ids=lambda p: " ".join(p) or "kit")
+def test_every_help_says_what_each_value_is(path):
+    text = help_of(*path)
+    assert not re.search(r"<(?:str|int|float|bool|path|list|file|dir)|\{[a-z_]+\}|\b(?:TEXT|INTEGER|FLOAT|"
+                         r"FILENAME|DIRECTORY)\b", text), text
+
+
+def test_usage_lines_name_their_arguments():
+    assert "Usage: kit run [OPTIONS] SCRIPT [ARGS]..." in help_of("run")
+    assert "Usage: kit logs [OPTIONS] [JOB]" in help_of("logs") and "-n, --tail N" in help_of("logs")
+    assert "Usage: kit stop [OPTIONS] JOB" in help_of("stop")
+    assert "--hosts HOSTS_FILE" in help_of("up") and "-e, --env NAME[=VALUE]" in help_of("run")
+    assert "-np, --np N" in help_of("run") and "-H, --hosts HOST[:SLOTS],..." in help_of("run")
+
+
+def test_shell_completion_is_on(in_tmp):
+    assert "--install-completion" in help_of()
+    r = run_kit("--show-completion", "bash", cwd=in_tmp, env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert r.returncode == 0 and "_KIT_COMPLETE=complete_bash" in r.stdout, r.stdout + r.stderr
+    r = run_kit(cwd=in_tmp, env={"_KIT_COMPLETE": "complete_bash", "COMP_WORDS": "kit lo", "COMP_CWORD": "1"})
+    assert r.stdout.split() == ["logs"]
+    r = run_kit(cwd=in_tmp, env={"_KIT_COMPLETE": "complete_bash", "COMP_WORDS": "kit run --hang", "COMP_CWORD": "2"})
+    assert r.stdout.split() == ["--hang-timeout"]
+
+
+@pytest.mark.parametrize("flag", ["--dry-run", "--check"])
+def test_prepare_dry_run_is_ansibles_check_mode(in_tmp, monkeypatch, flag):
+    (in_tmp / "hosts.txt").write_text("192.0.2.1\n")
+    ran = []
+    monkeypatch.setattr(cli_cluster.subprocess, "run", lambda argv, env: ran.append(argv) or
+                        subprocess.CompletedProcess(argv, 0))
+    r = CliRunner().invoke(app, ["prepare", "--hosts", "hosts.txt", flag], prog_name="kit")
+    assert r.exit_code == 0, r.output
+    assert ran[0][1] == "-i" and ran[0][3:5] == ["--check", "--diff"]
+    assert "check mode: nothing was changed" in r.output
+    assert "--check" not in help_of("prepare")  # the former name, kept but not shown
+
+
+def test_logs_tail_shows_the_last_lines_as_kit_logs_shows_them():
+    shown = []
+    lines = _LogLines(lambda rank, host, text: shown.append((rank, host, text)), [], None, 2)
+    for line in ("kit: job j1: t.py; 2 processes on 2 hosts", "@@kit-ranks h1 h2", "[0]<stdout>:one",
+                 "[1]<stdout>:two", "[1]<stdout>:@@kit-exit 0 1.5", "[0]<stdout>:three", f"{jobs.END_MARK} 0"):
+        lines.add(line)
+    assert shown == []
+    lines.flush()
+    assert shown == [(1, "h2", "two"), (0, "h1", "three")]
+    lines.add("[1]<stdout>:four")  # then, following, as they come
+    assert shown[-1] == (1, "h2", "four")
+    one_rank = _LogLines(lambda rank, host, text: shown.append(text), ["h1", "h2"], 0, 1)
+    for line in ("[0]<stdout>:a", "[0]<stdout>:b", "[1]<stdout>:c"):
+        one_rank.add(line)
+    one_rank.flush()
+    assert shown[-1] == "b"
+
+
+def test_following_from_a_line_skips_what_was_shown(tmp_path):
+    """follow_command's shell, run here on an ended job's folder (as the primary's container runs it)."""
+    folder = tmp_path / "j1"
+    folder.mkdir()
+    (folder / "output.log").write_text("".join(f"line {i}\n" for i in range(1, 6)))
+    (folder / "exit").write_text("0\n")
+    script = shlex.split(jobs.follow_command("kit-lab", str(folder), "20261122-005727-b862", first=4))[-1]
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    assert out == ["line 4", "line 5", f"{jobs.END_MARK} 0"]
