@@ -25,8 +25,10 @@ def ca_bundle(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Run in an empty folder, so no ./kit.yaml is picked up by accident."""
+    """Run in an empty folder, so no ./kit.yaml is picked up by accident, with a kit home of its own: the clusters
+    this machine's user has recorded (~/.kit) change what kit says."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KIT_HOME", str(tmp_path / ".kit-home"))
     return tmp_path
 
 
