@@ -44,9 +44,13 @@ def _nodes(hosts: list[Host], places: dict[str, Place], connect: Connect, dry_ru
 
 
 def recorded_nodes(hosts: list[st.HostState], connect: Connect) -> list[Node]:
-    """Hosts that `up` recorded, connected and running as root, at the addresses it recorded."""
+    """Hosts that `up` recorded, running as root (with sudo where their login needed it at up: asked again only where
+    that is not recorded), at the addresses it recorded. Each connects at its first command."""
     nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in hosts]
-    fan_out("connecting", nodes, preflight.become_root, _name)
+    for n, h in zip(nodes, hosts):
+        if h.sudo is not None:
+            n.runner.sudo = h.sudo
+    fan_out("connecting", [n for n, h in zip(nodes, hosts) if h.sudo is None], preflight.become_root, _name)
     return nodes
 
 
@@ -174,7 +178,7 @@ class Up:
             hosts.append(st.HostState(
                 name=n.name, address=n.address, place=n.place, user=n.host.user, port=n.host.port,
                 slots=preflight.slots(n, self.cfg, uses_gpus(self.flavor)), given_slots=n.host.slots,
-                primary=n.host.primary, local=n.host.local,
+                primary=n.host.primary, local=n.host.local, sudo=n.runner.sudo,
                 made_workspace=(at_ws.made_workspace if at_ws else False) or self._makes_workspace(n),
                 made_kit_dir=(before.made_kit_dir if before else False) or not n.facts.kit_dir_exists,
                 made_mount=(at_ws.made_mount if at_ws else False) or (

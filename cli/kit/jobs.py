@@ -84,36 +84,31 @@ class Job:
         return [s.host for s in self.ranks]
 
     def plan(self) -> Plan:
+        addresses = {s.address for s in self.slots}
         return Plan(id=self.id, folder=self.folder, workspace=self.state.workspace, launcher=self.launcher,
                     hosts=list(self.slots), np=self.np, nproc=self.nproc, port=self.state.ssh_port,
                     nics=list(self.nics), args=[*self.options.argv(), *self.command] if self.launcher == "horovod"
                     else list(self.command), nodes=list(self.fanout), restarts=self.policy.restarts,
                     min_np=self.np if self.policy.min_np is None else self.policy.min_np,
-                    hang_timeout=self.policy.hang_timeout, env=bool(self.env), here=self.state.primary.address)
+                    hang_timeout=self.policy.hang_timeout, env=bool(self.env), here=self.state.primary.address,
+                    primary="" if self.state.primary.address in addresses else self.state.primary.name,
+                    spread=not self.state.workspace_shared and len(addresses | {self.state.primary.address}) > 1)
 
-    def write_plan(self) -> tuple[str, bytes]:
-        """(command, its stdin): the job's folder and its plan, in the primary's container."""
-        d = shlex.quote(self.folder)
-        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
-                         f"mkdir -p {d} && cat > {d}/plan.json"]), self.plan().dump().encode())
-
-    def write_log(self, lines: tuple[str, ...]) -> tuple[str, bytes]:
-        """(command, its stdin): the job's log begun with kit's own lines (`kit: ...`), before its supervisor's."""
-        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
-                         f"cat > {shlex.quote(self.folder)}/output.log"]),
-                "".join(f"kit: {line}\n" for line in lines).encode())
-
-    def launch(self) -> str:
-        """Start the job's supervisor in the primary's container, detached from kit's session (`docker exec -d`):
-        a closed laptop or a dropped VPN does not end the job. kit follows its output with follow()."""
+    def start(self, setup: tuple[str, ...] = (), follow: str | None = None) -> tuple[str, bytes]:
+        """(command, its stdin): one call in the primary's container that writes the job's folder (its plan, what
+        kit showed of its variables, its log begun with kit's own lines `kit: ...`), starts its supervisor apart
+        from kit's session (supervisor.start: a closed laptop or a dropped VPN does not end the job) and, given a
+        follow script, goes on as the follower of its output. Every value goes on stdin, none on a command line."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
-        variables = [("KIT_SUPERVISOR", self.id), ("HOROVOD_GLOO_TIMEOUT_SECONDS", str(self.options.start_timeout))]
+        env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout)}
         if self.env:
-            variables.append(("KIT_ENV", "1"))  # each rank must find the job's variables
-        env = [arg for k, v in variables for arg in ("-e", f"{k}={v}")]
-        return command(["docker", "exec", "-d", *env, self.state.primary.place.container, "python", "-c",
-                        SUPERVISOR, f"{self.folder}/plan.json"])
+            env["KIT_ENV"] = "1"  # each rank must find the job's variables
+        files = {"plan.json": self.plan().dump(), "output.log": "".join(f"kit: {line}\n" for line in setup),
+                 **({"environment": jobenv.shown(self.env) + "\n"} if self.env else {})}
+        request = {"folder": self.folder, "files": files, "env": env, "source": SUPERVISOR, "follow": follow}
+        return (command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-c", SUPERVISOR,
+                         "--start"]), json.dumps(request).encode())
 
     def env_path(self) -> str:
         return f"{ENV_DIR}/{self.id}"
@@ -123,36 +118,52 @@ class Job:
         return (command(["docker", "exec", "-i", container, "sh", "-c",
                          f"umask 077 && mkdir -p {ENV_DIR} && cat > {self.env_path()}"]), jobenv.env_file(self.env))
 
-    def record_env(self) -> tuple[str, bytes]:
-        """(command, its stdin): what kit showed of the variables (secret-looking values hidden), kept in the job's
-        record; on stdin, as no value belongs on a command line."""
-        d = shlex.quote(self.folder)
-        return (command(["docker", "exec", "-i", self.state.primary.place.container, "sh", "-c",
-                         f"mkdir -p {d} && cat > {d}/environment"]), (jobenv.shown(self.env) + "\n").encode())
+
+# What the supervisor records at the end, which the follower prints after END_MARK (each existing file after a line
+# `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
+# (supervisor.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
+# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
+ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
+AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
+AFTER_MAX = 64 << 20
 
 
-def ending_command(container: str, folder: str) -> str:
-    """What the supervisor recorded at the end: each file of ENDING after a line `@@NAME`."""
-    d = shlex.quote(folder)
-    return command(exec_argv(container, [
-        "sh", "-c", f"for f in {' '.join(ENDING)}; do echo \"@@$f\"; head -c 4000 {d}/$f 2>/dev/null; done; true"]))
+def ending_script(d: str) -> str:
+    """sh, for the job's folder d (quoted): each file of ENDING and AFTER that is there, after a line `@@NAME`."""
+    small = f"for f in {' '.join(ENDING)}; do [ -f {d}/$f ] && {{ echo \"@@$f\"; head -c 4000 {d}/$f; echo; }}; done; "
+    return small + f"[ -f {d}/{AFTER} ] && {{ echo '@@{AFTER}'; head -c {AFTER_MAX} {d}/{AFTER}; echo; }}; true"
 
 
-# env_kept: the addresses of the hosts whose container may still hold the job's variables (supervisor.tidy_env);
-# restarts: how often it was started again; left_out: the hosts a restart went on without; hang: what the hang watch
-# found.
-ENDING = ("env_kept", "restarts", "left_out", "hang")
-
-
-def parse_ending(text: str) -> dict[str, str]:
+def parse_ending(lines: list[str]) -> dict[str, str]:
     found: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith("@@") and line[2:] in ENDING:
+    for line in lines:
+        if line.startswith("@@") and line[2:] in (*ENDING, AFTER):
             current = found.setdefault(line[2:], [])
         elif current is not None:
             current.append(line)
     return {name: "\n".join(lines).strip() for name, lines in found.items()}
+
+
+def parse_reaped(text: str) -> dict[str, int]:
+    """host -> processes the supervisor stopped, from its `reaped` file (which a rank could write: read strictly)."""
+    found = {}
+    for line in text.splitlines():
+        host, _, count = line.rpartition(" ")
+        if host and count.isascii() and count.isdigit():
+            found[host[:200]] = int(count)
+    return found
+
+
+def parse_after(text: str) -> dict[str, dict[str, str]] | None:
+    """host -> its workspace's manifest at the end, from AFTER; None when it is not whole (kit reads them then)."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        return None
+    return {host: workspace.parse_manifest(text) for host, text in raw.items()}
 
 
 # What the primary's container runs as a job's supervisor: the module's own source (the standard library only).
@@ -202,6 +213,7 @@ class Outcome:
     restarts: int = 0
     hang: str = ""                                           # what the hang watch found, if it stopped the job
     left_out: list[str] = field(default_factory=list)        # hosts a restart went on without
+    after: dict[str, dict[str, str]] | None = None           # copy storage: host -> its workspace at the end
 
 
 @dataclass
@@ -219,14 +231,19 @@ def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> S
     return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)}, {n.name: m for n, (_, m) in zip(nodes, done)})
 
 
-def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]]) -> int:
-    """Copy storage: what the job wrote on each host goes to every other host, at the same path. Returns how
-    many files were copied."""
+def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]],
+                   after: dict[str, dict[str, str]] | None = None) -> int:
+    """Copy storage: what the job wrote on each host goes to every other host, at the same path. after: each host's
+    workspace at the job's end as its supervisor read it (else, or for a host it lacks, read now). Returns how many
+    files were copied."""
     if state.workspace_shared or len(nodes) < 2:
         return 0
-    after = fan_out("reading what the job wrote", nodes, lambda n: workspace.read_manifest(n, state.workspace),
-                    lambda n: n.name)
-    plan = workspace.spread_plan({n.name: before[n.name] for n in nodes}, {n.name: m for n, m in zip(nodes, after)})
+    after = after or {}
+    unread = [n for n in nodes if n.name not in after]
+    read = fan_out("reading what the job wrote", unread, lambda n: workspace.read_manifest(n, state.workspace),
+                   lambda n: n.name)
+    after = {**after, **{n.name: m for n, m in zip(unread, read)}}
+    plan = workspace.spread_plan({n.name: before[n.name] for n in nodes}, {n.name: after[n.name] for n in nodes})
     by_name = {n.name: n for n in nodes}
 
     def one(source: str) -> int:
@@ -253,51 +270,50 @@ def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     return {n.name: c for n, c in zip(nodes, counts) if c}
 
 
+def give_env(job: Job, nodes: list[Node]) -> None:
+    """Every host's container gets the job's variables, for its ranks alone to read; if one cannot, the job does not
+    start and what reached the others is removed again (as far as it can be)."""
+    def give(n: Node) -> None:
+        write, values = job.write_env(n.place.container)
+        n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
+    try:
+        fan_out("giving the job its variables", nodes, give, lambda n: n.name)
+    except KitError:
+        for n in nodes:
+            try:
+                n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
+            except Exception:  # noqa: BLE001 - the host that failed above; its failure is the one to say
+                pass
+        raise
+
+
 def start(job: Job, nodes: list[Node], setup: tuple[str, ...] = ()) -> None:
-    """Give every host's container the job's variables, record them, and start the job under its supervisor; the
-    setup's lines (what kit said of it before) open its log. nodes[0] is the primary."""
-    primary = nodes[0]
+    """Give every host's container the job's variables and start the job under its supervisor; the setup's lines
+    (what kit said of it before) open its log. nodes[0] is the primary."""
     if job.env:
-        def give(n: Node) -> None:
-            write, values = job.write_env(n.place.container)
-            n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
-        try:
-            fan_out("giving the job its variables", nodes, give, lambda n: n.name)
-        except KitError:  # the job does not start: what reached the other hosts goes again (as far as it can)
-            for n in nodes:
-                try:
-                    n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
-                except Exception:  # noqa: BLE001 - the host that failed above; its failure is the one to say
-                    pass
-            raise
-        record, shown = job.record_env()
-        primary.runner.run(record, stdin=shown, timeout=60).check("cannot write the job's record")
-    plan, text = job.write_plan()
-    primary.runner.run(plan, stdin=text, timeout=60).check("cannot write the job's record")
-    if setup:
-        log, lines = job.write_log(setup)
-        primary.runner.run(log, stdin=lines, timeout=60).check("cannot write the job's log")
-    launched = primary.runner.run(job.launch(), timeout=60)
-    if not launched.ok:  # recorded as failed, not left pending
-        d = shlex.quote(job.folder)
-        primary.runner.run(command(exec_argv(primary.place.container, ["sh", "-c", (
-            f"echo 'kit: the supervisor did not start' >> {d}/output.log; date +%s > {d}/ended; echo 1 > {d}/exit")])),
-            timeout=60)
-    launched.check(f"cannot start job {job.id} on {primary.name}")
+        give_env(job, nodes)
+    primary = nodes[0]
+    launch, request = job.start(setup)
+    primary.runner.run(launch, stdin=request, timeout=60).check(f"cannot start job {job.id} on {primary.name}")
 
 
 def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None],
         setup: tuple[str, ...] = ()) -> Outcome:
-    """Start the job and follow it to its end (follow_to_end). nodes[0] is the primary."""
-    start(job, nodes, setup)
-    return follow_to_end(nodes, job.id, job.ranks_hosts(), on_line)
+    """Start the job and follow it to its end, in one call (follow_to_end). nodes[0] is the primary."""
+    if job.env:
+        give_env(job, nodes)
+    return follow_to_end(nodes, job.id, job.ranks_hosts(), on_line,
+                         job.start(setup, follow_script(job.folder, job.id, ending=True)))
 
 
 def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
-                  on_line: Callable[[int | None, str | None, str], None]) -> Outcome:
-    """Follow a job's output to its end, handing each line to on_line(rank, host of the rank, text); then stop what
-    is left of it on every host (but the hosts a restart left out). Ctrl-C stops it everywhere. ranks: the host of
-    each rank, as far as known (a launch's own line says it again). nodes[0] is the primary."""
+                  on_line: Callable[[int | None, str | None, str], None],
+                  launch: tuple[str, bytes] | None = None) -> Outcome:
+    """Follow a job's output to its end, handing each line to on_line(rank, host of the rank, text); its supervisor
+    stops what is left of it on every host (but the hosts a restart left out), and kit does where it left no end.
+    Ctrl-C stops it everywhere. ranks: the host of each rank, as far as known (a launch's own line says it again).
+    launch: the job's start (Job.start with a follow script), else the job is followed as it is. nodes[0] is the
+    primary."""
     primary = nodes[0]
     failures, ended = Failures(), End()
 
@@ -314,15 +330,20 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
             on_line(rank, ranks[rank] if rank is not None and rank < len(ranks) else None, text)
 
     folder, container = primary.place.job_dir(job_id), primary.place.container
+    command_, stdin = launch or (follow_command(container, folder, job_id, ending=True), None)
     try:
-        primary.runner.stream_out(follow_command(container, folder, job_id), handle)
+        primary.runner.stream_out(command_, handle, stdin=stdin)
     except KeyboardInterrupt:
         raise Interrupted(job_id, stop(nodes, job_id).killed) from None
-    end = parse_ending(primary.runner.run(ending_command(container, folder), timeout=60).stdout)
+    end = parse_ending(ended.rest)
     left_out = set(end.get("left_out", "").split())  # a restart went on without them: they did not answer
-    return Outcome(ended.code, failures.first(), reap([n for n in nodes if n.name not in left_out], job_id),
-                   end.get("env_kept", "").split(), ranks, _int(end.get("restarts")) or 0, end.get("hang", ""),
-                   sorted(left_out))
+    if "reaped" in end:
+        leftovers = parse_reaped(end["reaped"])
+    else:  # no supervisor ended it (its container went, or it failed): kit stops what is left
+        leftovers = reap([n for n in nodes if n.name not in left_out], job_id)
+    return Outcome(ended.code, failures.first(), leftovers, end.get("env_kept", "").split(), ranks,
+                   _int(end.get("restarts")) or 0, end.get("hang", ""), sorted(left_out),
+                   parse_after(end[AFTER]) if AFTER in end else None)
 
 
 class Interrupted(KitError):
@@ -344,15 +365,21 @@ END_MARK = "@@kit-job-end"
 
 @dataclass
 class End:
-    """The follower's last line: the job's exit code, or none when its supervisor never came or left none."""
+    """The follower's END_MARK line (the job's exit code, or none when its supervisor never came or left none) and
+    what follows it (the ending, ending_script)."""
 
     code: int | None = None
+    seen: bool = False
+    rest: list[str] = field(default_factory=list)
 
     def feed(self, line: str) -> bool:
+        if self.seen:
+            self.rest.append(line)
+            return True
         if not line.startswith(END_MARK):
             return False
         value = line[len(END_MARK):].strip()
-        self.code = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None
+        self.code, self.seen = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None, True
         return True
 
 
@@ -366,17 +393,22 @@ _PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0
         "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
 
 
-def follow_command(container: str, folder: str, job_id: str, first: int = 1) -> str:
-    """The job's output from its line `first` (1: its start) while it runs (in the primary's container), then
-    END_MARK and its exit code (none when it left none). Ctrl-C or a dropped session ends the following, never the
-    job."""
+def follow_script(folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
+    """sh for the primary's container: the job's output from its line `first` (1: its start) while it runs, then
+    END_MARK and its exit code (none when it left none), and with `ending` what the supervisor recorded at the end
+    (ending_script). Ctrl-C or a dropped session ends the following, never the job."""
     d, first = shlex.quote(folder), int(first)
-    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
-        f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
-        f"tail -n +{first} -s 0.2 -F --pid=$sup {d}/output.log; "  # running: to its end
-        f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
-        f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\""]))
+    return (_PID.format(folder=d) +
+            f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
+            f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
+            f"tail -n +{first} -s 0.1 -F --pid=$sup {d}/output.log; "  # running: to its end
+            f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
+            f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\"" +
+            (f"; {ending_script(d)}" if ending else ""))
+
+
+def follow_command(container: str, folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
+    return command(exec_argv(container, ["sh", "-c", follow_script(folder, job_id, first, ending)]))
 
 
 def interrupt_command(container: str, folder: str, job_id: str) -> str:

@@ -23,6 +23,7 @@ class HostState:
     given_slots: int | None = None  # as hosts.txt gave them (None: decided by the flavor): a later up keeps them
     primary: bool = False
     local: bool = False            # a container of the local cluster: reached without SSH
+    sudo: bool | None = None       # the login needed sudo at up (None: not recorded, asked again)
     made_workspace: bool = False   # kit made the folder (down removes it only while empty)
     made_kit_dir: bool = False
     made_mount: bool = False       # kit mounted the shared workspace here (down unmounts it)

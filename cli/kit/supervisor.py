@@ -160,6 +160,27 @@ def reap_script(job_id: str) -> str:
         f"n=0; for pid in $pids; do kill -9 $pid 2>/dev/null && n=$((n+1)); done; rm -rf \"{PROGRESS}/{job_id}\"; echo $n")
 
 
+# A host's workspace: each file's sha256 (find follows no link: a link the job made is neither hashed nor copied).
+MANIFEST = "cd {workspace} 2>/dev/null && find . -type f -print0 | xargs -0 -r sha256sum"
+MANIFEST_MARK = "@@kit-manifest"
+
+
+def end_script(job_id: str, workspace: str | None) -> str:
+    """At a job's end, in a host's container: what is left of it killed (the count), then, given the workspace, the
+    workspace's manifest after MANIFEST_MARK (what the job wrote there, for kit to copy to the other hosts)."""
+    if workspace is None:
+        return reap_script(job_id)
+    return f"{reap_script(job_id)}; echo {MANIFEST_MARK}; {MANIFEST.format(workspace=shlex.quote(workspace))}"
+
+
+def parse_end(text: str) -> tuple[int | None, str | None]:
+    """(processes killed, the workspace's manifest or None) from the output of end_script()."""
+    count, _, manifest = text.partition(MANIFEST_MARK + "\n")
+    first = count.strip().splitlines()[:1]
+    killed = int(first[0]) if first and first[0].isascii() and first[0].isdigit() else None
+    return killed, manifest if MANIFEST_MARK in text else None
+
+
 def discovery_script(hosts: list[Slot]) -> str:
     """sh that prints `address:slots` of each host whose container answers over the cluster SSH now, in the
     inventory's order: horovodrun's --host-discovery-script format, and how a restart finds its hosts. Every
@@ -309,6 +330,8 @@ class Plan:
     hang_timeout: float = 0          # seconds; 0: no watch
     env: bool = False                # the job has variables in every container (ENV_DIR), removed at its end
     here: str = ""                   # the address of the host whose container runs the supervisor ("": hosts[0])
+    primary: str = ""                # that host's name, when it is none of the job's hosts
+    spread: bool = False             # copy storage: each host's workspace is read at the end (what the job wrote)
 
     @classmethod
     def load(cls, text: str) -> "Plan":
@@ -367,6 +390,7 @@ def _write(folder: str, name: str, text: str) -> None:
 class Supervisor:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
+        self.hosts = list(plan.hosts)  # those of the last launch
         self.log = open(os.path.join(plan.folder, "output.log"), "a", buffering=1)
 
     def say(self, text: str) -> None:
@@ -394,6 +418,7 @@ class Supervisor:
         os.chmod(os.path.join(folder, "discover"), 0o755)
         hosts, attempt, left_out = list(plan.hosts), 0, []
         while True:
+            self.hosts = hosts
             code = self.attempt(hosts, attempt)
             if code == 0 or self.stopped() or attempt >= plan.restarts:
                 break
@@ -463,6 +488,17 @@ class Supervisor:
             return free_port()
         found = self.remote(host, ["python", "-c", FREE_PORT]).stdout.strip()
         return int(found) if found.isdigit() else free_port()  # (a node that does not answer fails the launch)
+
+    def finish(self) -> None:
+        """On the hosts of the last launch and the primary, at once: what is left of the job stopped (each host's
+        count in `reaped`) and, to spread, each host's workspace as it is now (`after.json`, host -> manifest)."""
+        plan = self.plan
+        hosts = self.hosts + ([] if any(plan.is_here(h) for h in self.hosts) else [Slot(plan.primary, plan.here, 0)])
+        ends = self.on_all(hosts, ["sh", "-c", end_script(plan.id, plan.workspace if plan.spread else None)])
+        found = {h.host: parse_end(r.stdout) for h, r in zip(hosts, ends) if r.returncode == 0}
+        _write(plan.folder, "reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
+        if plan.spread:
+            _write(plan.folder, "after.json", json.dumps({host: m for host, (_, m) in found.items() if m is not None}))
 
     def beats(self, hosts: list[Slot]) -> list[Beat]:
         found = self.on_all(hosts, ["sh", "-c", progress_script(self.plan.id)])
@@ -562,6 +598,7 @@ def main(plan_path: str) -> None:
     code = 1
     try:
         code = supervisor.run()
+        supervisor.finish()
     except Exception as e:  # noqa: BLE001 - said in the job's output, and the job still gets its end
         supervisor.say(f"the supervisor failed: {e!r}")
     finally:
@@ -571,5 +608,58 @@ def main(plan_path: str) -> None:
         _write(folder, "exit", str(code))
 
 
+def start(request: dict) -> int:
+    """kit's one call that starts a job (`python -c SOURCE --start`, the request as JSON on stdin): the job's files
+    written into its folder (kit's own names: the plan, the environment record, the log's first lines), the
+    supervisor started apart from this session (a session of its own, no terminal, stdio on /dev/null: a closed
+    laptop or a dropped VPN does not end the job), and then, given a follow command, this process becomes the
+    follower of the job's output (one call where there were four)."""
+    folder = request["folder"]
+    os.makedirs(folder, exist_ok=True)
+    for name, text in request["files"].items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    argv = [sys.executable, "-c", request["source"], os.path.join(folder, "plan.json")]
+    error = spawn_detached(argv, {**os.environ, **request["env"]}, os.path.join(folder, "supervisor"))
+    if error:  # recorded as failed, not left pending
+        with open(os.path.join(folder, "output.log"), "a") as f:
+            f.write(f"kit: the supervisor did not start: {error}\n")
+        _write(folder, "ended", str(int(time.time())))
+        _write(folder, "exit", "1")
+        print(f"the supervisor did not start: {error}", file=sys.stderr, flush=True)
+    if request.get("follow"):
+        sys.stdout.flush()
+        os.execvp("sh", ["sh", "-c", request["follow"]])
+    return 1 if error else 0
+
+
+def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:
+    """Run argv in a session of its own, not this process's child, its pid in pid_file; "" once it is running (so a
+    follower finds it at once), else what failed (told through a pipe that its exec closes)."""
+    read_end, write_end = os.pipe()  # neither is inherited by the exec'd program (close-on-exec)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            _write(os.path.dirname(pid_file), os.path.basename(pid_file), str(os.getpid()))
+            os.execve(argv[0], argv, env)
+        except BaseException as e:  # noqa: BLE001 - told to the parent, which records it
+            os.write(write_end, repr(e).encode()[:500])
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as f:
+        return f.read().decode(errors="replace")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--start"]:
+        sys.exit(start(json.load(sys.stdin)))
     main(sys.argv[1])

@@ -1,5 +1,6 @@
 """horovodrun from the inventory, and its output read back."""
 
+import json
 import shlex
 
 import pytest
@@ -124,9 +125,13 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
                          hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
     job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
               HorovodOptions(start_timeout=90))
-    launch = shlex.split(job.launch())
-    assert launch[:9] == ["docker", "exec", "-d", "-e", "KIT_SUPERVISOR=j1", "-e", "HOROVOD_GLOO_TIMEOUT_SECONDS=90",
-                          "kit-lab", "python"] and launch[-1] == "/var/lib/kit/lab/jobs/j1/plan.json"
-    assert job.folder == "/var/lib/kit/lab/jobs/j1"
+    launch, stdin = job.start(("job j1: 1 process",))
+    launch = shlex.split(launch)
+    assert launch[:6] == ["docker", "exec", "-i", "kit-lab", "python", "-c"] and launch[-1] == "--start"
+    request = json.loads(stdin)
+    assert request["env"] == {"KIT_SUPERVISOR": "j1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "90"}
+    assert request["folder"] == job.folder == "/var/lib/kit/lab/jobs/j1" and request["follow"] is None
+    assert request["files"]["output.log"] == "kit: job j1: 1 process\n" and "environment" not in request["files"]
+    assert json.loads(request["files"]["plan.json"])["id"] == "j1"
     argv, _ = job.plan().launch(list(job.slots), "0")
     assert argv[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and argv[-3:] == ["python", "-u", "t.py"]

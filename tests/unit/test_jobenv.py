@@ -111,20 +111,18 @@ def job(env, fanout=()):
 
 def test_values_go_on_no_command_line_only_into_each_containers_file():
     j = job((("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "s3cr3t-value")))
-    launch = j.launch()
-    assert "s3cr3t-value" not in launch and "INFO" not in launch and " -e KIT_ENV=1 " in launch
-    write, stdin = j.write_env("kit-lab-2")
+    launch, stdin = j.start(("job j1: 1 processes", f"environment: {jobenv.shown(j.env)}"))
+    assert "s3cr3t-value" not in launch and "INFO" not in launch and "s3cr3t-value" not in stdin.decode()
+    request = json.loads(stdin)
+    assert request["env"]["KIT_ENV"] == "1"
+    write, values = j.write_env("kit-lab-2")
     assert write == "docker exec -i kit-lab-2 sh -c 'umask 077 && mkdir -p /run/kit/env && cat > /run/kit/env/j1'"
-    assert json.loads(stdin) == {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "s3cr3t-value"}
-    record, shown = j.record_env()
-    assert "INFO" not in record and shown == b"NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
-    assert record == "docker exec -i kit-lab sh -c 'mkdir -p /var/lib/kit/lab/jobs/j1 && " \
-                     "cat > /var/lib/kit/lab/jobs/j1/environment'"
-    assert "-e KIT_ENV=1" not in job(()).launch() and not job(()).plan().env  # no variables
-    log, lines = j.write_log(("job j1: 1 processes", f"environment: {jobenv.shown(j.env)}"))
-    assert log == "docker exec -i kit-lab sh -c 'cat > /var/lib/kit/lab/jobs/j1/output.log'"
-    assert lines == b"kit: job j1: 1 processes\nkit: environment: NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
-    assert j.plan().env and "s3cr3t-value" not in j.plan().dump() and "s3cr3t-value" not in j.write_plan()[1].decode()
+    assert json.loads(values) == {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "s3cr3t-value"}
+    assert request["files"]["environment"] == "NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
+    assert request["files"]["output.log"] == \
+        "kit: job j1: 1 processes\nkit: environment: NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)\n"
+    assert "KIT_ENV" not in json.loads(job(()).start()[1])["env"] and not job(()).plan().env  # no variables
+    assert j.plan().env and "s3cr3t-value" not in j.plan().dump()
 
 
 def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path, ssh_shim):

@@ -117,3 +117,26 @@ def test_up_refuses_to_replace_one_kind_of_cluster_with_another(local, hosts_fil
     with pytest.raises(BadInput) as e:
         where_to_bring_up(state, "lab", hosts_file, local_flag, nodes, 3)
     assert str(e.value).startswith(says) and e.value.hint
+
+
+def test_recorded_hosts_are_not_asked_again_who_logs_in():
+    """`kit run`, `logs`, `exec` ... on a cluster up recorded: each host's sudo is as up found it (one round trip a
+    host less before a job); a record without it (an older kit's) asks."""
+    from kit import state as st
+    from kit.cluster import recorded_nodes
+    from kit.runners.base import Result
+
+    class Asked:
+        def __init__(self, host):
+            self.host, self.sudo, self.commands = host.name, False, []
+
+        def run(self, command, **kw):
+            self.commands.append(command)
+            return Result(self.host, command, 0, "0\n" if command == "id -u" else "")
+
+    hosts = [st.HostState(name=n, address=n, place=_state(False).hosts[0].place, sudo=s)
+             for n, s in (("a", True), ("b", False), ("c", None))]
+    a, b, c = recorded_nodes(hosts, Asked)
+    assert (a.runner.sudo, a.runner.commands) == (True, [])
+    assert (b.runner.sudo, b.runner.commands) == (False, [])
+    assert (c.runner.sudo, c.runner.commands) == (False, ["id -u"])

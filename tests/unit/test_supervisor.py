@@ -288,3 +288,56 @@ def test_a_torchrun_job_on_hosts_without_the_supervisors_has_its_store_on_node_0
     asked = [c.split()[0] for c in calls if "socket.socket()" in c]
     assert asked == ["10.0.0.2", "10.0.0.3"]  # each launch's node 0, for its store's port
     assert not [c for c in calls if c.startswith("10.0.0.1 ")] and not leftovers(job)
+
+
+def test_kits_one_call_writes_the_job_starts_its_supervisor_apart_and_follows_it_to_its_ending(tmp_path, ssh_shim):
+    """Job.start with a follow script, run here as `docker exec -i` runs it in the primary's container: the job's
+    folder written from stdin, the supervisor in a session of its own (it outlives the call's process group), the
+    output followed to END_MARK, then what the supervisor recorded at the end: nothing left to reap, and each host's
+    workspace for the spread of what the job wrote."""
+    from kit.place import Place
+    from kit.state import ClusterState, HostState
+    (tmp_path / "write.py").write_text("import os\n"
+                                       "open('out-%s.txt' % os.environ['TF_CONFIG'][-3:-2], 'w').write(str(os.getsid(0)))\n")
+    job = job_id()
+    plan = tf_plan(tmp_path, job, ["write.py"] * 3)
+    hosts = [HostState(h.host, h.address, Place("kit-lab", str(tmp_path / "kit")), primary=h.host == "a")
+             for h in HOSTS]
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, str(tmp_path), hosts=hosts)
+    j = jobs.Job(job, state, 3, tuple(HOSTS), (), (), launcher="tf", fanout=tuple(plan.nodes), placed=tuple(HOSTS))
+    assert j.plan().spread and not j.plan().primary  # copy storage on three hosts, the primary one of them
+    launch, request = j.start(("the first line",), jobs.follow_script(j.folder, job, ending=True))
+    argv = shlex.split(launch)
+    assert argv[:4] == ["docker", "exec", "-i", "kit-lab"] and argv[-1] == "--start"
+    env = {**os.environ, "KIT_PROGRESS_DIR": f"{os.environ['SHIM']}/progress/10.0.0.1"}
+    call = subprocess.Popen(argv[4:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    out, err = call.communicate(request, timeout=90)
+    lines = out.decode().splitlines()
+    assert call.returncode == 0 and lines[0] == "kit: the first line", err
+    end = lines.index(f"{jobs.END_MARK} 0")
+    ending = jobs.parse_ending(lines[end + 1:])
+    assert jobs.parse_reaped(ending["reaped"]) == {} and not leftovers(job)
+    after = jobs.parse_after(ending[jobs.AFTER])
+    assert set(after) == {"a", "b", "c"} and {"out-0.txt", "out-1.txt", "out-2.txt", "write.py"} <= set(after["a"])
+    folder = Path(j.folder)
+    assert (folder / "exit").read_text() == "0\n" and json.loads((folder / "plan.json").read_text())["id"] == job
+    assert int((folder / "supervisor").read_text()) != call.pid
+    assert int((tmp_path / "out-0.txt").read_text()) != call.pid  # the job ran in a session of its own, not the call's
+
+
+def test_a_supervisor_that_cannot_start_is_said_at_once():
+    from kit.supervisor import spawn_detached
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        error = spawn_detached(["/nonexistent/python"], {}, f"{d}/supervisor")
+        assert error.startswith("FileNotFoundError")
+
+
+def test_what_a_rank_could_write_in_the_ending_is_read_strictly():
+    assert jobs.parse_reaped("a 3\nb x\n 4\nc 2 1\nd ²\n") == {"a": 3, "c 2": 1}
+    assert jobs.parse_after('{"a": "1234  ./x\\n"}') == {"a": {"x": "1234"}}
+    for forged in ("[1]", '{"a": 1}', "{", '{"a": ["x"]}'):
+        assert jobs.parse_after(forged) is None
+    ending = jobs.parse_ending(["@@hang", "no rank moved", "@@nosuch", "x", "@@reaped", "a 1"])
+    assert ending == {"hang": "no rank moved\n@@nosuch\nx", "reaped": "a 1"}

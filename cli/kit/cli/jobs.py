@@ -191,7 +191,8 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             return job
         outcome = jobs.run(job, nodes, on_line, setup)
         try:
-            spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests)
+            spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests,
+                                          outcome.after)
         except KitError as e:
             if outcome.exit_code == 0:
                 raise

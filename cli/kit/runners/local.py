@@ -92,9 +92,16 @@ class LocalRunner:
         return Result(self.host, command, code, out.get("out", b"").decode(errors="replace"),
                       out.get("err", b"").decode(errors="replace"))
 
-    def stream_out(self, command: str, on_line: Callable[[str], None]) -> int:
-        """Run command, handing each line of its output (stderr merged) to on_line; its exit code."""
-        proc = self._popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def stream_out(self, command: str, on_line: Callable[[str], None], *, stdin: bytes | None = None) -> int:
+        """Run command (given stdin), handing each line of its output (stderr merged) to on_line; its exit code."""
+        proc = self._popen(command, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+        if stdin:
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            except BrokenPipeError:  # it ended without reading all: its output and exit code say why
+                pass
         for raw in proc.stdout:
             on_line(raw.decode(errors="replace").rstrip("\r\n"))
         return proc.wait()

@@ -151,9 +151,11 @@ class SshRunner:
             chan.close()
             raise
 
-    def stream_out(self, command: str, on_line: Callable[[str], None]) -> int:
-        """Run command, handing each line of its output (stderr merged) to on_line; its exit code."""
+    def stream_out(self, command: str, on_line: Callable[[str], None], *, stdin: bytes | None = None) -> int:
+        """Run command (given stdin), handing each line of its output (stderr merged) to on_line; its exit code."""
         chan = self._session(f"{command} 2>&1", None)
+        if stdin:
+            chan.sendall(stdin)
         chan.shutdown_write()
         for raw in chan.makefile("rb"):
             on_line(raw.decode(errors="replace").rstrip("\r\n"))

@@ -21,6 +21,7 @@ from pathlib import Path
 from kit.commands.docker import command, exec_argv
 from kit.steps.image import chunks, file_sha256
 from kit.steps.node import Node
+from kit.supervisor import MANIFEST
 
 COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 
@@ -43,9 +44,7 @@ def in_container(container: str, script: str, *, stdin: bool = False) -> str:
 
 
 def remote_manifest_command(container: str, workspace: str) -> str:
-    # find does not follow symlinks: a link the job made is neither hashed nor copied through.
-    return in_container(container, f"cd {shlex.quote(workspace)} 2>/dev/null && find . -type f -print0 "
-                                   "| xargs -0 -r sha256sum")
+    return in_container(container, MANIFEST.format(workspace=shlex.quote(workspace)))
 
 
 UNTAR = "mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner"
