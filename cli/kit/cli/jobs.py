@@ -148,7 +148,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
                            hint=f"give --min-np from 1 to {job.np}")
         synced = jobs.sync_workspace(nodes, folder, state)
         setup = (f"job {job.id}: {job.np} processes on {len({r.host for r in job.ranks})} hosts; "
-                 f"copied {sum(synced.sent.values())} changed files of {folder}",
+                 f"copied {sum(synced.sent.values())} changed files of {folder}{synced.left_out_text()}",
                  *([f"environment: {jobenv.shown(env)}"] if env else []),
                  *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
                    if policy.restarts else []),
@@ -164,7 +164,8 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             return job
         outcome = jobs.run(job, nodes, on_line, setup)
         try:
-            spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests)
+            spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests,
+                                         synced.ignore)
         except KitError as e:
             if outcome.exit_code == 0:
                 raise
