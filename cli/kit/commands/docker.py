@@ -74,8 +74,8 @@ def restart_argv(name: str) -> list[str]:
     return ["docker", "restart", name]
 
 
-def exec_argv(name: str, argv: list[str]) -> list[str]:
-    return ["docker", "exec", name, *argv]
+def exec_argv(name: str, argv: list[str], options: tuple[str, ...] = ()) -> list[str]:
+    return ["docker", "exec", *options, name, *argv]
 
 
 def command(argv: list[str]) -> str:
