@@ -185,6 +185,9 @@ class SshRunner:
         if tty:
             size = shutil.get_terminal_size()
             chan.get_pty(term=os.environ.get("TERM", "xterm"), width=size.columns, height=size.lines)
+            # The host's terminal passes bytes as they are: the command's own (docker exec -t's) does the work, as on
+            # one machine; else each line would end \r\r\n and Ctrl-C would stop docker, not the command.
+            command = f"stty raw -echo 2>/dev/null; {command}"
         chan.exec_command(self._wrap(command))
         if stdin is None:
             chan.shutdown_write()
