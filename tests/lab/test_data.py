@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import lab_cluster
+from harness import lab_cluster, local_leftovers, remove_local_clusters
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
@@ -198,3 +198,22 @@ def test_a_second_up_changes_nothing_and_a_changed_mount_makes_the_containers_an
     assert wrote.returncode == 0, wrote.stderr
     assert (dataset / "written").read_text() == "rw\n"
     (dataset / "written").unlink()
+
+
+def test_the_local_cluster_mounts_the_dataset_too(data_project, lab, dataset, tmp_path):
+    """`kit up --nodes 1`: a container of this machine, the dataset of this machine at /data, read-only."""
+    config = yaml.safe_load((data_project / "kit.yaml").read_text())
+    config["cluster"] = {"name": "kitlab-data", "mounts": [f"{dataset}:/data"]}
+    (tmp_path / "kit.yaml").write_text(yaml.safe_dump(config))
+    remove_local_clusters()
+    try:
+        up = kit(tmp_path, lab, "up", "--nodes", "1")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        read = kit_bytes(tmp_path, lab, "exec", "local-1", "--", "sh", "-c", "cat /data/hello.txt; touch /data/x")
+        assert read.stdout == (GREETING + "\n").encode() and read.returncode == 1, read
+        assert b"Read-only file system" in read.stderr
+        down = kit(tmp_path, lab, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        remove_local_clusters()
+    assert not any(local_leftovers().values())
