@@ -362,8 +362,8 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/l
                 "/sbin", "/sys", "/usr", "/var/lib/docker", "/var/lib/containerd", "/var/log", "/var/run")
 SYSTEM_FOLDERS = {"/", "/home", "/mnt", "/media", "/opt", "/srv", "/tmp", "/var", "/var/lib", "/var/tmp", "/data",
                   *SYSTEM_TREES}
-# Where no mount may land in a container: the image's system, its Python (/opt/venv) and kit's files (/opt/kit, /etc/kit,
-# and the jobs and keys under /var/lib/kit).
+# Where no mount may land in a container: the image's system, its Python (/opt/venv) and kit's files (/opt/kit,
+# /etc/kit, and the jobs and keys under /var/lib/kit).
 CONTAINER_TREES = (*SYSTEM_TREES, "/var", "/opt/venv", "/opt/kit")
 CONTAINER_FOLDERS = {"/", "/opt", "/tmp"}
 
@@ -426,7 +426,7 @@ class ClusterConfig(BaseModel):
     image_tag: str | None = None  # default: the tag `kit build` derives from the build section
     storage: Literal["copy", "sshfs", "nfs"] = "copy"  # how every host sees the workspace (kit/steps/storage.py)
     nfs_server: str | None = None  # storage nfs: an existing export (server:/path); default: the primary exports
-    mounts: tuple[str, ...] = ()   # host folders in every container, HOST:CONTAINER[:ro|:rw] (kept as HOST:CONTAINER:ro)
+    mounts: tuple[str, ...] = ()   # host folders in every container: HOST:CONTAINER[:ro|:rw], kept as HOST:CONTAINER:ro
 
     @field_validator("name")
     @classmethod

@@ -11,6 +11,7 @@ host's lands here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -125,7 +126,8 @@ def local_target(dest: Local, source_name: str, contents: bool) -> Target:
 # component; a path that leads out of the workspace through a link is refused.
 PACK = ('ws=$(realpath -e -- "$2") && p=$(realpath -e -- "$1" 2>/dev/null) || '
         '{ echo "kit: $1: no such file or folder" >&2; exit 3; }; '
-        'case "$p" in "$ws"|"$ws"/*) ;; *) echo "kit: $1 leads out of the workspace (a link to $p)" >&2; exit 4;; esac; '
+        'case "$p" in "$ws"|"$ws"/*) ;; *) echo "kit: $1 leads out of the workspace (a link to $p)" >&2; exit 4;; '
+        'esac; '
         'cd "$(dirname -- "$p")" && exec tar -cf - -- "$(basename -- "$p")"')
 
 
@@ -271,7 +273,8 @@ class Unpacker:
                         view = view[os.write(fd, view):]
                     self.done.bytes += len(block)
                 os.fchmod(fd, m.mode & 0o777)  # no setuid, setgid or sticky bit
-                os.utime(fd, (m.mtime, m.mtime))
+                with contextlib.suppress(OSError, OverflowError, ValueError):  # a time no file can have: now's
+                    os.utime(fd, (m.mtime, m.mtime))
             finally:
                 os.close(fd)
         finally:
@@ -448,7 +451,8 @@ def tar_chunks(source: Path, name: str) -> Iterator[bytes]:
     def pack() -> None:
         try:
             with tarfile.open(fileobj=Sink(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                for path, arcname in ([(c, c.name) for c in sorted(source.iterdir())] if not name else [(source, name)]):
+                members = [(source, name)] if name else [(c, c.name) for c in sorted(source.iterdir())]
+                for path, arcname in members:
                     tar.add(path, arcname=arcname, filter=_keep)
             chunks.put(None)
         except BaseException as e:  # noqa: BLE001 - raised where the chunks are taken
@@ -478,7 +482,8 @@ def upload(runner: Runner, source: Local, dest: Remote, workspace: str,
         on_bytes(n)
     r = runner.stream_in(unpack_command(container, workspace, into), tar_chunks(source.path, name), count,
                          timeout=STALL_S)
-    r.check(f"cannot copy {source.given} to {dest.given}", hint="the tail above says why (free disk space on the host?)")
+    r.check(f"cannot copy {source.given} to {dest.given}",
+            hint="the tail above says why (free disk space on the host?)")
     return posixpath.join(into, name) if name else into, sent
 
 

@@ -70,9 +70,9 @@ def test_where_a_copy_lands_here_follows_docker_cp(tmp_path):
 
 # ---------------------------------------------------------------- a hostile tar stream
 
-def member(tar, name, kind=tarfile.REGTYPE, data=b"", mode=0o644, link=""):
+def member(tar, name, kind=tarfile.REGTYPE, data=b"", mode=0o644, link="", mtime=0):
     info = tarfile.TarInfo(name)
-    info.type, info.mode, info.linkname, info.size = kind, mode, link, len(data)
+    info.type, info.mode, info.linkname, info.size, info.mtime = kind, mode, link, len(data), mtime
     if kind == tarfile.CHRTYPE:
         info.devmajor, info.devminor = 1, 3
     tar.addfile(info, io.BytesIO(data) if data else None)
@@ -82,6 +82,7 @@ def hostile_tar(path: Path) -> Path:
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
         member(tar, "ckpt", tarfile.DIRTYPE, mode=0o7777)
         member(tar, "ckpt/model.pt", data=b"weights\0\r\n", mode=0o4755)       # setuid: dropped
+        member(tar, "ckpt/when.txt", data=b"t", mtime=1 << 70)                 # a time no file can have
         member(tar, "ckpt/sub/deep.txt", data=b"deep")                          # its folder comes later
         member(tar, "ckpt/sub", tarfile.DIRTYPE, mode=0o755)
         member(tar, "../evil", data=b"x")
@@ -134,7 +135,7 @@ def test_a_hostile_stream_lands_nothing_outside_the_destination(tmp_path):
     assert os.readlink(ckpt / "soon") == "sub"
     assert (ckpt / "same").stat().st_ino == (ckpt / "model.pt").stat().st_ino
     assert (ckpt / "up").is_dir() and not (ckpt / "up").is_symlink()  # made as a folder for planted; no link there
-    assert (done.files, done.links) == (4, 3)
+    assert (ckpt / "when.txt").read_bytes() == b"t" and (done.files, done.links) == (5, 3)
 
 
 def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writing_through_it(tmp_path):

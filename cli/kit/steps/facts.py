@@ -63,7 +63,7 @@ class HostFacts:
     layer_chains: tuple[tuple[str, ...], ...] = ()  # each image's layers (diff IDs, bottom first)
     python3: bool = False                 # runs kit's image relay
     containerd_store: bool = False        # Docker keeps images in containerd's image store (29's default)
-    sources: dict[str, str] = field(default_factory=dict)  # host path of cluster.mounts -> "folder" or "other" (absent: none)
+    sources: dict[str, str] = field(default_factory=dict)  # cluster.mounts' host paths: "folder" or "other" (or none)
 
     def foreign(self, cluster: str, owner: Owner) -> Owner | None:
         """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.

@@ -30,7 +30,8 @@ def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
     uid = become_root(node)
     node.address = node.place.address or node.runner.peer_address()
     sources = tuple(m.host for m in cfg.bind_mounts)
-    r = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name, sources), timeout=FACTS_TIMEOUT_S)
+    r = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name, sources),
+                        timeout=FACTS_TIMEOUT_S)
     if not complete(r.stdout):  # cut short (a timeout, a broken shell): deciding from half the facts is guessing
         raise KitError(f"cannot read the host's facts (exit {r.exit_code})", host=node.name,
                        command="kit's facts script", output_tail=r.tail(),
