@@ -352,6 +352,9 @@ HINTS.update({
                  "(`docker tag IMAGE NAME:TAG` gives one a tag)",
     "storage": "use one of: copy (the default), sshfs, nfs",
     "nfs_server": "use server:/absolute/path of an existing NFS export, or leave it out to export from the primary",
+    "mounts": "write each as HOST_PATH:CONTAINER_PATH[:ro|:rw] (read-only unless :rw) with absolute paths of letters, "
+              "digits and . _ - /, e.g. [/data/imagenet:/data/imagenet]; neither a system folder, kit's folders nor "
+              "the workspace",
 })
 _NFS_SERVER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:/[A-Za-z0-9._/-]*$")
 _WORKSPACE = re.compile(r"^/[A-Za-z0-9._/-]+$")
@@ -360,6 +363,54 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/l
                 "/sbin", "/sys", "/usr", "/var/lib/docker", "/var/lib/containerd", "/var/log", "/var/run")
 SYSTEM_FOLDERS = {"/", "/home", "/mnt", "/media", "/opt", "/srv", "/tmp", "/var", "/var/lib", "/var/tmp", "/data",
                   *SYSTEM_TREES}
+# Where no mount may land in a container: the image's system, its Python (/opt/venv) and kit's files (/opt/kit,
+# /etc/kit, and the jobs and keys under /var/lib/kit).
+CONTAINER_TREES = (*SYSTEM_TREES, "/var", "/opt/venv", "/opt/kit")
+CONTAINER_FOLDERS = {"/", "/opt", "/tmp"}
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A folder of every host in every container of the cluster (docker's -v HOST:CONTAINER[:ro|:rw])."""
+
+    host: str
+    container: str
+    writable: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.container}:{'rw' if self.writable else 'ro'}"
+
+    def docker_option(self) -> str:
+        """--mount's form, not -v's: a host path that is missing fails the container's start instead of being made
+        empty (a dataset share not mounted yet after a reboot would look like an empty dataset)."""
+        return f"type=bind,source={self.host},target={self.container}" + ("" if self.writable else ",readonly")
+
+
+def _clean_path(path: str, what: str) -> str:
+    if not re.fullmatch(r"/[A-Za-z0-9._/-]*", path) or any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(f"the {what} {path!r} is not an absolute path of letters, digits and . _ - /")
+    return re.sub("/+", "/", path).rstrip("/") or "/"
+
+
+def parse_mount(text: str, workspace: str) -> Mount:
+    """HOST_PATH:CONTAINER_PATH[:ro|:rw], checked as the workspace is (the paths reach shells and docker, as root)."""
+    parts = str(text).split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ValueError(f"'{text}' is not HOST_PATH:CONTAINER_PATH[:ro|:rw]")
+    host, container = _clean_path(parts[0], "host path"), _clean_path(parts[1], "container path")
+    if host in SYSTEM_FOLDERS or any(_within(host, d) for d in SYSTEM_TREES):
+        raise ValueError(f"'{text}': the host path {host} is a system folder: every container would see it, as root")
+    if _within(host, KIT_ROOT):
+        raise ValueError(f"'{text}': the host path {host} is inside kit's own folders (the clusters' keys and jobs)")
+    if container in CONTAINER_FOLDERS or any(_within(container, d) for d in CONTAINER_TREES):
+        raise ValueError(f"'{text}': the container path {container} is a folder of the image's system or of kit's")
+    if _within(container, workspace) or _within(workspace, container):
+        raise ValueError(f"'{text}': the container path {container} is over the workspace {workspace}")
+    return Mount(host, container, len(parts) == 3 and parts[2] == "rw")
 
 
 class ClusterConfig(BaseModel):
@@ -376,6 +427,7 @@ class ClusterConfig(BaseModel):
     image_tag: str | None = None  # default: the tag `kit build` derives from the build section
     storage: Literal["copy", "sshfs", "nfs"] = "copy"  # how every host sees the workspace (kit/steps/storage.py)
     nfs_server: str | None = None  # storage nfs: an existing export (server:/path); default: the primary exports
+    mounts: tuple[str, ...] = ()   # host folders in every container: HOST:CONTAINER[:ro|:rw], kept as HOST:CONTAINER:ro
 
     @field_validator("name")
     @classmethod
@@ -445,6 +497,20 @@ class ClusterConfig(BaseModel):
         if v is not None and info.data.get("storage") != "nfs":
             raise ValueError(f"is only read with storage: nfs (storage is {info.data.get('storage')})")
         return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        workspace = info.data.get("workspace") or f"{KIT_ROOT}/{info.data.get('name', 'kit')}/workspace"
+        found = [parse_mount(m, workspace) for m in v]
+        targets = [m.container for m in found]
+        if twice := next((t for t in targets if targets.count(t) > 1), None):
+            raise ValueError(f"two entries mount at the container path {twice}")
+        return tuple(str(m) for m in found)
+
+    @property
+    def bind_mounts(self) -> tuple[Mount, ...]:
+        return tuple(parse_mount(m, self.workspace_path) for m in self.mounts)
 
     @property
     def kit_dir(self) -> str:

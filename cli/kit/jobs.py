@@ -220,22 +220,33 @@ class Outcome:
 class Synced:
     sent: dict[str, int]                 # host -> files sent
     manifests: dict[str, dict[str, str]]  # host -> its workspace before the job
+    ignore: workspace.Ignore = field(default_factory=workspace.Ignore)  # what the job's folder leaves out
+    left_out: tuple[int, int] = (0, 0)   # (files, folders) of the job's folder that were left out
+
+    def left_out_text(self) -> str:
+        """What the job's first line says of what was left out, if anything was."""
+        files, folders = self.left_out
+        said = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in ((folders, "folder"), (files, "file")) if n]
+        return f"; left out {' and '.join(said)} (.kitignore and kit's defaults)" if said else ""
 
 
 def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> Synced:
     """Copy what changed to every host's workspace (to the primary's alone where all share it)."""
-    local = workspace.manifest(folder)
+    ignore = workspace.Ignore.of(folder)
+    found = workspace.scan(folder, ignore)
+    local = found.files
     nodes = [n for n in nodes if n.host.primary] if state.workspace_shared else nodes
     done = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
                    lambda n: n.name)
-    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)}, {n.name: m for n, (_, m) in zip(nodes, done)})
+    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)}, {n.name: m for n, (_, m) in zip(nodes, done)},
+                  ignore, (found.left_out_files, found.left_out_folders))
 
 
 def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]],
-                   after: dict[str, dict[str, str]] | None = None) -> int:
-    """Copy storage: what the job wrote on each host goes to every other host, at the same path. after: each host's
-    workspace at the job's end as its supervisor read it (else, or for a host it lacks, read now). Returns how many
-    files were copied."""
+                   ignore: workspace.Ignore | None = None, after: dict[str, dict[str, str]] | None = None) -> int:
+    """Copy storage: what the job wrote on each host goes to every other host, at the same path, but what the job's
+    folder leaves out (ignore). after: each host's workspace at the job's end as its supervisor read it (else, or for
+    a host it lacks, read now). Returns how many files were copied."""
     if state.workspace_shared or len(nodes) < 2:
         return 0
     after = after or {}
@@ -243,7 +254,8 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
     read = fan_out("reading what the job wrote", unread, lambda n: workspace.read_manifest(n, state.workspace),
                    lambda n: n.name)
     after = {**after, **{n.name: m for n, m in zip(unread, read)}}
-    plan = workspace.spread_plan({n.name: before[n.name] for n in nodes}, {n.name: after[n.name] for n in nodes})
+    plan = workspace.spread_plan({n.name: before[n.name] for n in nodes}, {n.name: after[n.name] for n in nodes},
+                                 ignore)
     by_name = {n.name: n for n in nodes}
 
     def one(source: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 import tempfile
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -243,10 +244,14 @@ def down(
 def exec_(
     host: str = typer.Argument(..., help="A host of the cluster, as in hosts.txt or by address."),
     argv: List[str] = typer.Argument(..., help="The command (after --)."),
+    interactive: bool = typer.Option(False, "--interactive", "-i", help="Pass this terminal's input to the command."),
+    tty: bool = typer.Option(False, "--tty", "-t", help="Give the command a terminal (a shell: kit exec -it HOST -- "
+                                                        "bash)."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Run a command in a host's container; exit with its exit code."""
+    """Run a command in a host's container, as docker exec does: its output byte for byte (kit exec h -- cat f > f),
+    its exit code."""
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     found = next((h for h in state.hosts if host in (h.name, h.address)), None)
@@ -254,10 +259,14 @@ def exec_(
         raise BadInput(f"{host} is not a host of cluster {state.cluster}",
                        hint=f"use one of: {', '.join(h.name for h in state.hosts)}")
     argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
+    options = (*(["-i"] if interactive else []), *(["-t"] if tty else []))
     (node,) = recorded_nodes([found], connector(cfg.connect_timeout))
     try:
-        code = node.runner.stream_out(command(exec_argv(found.place.container, argv)),
-                                      lambda line: console.print(f"[{found.name}] {line}", markup=False))
+        code = node.runner.interact(command(exec_argv(found.place.container, argv, options)),
+                                    stdin=sys.stdin.buffer if interactive else None, stdout=sys.stdout.buffer,
+                                    stderr=sys.stderr.buffer, tty=tty)
+    except KeyboardInterrupt:
+        code = 130
     finally:
         node.runner.close()
     raise typer.Exit(code)

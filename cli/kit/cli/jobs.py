@@ -175,7 +175,8 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
         synced = jobs.sync_workspace(nodes, folder, state)
-        setup = (job_line(job.id, [script_path, *args], job.ranks_hosts(), sum(synced.sent.values()), folder),
+        setup = (job_line(job.id, [script_path, *args], job.ranks_hosts(), sum(synced.sent.values()), folder)
+                 + synced.left_out_text(),
                  *([f"environment: {jobenv.shown(env)}"] if env else []),
                  *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
                    if policy.restarts else []),
@@ -192,7 +193,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
         outcome = jobs.run(job, nodes, on_line, setup)
         try:
             spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests,
-                                          outcome.after)
+                                          synced.ignore, outcome.after)
         except KitError as e:
             if outcome.exit_code == 0:
                 raise

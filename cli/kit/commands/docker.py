@@ -30,9 +30,10 @@ class ContainerSpec:
         shm = ["--ipc=host"] if c.shm_size is None else [f"--shm-size={c.shm_size}"]
         gpus = ["--gpus", "all"] if self.gpus else []
         hosts = [arg for name, address in self.add_hosts for arg in ("--add-host", f"{name}:{address}")]
+        mounts = [arg for m in c.bind_mounts for arg in ("--mount", m.docker_option())]
         return [*p.network_options(), *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
                 "-v", f"{p.ssh_dir}:{CONTAINER_SSH_DIR}:ro", "-v", f"{p.jobs_dir}:{p.jobs_dir}",
-                "-v", f"{c.workspace_path}:{c.workspace_path}", "-w", c.workspace_path,
+                "-v", f"{c.workspace_path}:{c.workspace_path}", *mounts, "-w", c.workspace_path,
                 "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus]
 
     @property
@@ -73,8 +74,8 @@ def restart_argv(name: str) -> list[str]:
     return ["docker", "restart", name]
 
 
-def exec_argv(name: str, argv: list[str]) -> list[str]:
-    return ["docker", "exec", name, *argv]
+def exec_argv(name: str, argv: list[str], options: tuple[str, ...] = ()) -> list[str]:
+    return ["docker", "exec", *options, name, *argv]
 
 
 def command(argv: list[str]) -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from kit.errors import KitError
 
@@ -50,6 +50,11 @@ class Runner(Protocol):
 
     def converse(self, command: str, silence: float) -> "Conversation": ...
 
+    def read_out(self, command: str, silence: float) -> "Reading": ...
+
+    def interact(self, command: str, *, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes],
+                 tty: bool = False) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -69,6 +74,18 @@ class Conversation(Protocol):
 
     def close(self) -> None:
         """Stop listening: its input ends, which tells a command that watches it to stop."""
+
+
+class Reading(Protocol):
+    """A command whose stdout kit reads as bytes (a tar stream), its input closed."""
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to size bytes (b"" at the end); raises TimeoutError when it says nothing for `silence` seconds."""
+
+    def result(self) -> Result:
+        """Once its output ended: its exit code and the tail of its stderr."""
+
+    def close(self) -> None: ...
 
 
 RETRY_EVERY_S = 0.5

@@ -11,7 +11,7 @@ import select
 import signal
 import subprocess
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 from kit.errors import KitError
 from kit.runners.base import STALL_S, Result
@@ -109,6 +109,18 @@ class LocalRunner:
     def converse(self, command: str, silence: float) -> "LocalConversation":
         return LocalConversation(self.host, command, self._fed(command, bufsize=0), silence)
 
+    def read_out(self, command: str, silence: float) -> "LocalReading":
+        reading = LocalReading(self.host, command, self._fed(command, bufsize=0), silence)
+        reading.end_input()
+        return reading
+
+    def interact(self, command: str, *, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes],
+                 tty: bool = False) -> int:
+        """Run command on our own stdin (or none), stdout and stderr: bytes pass untouched, and `docker exec -t` finds
+        the terminal itself (tty is for SSH). In kit's session, so the terminal's Ctrl-C and keys reach it."""
+        return subprocess.run(self._argv(command), stdin=subprocess.DEVNULL if stdin is None else stdin,
+                              stdout=stdout, stderr=stderr).returncode
+
     def close(self) -> None:
         """Ends what kit still writes to (an interrupted image step): each command's whole process group, which
         its own session makes. One run through sudo is root's and is not killed: its input ends, and a `docker
@@ -165,3 +177,22 @@ class LocalConversation:
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
+
+
+class LocalReading(LocalConversation):
+    """Runner.read_out with a process of this machine."""
+
+    def read(self, size: int = -1) -> bytes:
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.silence)
+        if not ready:
+            raise TimeoutError
+        return os.read(self.proc.stdout.fileno(), size if size > 0 else 1 << 16)
+
+    def close(self) -> None:
+        super().close()
+        if self.proc.poll() is None:  # stopped before its end: its whole process group, as LocalRunner.close
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()

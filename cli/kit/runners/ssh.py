@@ -7,12 +7,19 @@ Fabric's own default would accept any key, so the policy is set here.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import select
 import shlex
+import shutil
+import signal
 import socket
+import termios
 import threading
+import tty as terminal
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 import paramiko
 from fabric import Config, Connection
@@ -164,6 +171,36 @@ class SshRunner:
     def converse(self, command: str, silence: float) -> "SshConversation":
         return SshConversation(self.host, command, self._session(command, silence))
 
+    def read_out(self, command: str, silence: float) -> "SshReading":
+        chan = self._session(command, silence)
+        chan.shutdown_write()
+        return SshReading(self.host, command, chan)
+
+    def interact(self, command: str, *, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes],
+                 tty: bool = False) -> int:
+        """Run command with stdin passed through (None: no input), its stdout and stderr written to ours byte for byte;
+        tty: on a pseudo-terminal of its own (`docker exec -t` needs one there), ours raw meanwhile, as ssh -t does.
+        No bound on its time (it is the user's command); its exit code (-1: the connection ended without one)."""
+        if not self.conn.is_connected:
+            self.open()
+        chan = self.conn.transport.open_session(timeout=self.timeout)
+        if tty:
+            size = shutil.get_terminal_size()
+            chan.get_pty(term=os.environ.get("TERM", "xterm"), width=size.columns, height=size.lines)
+            # The host's terminal passes bytes as they are: the command's own (docker exec -t's) does the work, as on
+            # one machine; else each line would end \r\r\n and Ctrl-C would stop docker, not the command.
+            command = f"stty raw -echo 2>/dev/null; {command}"
+        chan.exec_command(self._wrap(command))
+        if stdin is None:
+            chan.shutdown_write()
+        try:
+            with _raw(stdin if tty else None), _following_size(chan if tty else None):
+                _pump(chan, stdin, stdout, stderr)
+            chan.status_event.wait(10)
+            return chan.recv_exit_status() if chan.exit_status_ready() else -1
+        finally:
+            chan.close()
+
     def _finish(self, chan: paramiko.Channel, command: str) -> Result:
         err: list[bytes] = []
 
@@ -235,3 +272,72 @@ class SshConversation:
 
     def close(self) -> None:
         self.chan.close()
+
+
+class SshReading(SshConversation):
+    """Runner.read_out over one SSH channel: its stdout as bytes."""
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.chan.recv(size if size > 0 else 1 << 16)
+        except socket.timeout:
+            raise TimeoutError from None
+
+
+def _pump(chan: paramiko.Channel, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    """stdout and stderr from the channel to ours as they come (a thread each); our stdin to it until its end."""
+    chan.settimeout(None)
+
+    def drain(recv: Callable[[int], bytes], sink: IO[bytes]) -> None:
+        try:
+            while data := recv(1 << 15):
+                sink.write(data)
+                sink.flush()
+        except OSError:  # our side closed (`kit exec ... | head`): stop reading
+            chan.close()
+    readers = [threading.Thread(target=drain, args=(chan.recv, stdout), daemon=True),
+               threading.Thread(target=drain, args=(chan.recv_stderr, stderr), daemon=True)]
+    for r in readers:
+        r.start()
+    fd = stdin.fileno() if stdin is not None else None
+    while fd is not None and readers[0].is_alive():
+        if select.select([fd], [], [], 0.2)[0]:
+            data = os.read(fd, 1 << 15)
+            try:
+                if data:
+                    chan.sendall(data)
+                else:  # our input ended: so does its
+                    chan.shutdown_write()
+                    fd = None
+            except OSError:  # it no longer takes input (it ended): what it said is still read
+                fd = None
+    for r in readers:
+        r.join()
+
+
+@contextlib.contextmanager
+def _raw(stdin: IO[bytes] | None):
+    """Our terminal in raw mode (every key goes to the far end's terminal as it is), restored afterwards."""
+    if stdin is None or not stdin.isatty():
+        yield
+        return
+    fd = stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        terminal.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@contextlib.contextmanager
+def _following_size(chan: paramiko.Channel | None):
+    """The far end's terminal takes the size of ours when it changes."""
+    if chan is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGWINCH, lambda *_: chan.resize_pty(*shutil.get_terminal_size()))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGWINCH, before)

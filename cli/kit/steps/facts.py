@@ -63,6 +63,7 @@ class HostFacts:
     layer_chains: tuple[tuple[str, ...], ...] = ()  # each image's layers (diff IDs, bottom first)
     python3: bool = False                 # runs kit's image relay
     containerd_store: bool = False        # Docker keeps images in containerd's image store (29's default)
+    sources: dict[str, str] = field(default_factory=dict)  # cluster.mounts' host paths: "folder" or "other" (or none)
 
     def foreign(self, cluster: str, owner: Owner) -> Owner | None:
         """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.
@@ -82,8 +83,8 @@ class HostFacts:
         return f"{self.memlock_kb * 1024}:{self.memlock_kb * 1024}"
 
 
-def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str:
-    """A POSIX sh script that prints each fact under a `@@kit NAME` line."""
+def facts_command(image: str, place: Place, workspace: str, cluster: str, sources: tuple[str, ...] = ()) -> str:
+    """A POSIX sh script that prints each fact under a `@@kit NAME` line. sources: the host paths of cluster.mounts."""
     q = shlex.quote
     container, kit_dir = place.container, place.kit_dir
     # The cluster port is open where the container's sshd listens: the host's network, or the container's own.
@@ -116,6 +117,8 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str) -> str
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
         f"{{{{range .IPAM.Config}}}}{{{{.Subnet}}}} {{{{end}}}}' {q(place.network)} 2>/dev/null" if place.private else "",
         *storage.facts_script(cluster, workspace),
+        f"echo '{MARK}sources'; for p in {' '.join(map(q, sources))}; do if [ -d \"$p\" ]; then echo \"folder $p\"; "
+        "elif [ -e \"$p\" ]; then echo \"other $p\"; fi; done" if sources else "",
         f"echo '{MARK}{END}'",
     ])
 
@@ -217,6 +220,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         layer_chains=_layer_chains(s.get("layers", "")),
         python3=bool(s.get("python3")),
         containerd_store=_containerd_store(s.get("driverstatus", "")),
+        sources={path: kind for kind, _, path in (l.partition(" ") for l in s.get("sources", "").splitlines()) if path},
     )
 
 

@@ -29,7 +29,9 @@ def gather(node: Node, cfg: ClusterConfig, image: str) -> None:
     """Connect, then read every fact with one command (as root)."""
     uid = become_root(node)
     node.address = node.place.address or node.runner.peer_address()
-    r = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name), timeout=FACTS_TIMEOUT_S)
+    sources = tuple(m.host for m in cfg.bind_mounts)
+    r = node.runner.run(facts_command(image, node.place, cfg.workspace_path, cfg.name, sources),
+                        timeout=FACTS_TIMEOUT_S)
     if not complete(r.stdout):  # cut short (a timeout, a broken shell): deciding from half the facts is guessing
         raise KitError(f"cannot read the host's facts (exit {r.exit_code})", host=node.name,
                        command="kit's facts script", output_tail=r.tail(),
@@ -45,6 +47,7 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
         return [f"a cluster named {cfg.name} of {other} is here (its container, network or kit's folder "
                 f"{node.place.kit_dir}); kit leaves another's cluster alone"]
     found = storage.problems(Storage.of(cfg), f.tools, f.mount, node.host.primary, primary_address)
+    found += mount_problems(cfg, f.sources)
     if f.docker_version is None:
         found.append(f"docker does not answer ({f.docker_error})")
     elif f.containerd_store:
@@ -67,6 +70,20 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
     return found
 
 
+MISSING_SOURCE = "cluster.mounts:"  # how each problem of a mount's host path begins
+
+
+def mount_problems(cfg: ClusterConfig, sources: dict[str, str]) -> list[str]:
+    """Each host path of cluster.mounts that is not a folder on the host."""
+    found = []
+    for m in cfg.bind_mounts:
+        kind = sources.get(m.host)
+        if kind != "folder":
+            found.append(f"{MISSING_SOURCE} {m.host} " + ("is not a folder" if kind else "does not exist") +
+                         f" (to be mounted at {m.container})")
+    return found
+
+
 def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
     """Ranks this host runs: as hosts.txt says, else one per GPU (cluster.gpus or nvidia-smi), else one."""
     if node.host.slots:
@@ -79,6 +96,9 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 def hint_for(found: list[str]) -> str:
     if CONTAINERD_STORE in found:
         return CONTAINERD_HINT
+    if any(p.startswith(MISSING_SOURCE) for p in found):
+        return ("make the folder on that host (or mount its share there), or remove the entry from cluster.mounts in "
+                "kit.yaml, then run kit up again")
     if any("kit leaves another's cluster alone" in p for p in found):
         return "choose another cluster name (--name or cluster.name), or ask its owner to run kit down"
     if any("storage" in p for p in found):

@@ -4,6 +4,9 @@ checkpoint and rank 2's log are at the same path everywhere.
 
 Nothing is deleted there: checkpoints and outputs that ranks wrote stay.
 
+What the job's .kitignore matches (gitignore's syntax), and what is never a job's input (DEFAULT_IGNORE), is neither
+hashed, nor copied to a host, nor copied between hosts afterwards.
+
 What is in a workspace is the job's: untrusted. A rank can leave a symlink there (ckpt -> /root/.ssh), and
 a tar run as root on the host would follow it, reading or writing the host's files. So the workspace is
 only ever read and written inside the cluster's containers, which see the workspace and nothing of the
@@ -12,30 +15,93 @@ host's; what the job wrote goes from one container to the others over the cluste
 
 from __future__ import annotations
 
+import os
 import shlex
 import tarfile
 import tempfile
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pathspec
+
 from kit.commands.docker import command, exec_argv
+from kit.errors import BadInput, read_input
 from kit.steps.image import chunks, file_sha256
 from kit.steps.node import Node
 from kit.supervisor import MANIFEST
 
 COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 
-SKIP = {".git", "__pycache__", ".venv", ".kit", ".pytest_cache"}
+IGNORE_FILE = ".kitignore"
+# Never a job's input: version control, Python's caches and virtual environments, kit's own folder. They come first,
+# so a `!` line of .kitignore brings one back (`!.venv/`).
+DEFAULT_IGNORE = (".git/", "__pycache__/", "*.pyc", ".venv/", ".pytest_cache/", ".kit/")
 
 
-def manifest(folder: Path) -> dict[str, str]:
-    """relative path -> sha256 of every file under folder (without VCS and cache folders)."""
-    out = {}
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if path.is_file() and not SKIP.intersection(rel.parts):
-            out[rel.as_posix()] = file_sha256(path)  # in blocks: a job's folder may hold GB files
-    return out
+@dataclass(frozen=True)
+class Ignore:
+    """What is left out of a job's folder: gitignore's rules, as git applies them (a folder it leaves out is not
+    looked into, so nothing under it comes back)."""
+
+    spec: pathspec.GitIgnoreSpec = field(default_factory=lambda: pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORE))
+
+    @classmethod
+    def of(cls, folder: Path) -> "Ignore":
+        """The defaults and the folder's .kitignore, if it has one; a bad line is named with its number."""
+        path = folder / IGNORE_FILE
+        if not path.is_file():
+            return cls()
+        lines = read_input(path, "ignore file", hint=f"make {path} a readable UTF-8 text file").splitlines()
+        for number, line in enumerate(lines, 1):
+            try:
+                pathspec.GitIgnoreSpec.from_lines([line])
+            except ValueError:
+                raise BadInput(f"{path}:{number}: {line!r} is not a gitignore pattern",
+                               hint="write one pattern a line as in .gitignore, e.g. data/, *.ckpt or !keep.ckpt; "
+                                    "escape a trailing backslash or a lone ! with \\") from None
+        return cls(pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORE, *lines]))
+
+    def folder(self, rel: str) -> bool:
+        return self.spec.match_file(rel.rstrip("/") + "/")
+
+    def file(self, rel: str) -> bool:
+        """A file (relative to the job's folder) is left out when it or a folder above it is."""
+        parts = rel.split("/")
+        return any(self.folder("/".join(parts[:i])) for i in range(1, len(parts))) or self.spec.match_file(rel)
+
+
+@dataclass
+class Scan:
+    files: dict[str, str]   # relative path -> sha256 of each file kit copies
+    left_out_files: int = 0
+    left_out_folders: int = 0  # not looked into: their files are not counted
+
+
+def scan(folder: Path, ignore: Ignore | None = None) -> Scan:
+    """Every file under folder that ignore does not leave out, hashed; folders it leaves out are not entered."""
+    ignore = ignore or Ignore()
+    found = Scan({})
+    for top, folders, names in os.walk(folder):  # links to folders are not followed
+        rel = Path(top).relative_to(folder).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        kept = [d for d in folders if not ignore.folder(prefix + d)]
+        found.left_out_folders += len(folders) - len(kept)
+        folders[:] = sorted(kept)
+        for name in sorted(names):
+            path = Path(top) / name
+            if not path.is_file():
+                continue
+            if ignore.file(prefix + name):
+                found.left_out_files += 1
+            else:
+                found.files[prefix + name] = file_sha256(path)  # in blocks: a job's folder may hold GB files
+    return found
+
+
+def manifest(folder: Path, ignore: Ignore | None = None) -> dict[str, str]:
+    """relative path -> sha256 of every file under folder that is copied (see scan)."""
+    return scan(folder, ignore).files
 
 
 def in_container(container: str, script: str, *, stdin: bool = False) -> str:
@@ -95,18 +161,19 @@ def sync(node: Node, folder: Path, workspace: str, local: dict[str, str]) -> tup
 
 # ---------------------------------------------------------------- after the job
 
-def written(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
-    """Files the job made or changed on one host (not Python's caches)."""
-    return {name: digest for name, digest in after.items()
-            if before.get(name) != digest and not SKIP.intersection(name.split("/"))}
+def written(before: dict[str, str], after: dict[str, str], ignore: Ignore | None = None) -> dict[str, str]:
+    """Files the job made or changed on one host, but what the job's folder leaves out (Python's caches...)."""
+    ignore = ignore or Ignore()
+    return {name: digest for name, digest in after.items() if before.get(name) != digest and not ignore.file(name)}
 
 
-def spread_plan(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> dict[str, tuple[list[str], list[str]]]:
+def spread_plan(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]],
+                ignore: Ignore | None = None) -> dict[str, tuple[list[str], list[str]]]:
     """host -> (files it wrote that others lack, the hosts that lack any of them). Hosts in rank order, primary
     first: when several hosts wrote one file, the first one's copy wins. Pure."""
     winner: dict[str, tuple[str, str]] = {}  # file -> (host, digest)
     for host in before:
-        for name, digest in written(before[host], after[host]).items():
+        for name, digest in written(before[host], after[host], ignore).items():
             winner.setdefault(name, (host, digest))
     lacking: dict[str, set[str]] = defaultdict(set)
     names: dict[str, list[str]] = defaultdict(list)
