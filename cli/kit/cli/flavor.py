@@ -100,7 +100,7 @@ class UpImage:
             console.print(f"would build {recipe.config.tag_prefix}-… (flavor {flavor}{f', CUDA {line}' if line else ''}"
                           f", key {recipe.key}): no image of these settings is here; kit up builds it first, as kit "
                           "build does (a dry run builds nothing)")
-            return LocalImage(f"{recipe.config.tag_prefix}-new", "", 0, flavor, (), line)
+            return LocalImage(f"{recipe.config.tag_prefix}-…", "", 0, flavor, (), line)
         from kit.cli.build import ensure_image  # (here: kit.cli.build imports this module)
         if self.bar:
             self.bar.stop()
