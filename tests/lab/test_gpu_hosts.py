@@ -4,10 +4,12 @@ flavor follows the hosts, each host's driver is checked against the image's CUDA
 only dry runs and checks. The pure parts (parsers on real nvidia-smi output, the driver table): tests/unit/test_flavor.py."""
 
 import re
+import shutil
 
 import pytest
 
-from helpers import run_kit
+from harness import remove_local_clusters
+from helpers import closed_port, run_kit
 
 pytestmark = pytest.mark.lab
 
@@ -121,3 +123,50 @@ def test_prepare_with_a_gpu_flavor_names_every_host_without_a_gpu_and_changes_no
         assert (f"{h.address} has no NVIDIA GPU (none on its PCI bus, nvidia-smi lists none), but build.flavor is a GPU "
                 "flavor") in r.stdout, r.stdout[-3000:]
     assert host_state(lab) == before
+
+
+# ---------------------------------------------------------------- kit up builds the image of the decided flavor
+
+def test_up_builds_the_missing_image_as_kit_build_does_and_stops_with_its_error(lab, folder):
+    """The image of these settings is not here: up builds it (the same build, the same error) after reading the
+    hosts, and a failed build leaves every host as it was."""
+    port = closed_port()
+    (folder / "kit.yaml").write_text(f"build:\n  pip_packages: [six]\n  pip_index_urls: [http://127.0.0.1:{port}/simple]\n")
+    before = host_state(lab)
+    up = run_kit("up", "--hosts", "hosts.txt", cwd=folder, env=lab.env, timeout=300)
+    build = run_kit("build", cwd=folder, env=lab.env, timeout=300)
+    assert host_state(lab) == before
+    assert up.returncode == build.returncode == 1, up.stdout + up.stderr
+    assert up.stderr == build.stderr and up.stderr.startswith(f"error: the package source http://127.0.0.1:{port}/simple "
+                                                               "does not answer"), up.stderr
+    assert "flavor auto -> cpu: no host has an NVIDIA GPU" in up.stdout
+    assert "no cpu image of these settings is built here yet: building it (as kit build does)" in up.stdout
+
+
+def test_up_of_a_local_cluster_builds_the_missing_image_then_brings_the_cluster_up(lab, client, tmp_path):
+    """This machine has no GPU: cpu; the default image with six on top is built by `kit up` (as this machine's user
+    builds: its pins keep every layer below six's), then the cluster of one container comes up on it."""
+    from kit.identity import state_root
+    name = "kitlab-upbuild"
+    (tmp_path / "kit.yaml").write_text(f"build:\n  pip_packages: [six]\ncluster:\n  name: {name}\n")
+    key = re.search(r"^  key +([0-9a-f]+)", run_kit("build", "--dry-run", cwd=tmp_path).stdout, re.M)[1]
+    for old in client.images.list(filters={"label": f"io.kit.key={key}"}):
+        client.images.remove(old.id, force=True)
+    remove_local_clusters()
+    try:
+        up = run_kit("up", "--nodes", "1", cwd=tmp_path, timeout=40 * 60)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "flavor auto -> cpu: this machine has no NVIDIA GPU\n" in up.stdout
+        assert "no cpu image of these settings is built here yet: building it (as kit build does)" in up.stdout
+        assert "sources\n" in up.stdout and re.search(r"^✓ built kit-horovod:cpu-[0-9a-f]+$", up.stdout, re.M)
+        assert f"✓ cluster {name} is up on this machine in 1 containers" in up.stdout
+        assert client.images.list(filters={"label": f"io.kit.key={key}"}), "the image was not kept"
+        again = run_kit("up", "--nodes", "1", cwd=tmp_path, timeout=600)
+        assert again.returncode == 0 and "building" not in again.stdout, again.stdout[-2000:] + again.stderr
+    finally:
+        down = run_kit("down", cwd=tmp_path, timeout=600)
+        remove_local_clusters()
+        shutil.rmtree(state_root() / name, ignore_errors=True)
+        for old in client.images.list(filters={"label": f"io.kit.key={key}"}):
+            client.images.remove(old.id, force=True)
+    assert down.returncode == 0, down.stdout + down.stderr

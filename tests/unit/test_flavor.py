@@ -295,3 +295,12 @@ def test_the_doctor_decides_auto_as_up_does_and_fails_mixed_hosts_on_each():
     assert [(f.host, f.check, f.level) for f in found] == [("a", "flavor", "fail"), ("b", "flavor", "fail")]
     assert found[0].text == "build.flavor (default auto): a has NVIDIA GPUs and b has none; one image cannot serve both"
     assert dr._flavor("auto", "x", readings[:1]) == ("gpu", []) and dr._flavor("cpu", "x", readings) == ("cpu", [])
+
+
+def test_the_gpu_facts_script_as_it_ran_on_an_h200_host():
+    """tests/unit/data/h200_gpu_facts.txt: gpus.SCRIPT's output on an H200 host (driver 580.159.04), captured."""
+    text = (Path(__file__).parent / "data" / "h200_gpu_facts.txt").read_text()
+    from kit.steps.facts import sections
+    found = gpus.parse(sections(text))
+    assert (found.listed, found.drivers, found.pci, found.count) == (1, ("580.159.04",), 1, 1)
+    assert gpus.driver_problem(found.drivers, "gpu", cuda_line("gpu", None)) is None

@@ -136,7 +136,8 @@ def prepare(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (hosts with NVIDIA GPUs), firewall, NFS or
+    sshfs."""
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()

@@ -47,6 +47,8 @@ def build_flavor(cfg_file: ConfigFile, cfg: ClusterConfig, flag: str | None, hos
     here, else (and for a `local` cluster) from this machine; the decision is printed with why."""
     requested, where = requested_flavor(cfg_file, flag)
     if requested not in AUTO_FLAVORS:
+        if hosts is not None:
+            console.print(f"note: --hosts is read to decide flavor auto or tf; {escape(where)} is {requested}")
         return requested
     state = st.load(Identity(cfg.name, persist=False).folder) if hosts is None and not local else None
     if hosts is not None or (state and not all(h.local for h in state.hosts)):
