@@ -183,35 +183,39 @@ def test_a_cpu_image_has_no_cuda_label_and_keeps_its_key(flavor):
 
 # ---------------------------------------------------------------- kit prepare's NVIDIA role, run here (check mode)
 
-def run_role(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
-    """The NVIDIA role against this machine (no NVIDIA GPU, no nvidia-smi), in check mode: it reads, changes nothing."""
+def run_role(tmp_path: Path, pci: tuple[str, ...], **extra: str) -> subprocess.CompletedProcess:
+    """The NVIDIA role against this machine in check mode (it reads, changes nothing), on a made-up PCI bus of
+    NVIDIA functions of these classes, with an nvidia-smi that fails as one without a working driver does."""
+    for i, cls in enumerate(pci):
+        device = tmp_path / "pci" / f"0000:0{i + 1}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "class").write_text(cls + "\n")
+    (tmp_path / "pci").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text(f"#!/bin/sh\necho '{SMI_FAILED}'\nexit 9\n")
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
     play = tmp_path / "play.yml"
     play.write_text(f"- hosts: all\n  gather_facts: false\n  roles:\n    - {REPO / 'ansible/roles/nvidia'}\n")
-    args = [a for k, v in extra.items() for a in ("-e", f"{k}={v}")]
+    args = [a for k, v in {**extra, "kit_pci_devices": str(tmp_path / "pci")}.items() for a in ("-e", f"{k}={v}")]
     return subprocess.run([ansible_playbook(), "-i", "localhost,", "-c", "local", "--check", *args, str(play)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
                                "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_NOCOLOR": "1"})
 
 
 def test_prepare_leaves_a_host_without_gpus_alone_unless_a_gpu_flavor_is_set(tmp_path):
-    assert not any(p.joinpath("vendor").read_text().strip() == "0x10de"
-                   for p in Path("/sys/bus/pci/devices").iterdir()), "this test wants a machine without NVIDIA GPUs"
-    r = run_role(tmp_path, kit_gpu="false")
+    r = run_role(tmp_path / "auto", ("0x040300",), kit_gpu="false")  # (an NVIDIA audio function is no GPU)
     assert r.returncode == 0 and "failed=0" in r.stdout, r.stdout + r.stderr
     assert re.search(r"NVIDIA Container Toolkit\] \*+\nskipping: \[localhost\]", r.stdout), r.stdout
-    r = run_role(tmp_path, kit_gpu="true")
+    r = run_role(tmp_path / "gpu", (), kit_gpu="true")
     assert r.returncode != 0, r.stdout
     assert ("localhost has no NVIDIA GPU (none on its PCI bus, nvidia-smi lists none), but build.flavor is a GPU flavor"
             in r.stdout), r.stdout
 
 
 def test_prepare_names_a_host_whose_gpus_have_no_working_driver(tmp_path):
-    device = tmp_path / "pci" / "0000:01:00.0"
-    device.mkdir(parents=True)
-    (device / "vendor").write_text("0x10de\n")
-    (device / "class").write_text("0x030200\n")
-    r = run_role(tmp_path, kit_gpu="false", kit_pci_devices=str(tmp_path / "pci"))
+    r = run_role(tmp_path, ("0x030200",), kit_gpu="false")
     assert r.returncode != 0, r.stdout
     assert "nvidia-smi does not answer on localhost: install the NVIDIA driver (and reboot)" in r.stdout, r.stdout
 
@@ -230,6 +234,8 @@ def build_dry_run(folder: Path, *args: str, gpus_here: tuple[int, str] | None = 
     return run_kit("build", "--dry-run", *args, cwd=folder, env=env)
 
 
+@pytest.mark.skipif(any(p.joinpath("vendor").read_text().strip() == "0x10de" for p in Path(gpus.PCI_DEVICES).iterdir()),
+                    reason="this machine has an NVIDIA GPU")
 def test_kit_build_on_a_machine_without_gpus_decides_cpu_and_says_how_to_build_for_servers(in_tmp):
     r = build_dry_run(in_tmp)
     assert r.returncode == 0, r.stderr
