@@ -32,3 +32,20 @@ def closed_port() -> int:
     port = sock.getsockname()[1]
     sock.close()
     return port
+
+
+def nvidia_smi_stand_in(gpus: int, driver: str) -> str:
+    """A stand-in `nvidia-smi` (a script for PATH) reporting `gpus` H200s of NVIDIA driver `driver`, in the forms
+    a real one prints (captured on an H200 host): for tests on machines without a GPU. It runs nothing on a GPU."""
+    cuda = "13.0" if int(driver.split(".")[0]) >= 580 else "12.2"  # (the newest CUDA the driver runs, as it says)
+    return f"""#!/bin/sh
+# kit's tests: a stand-in nvidia-smi ({gpus} GPUs, driver {driver}); no GPU is behind it.
+case "$*" in
+  -L) i=0; while [ $i -lt {gpus} ]; do echo "GPU $i: NVIDIA H200 (UUID: GPU-8f25e925-f097-b52c-532c-8ee7f0ee3c8$i)"; \
+i=$((i + 1)); done ;;
+  *--query-gpu=driver_version*) i=0; while [ $i -lt {gpus} ]; do echo "{driver}"; i=$((i + 1)); done ;;
+  *--query-gpu=*) i=0; while [ $i -lt {gpus} ]; do echo "$i, NVIDIA H200, {driver}, 143771 MiB, 9.0"; \
+i=$((i + 1)); done ;;
+  *) echo "| NVIDIA-SMI {driver}             Driver Version: {driver}     CUDA Version: {cuda}     |" ;;
+esac
+"""

@@ -4,7 +4,7 @@ Progress and raises KitError; app.py prints."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -100,16 +100,26 @@ def where_to_bring_up(state: st.ClusterState | None, cluster: str, hosts_file: b
 
 
 @dataclass
+class ImageChoice:
+    """How `up` learns its flavor and image once it has read the hosts (build.flavor auto follows their GPUs): the
+    flavor and its CUDA line from the hosts' facts; then, once every host's driver runs that line, the image."""
+
+    flavor: Callable[[list[Node]], tuple[str, str | None]]
+    image: Callable[[str, str | None], img.LocalImage]   # found, or built (flavor, CUDA line)
+
+
+@dataclass
 class Up:
     cfg: ClusterConfig
-    flavor: str
-    image: img.LocalImage
+    choice: ImageChoice
     identity: Identity
     layers: Callable[[int], img.Layers]  # the image's config and gzip'd layers from the first one some host lacks
     connect: Connect
     places: dict[str, Place]     # host name -> where its container lives
     dry_run: bool = False
     progress: Progress = NoProgress()
+    flavor: str = ""                     # chosen after the hosts are read (choice)
+    image: img.LocalImage | None = None
     sent: "distribute.Sent | None" = None  # what the image step moved, for the summary
     left: list[Node] = field(default_factory=list)  # hosts no longer in hosts.txt, where kit removed the cluster
 
@@ -148,8 +158,13 @@ class Up:
         fan_out(what, nodes, one, _name)
 
     def _preflight(self, nodes: list[Node]) -> None:
+        self._step("connecting", nodes, lambda n: preflight.gather(n, self.cfg, ""), "connecting")
+        self.flavor, line = self.choice.flavor(nodes)
+        preflight.check_drivers(nodes, self.flavor, line)  # before an image is built for a line they cannot run
+        self.image = self.choice.image(self.flavor, line)
+        for n in nodes:  # (the image was chosen after the hosts were read: its ID there is read from their tags)
+            n.facts = replace(n.facts, image_id=n.facts.tags.get(self.image.tag))
         gpu = uses_gpus(self.flavor)
-        self._step("connecting", nodes, lambda n: preflight.gather(n, self.cfg, self.image.tag), "connecting")
         self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu,
                                                                  nodes[0].address, self.identity.owner), "checking")
 
@@ -189,7 +204,7 @@ class Up:
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
             workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
-            storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor))
+            storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor, cuda=self.image.cuda or ""))
 
     def _makes_workspace(self, n: Node) -> bool:
         """A host without the workspace folder makes it; the local cluster's one folder is the primary's to

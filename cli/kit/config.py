@@ -68,6 +68,10 @@ FLAVORS: dict[str, tuple[str, bool]] = {
     "cpu": ("horovod", False), "gpu": ("horovod", True), "tf-cpu": ("tensorflow", False), "tf-gpu": ("tensorflow", True),
 }
 
+# build.flavor's other values (auto is the default): decided from the hosts' NVIDIA GPUs (kit.gpus.decide), the
+# first when no host has one, the second when every host has.
+AUTO_FLAVORS: dict[str, tuple[str, str]] = {"auto": ("cpu", "gpu"), "tf": ("tf-cpu", "tf-gpu")}
+
 
 @dataclass(frozen=True)
 class CudaLine:
@@ -79,15 +83,30 @@ class CudaLine:
     # own index (or a mirror, or a wheelhouse) has it, and a missing one is named at once, not after the build.
     # None for the line of PyPI's torch itself, which pip may take from the index or from pip's own sources.
     torch_local: str | None = None
+    min_driver: str = ""        # the oldest NVIDIA driver (Linux) that runs it: NVIDIA's CUDA compatibility table
 
 
-# The CUDA lines kit builds for. 13.0: Turing to Blackwell (sm_75..sm_120), the CUDA of PyPI's torch 2.14;
-# 12.8: Volta to Blackwell, from PyTorch's cu128 index. Each runs on a driver of its CUDA major or newer.
+# The CUDA lines kit builds for, newest first. 13.0: Turing to Blackwell (sm_75..sm_120), the CUDA of PyPI's torch
+# 2.14; 12.8: Volta to Blackwell, from PyTorch's cu128 index. Each runs on a driver of its CUDA major or newer
+# (minor version compatibility): CUDA 13.x needs 580 or newer, 12.x 525 or newer (12.8's full-feature driver is
+# 570.26: below it a 12.x build runs, but PTX newer than the driver's is not compiled at load time).
 CUDA_LINES: dict[str, CudaLine] = {
-    "13.0": CudaLine("https://download.pytorch.org/whl/cu130", ("cuda-toolkit[nvcc,cccl]",)),
+    "13.0": CudaLine("https://download.pytorch.org/whl/cu130", ("cuda-toolkit[nvcc,cccl]",), min_driver="580"),
     "12.8": CudaLine("https://download.pytorch.org/whl/cu128",
-                     ("nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"), torch_local="cu128"),
+                     ("nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"), torch_local="cu128",
+                     min_driver="525"),
 }
+# tf-gpu's CUDA line is TensorFlow's own (2.21 is built with CUDA 12.5): no choice, a minimum driver all the same.
+TF_CUDA, TF_MIN_DRIVER = "12.5", "525"
+
+
+def cuda_line(flavor: str, cuda: str | None) -> str | None:
+    """The CUDA line an image of this flavor runs: the gpu flavor's chosen one, tf-gpu's TensorFlow's, else none."""
+    return (cuda or FLAVOR_DEFAULTS["gpu"]["cuda"]) if flavor == "gpu" else TF_CUDA if flavor == "tf-gpu" else None
+
+
+def min_driver(line: str) -> str:
+    return CUDA_LINES[line].min_driver if line in CUDA_LINES else TF_MIN_DRIVER
 
 
 def default_torch_index(flavor: str, cuda: str | None) -> str | None:
@@ -131,7 +150,8 @@ NO_CREDENTIALS = ("settings end up in the image's labels and history; keep it in
 
 # The fix shown for a bad value of each setting: the expected form, with an example.
 HINTS: dict[str, str] = {
-    "flavor": "use one of: cpu, gpu, tf-cpu, tf-gpu",
+    "flavor": "use one of: auto (the default: gpu when every host has NVIDIA GPUs, cpu when none has), cpu, gpu, "
+              "tf (tf-gpu or tf-cpu by the same rule), tf-cpu, tf-gpu",
     "image": "use a lower-case repository name without a tag, e.g. kit-horovod or registry:5000/team/kit",
     "base_image": "use an image reference, e.g. debian:bookworm-slim",
     "builder_image": "use an image reference, e.g. nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04",
@@ -654,6 +674,20 @@ def flag_name(field_name: str) -> str:
 def build_config(cfg: ConfigFile, flags: dict[str, Any]) -> BuildConfig:
     """Merge kit.yaml's build section with flags (flags win) and validate."""
     return section_config(cfg, "build", flags)
+
+
+def requested_flavor(cfg: ConfigFile, flag: str | None = None) -> tuple[str, str]:
+    """build.flavor as asked (--flavor, else kit.yaml, else auto) and where it was asked: a flavor, or one of
+    AUTO_FLAVORS that the caller decides from the hosts' GPUs before build_config."""
+    if flag is not None:
+        value, where = flag, "--flavor"
+    elif "flavor" in cfg.sections.get("build", {}):
+        value, where = cfg.sections["build"]["flavor"], f"{cfg.where('build', 'flavor')}: build.flavor"
+    else:
+        return "auto", "build.flavor (default auto)"
+    if value not in FLAVORS and value not in AUTO_FLAVORS:
+        raise BadInput(f"{where}: {value!r} is not allowed", hint=HINTS["flavor"])
+    return value, where
 
 
 def cluster_config(cfg: ConfigFile, flags: dict[str, Any]) -> ClusterConfig:

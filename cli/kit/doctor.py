@@ -16,11 +16,12 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from kit import gpus as nvidia
 from kit import state as st
 from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import on_cluster_subnet
-from kit.config import ClusterConfig
-from kit.errors import HostsFailed, KitError
+from kit.config import AUTO_FLAVORS, ClusterConfig, cuda_line, uses_gpus
+from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.place import Place
 from kit.runners import Runner
@@ -85,7 +86,7 @@ class Reading:
     nics: list[Nic] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)  # the host's listening TCP sockets (host network)
     container_pidns: str = ""           # the pid namespace of the container's main process
-    drivers: tuple[str, ...] = ()       # NVIDIA driver version of each GPU
+    drivers: tuple[str, ...] = ()       # NVIDIA driver version of each GPU (from the facts)
     shm_bytes: int | None = None        # the container's /dev/shm
     memlock: str = ""                   # the container's `ulimit -l`
     workspace_free: int | None = None   # free bytes in the workspace, as the container sees it
@@ -123,7 +124,6 @@ def doctor_script(place: Place, workspace: str) -> str:
                                     f"echo '{MARK}listen'; echo \"$sockets\"", f"echo '{MARK}owners'; {owners}"]),
         f"echo '{MARK}cpidns'; pid=$(docker inspect --format '{{{{.State.Pid}}}}' {q(place.container)} 2>/dev/null) "
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
-        f"echo '{MARK}drivers'; nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null",
         # What the container prints is the job's to forge: each of its lines goes with INNER in front
         f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | sed 's/^/{INNER}/'",
         f"echo '{MARK}end'",
@@ -185,7 +185,6 @@ def parse_doctor(reading: Reading, text: str) -> None:
     reading.nics = parse_nics(s.get("nics") or c.get("nics", ""))
     reading.listeners = parse_listeners(s.get("listen", ""), s.get("owners", ""))
     reading.container_pidns = s.get("cpidns", "")
-    reading.drivers = tuple(l.strip() for l in s.get("drivers", "").splitlines() if l.strip())
     if "shm" not in c:
         said = [l[len(INNER):] for l in lines if l.startswith(INNER) and l.strip(INNER + " ")]
         reading.container_error = said[-1] if said else "docker exec printed nothing"
@@ -209,7 +208,7 @@ def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
     reading = Reading(node.name, container=node.place.container)
     try:
         preflight.gather(node, cfg, image)
-        reading.address, reading.facts = node.address, node.facts
+        reading.address, reading.facts, reading.drivers = node.address, node.facts, node.facts.drivers
         reading.clock_offset, reading.clock_error = read_clock(node.runner)
         r = node.runner.run(doctor_script(node.place, cfg.workspace_path), timeout=DOCTOR_TIMEOUT_S)
         if f"{MARK}end" not in r.stdout:
@@ -256,13 +255,14 @@ def read_pairs(node: Node, targets: list[str]) -> dict[str, tuple[int, str]]:
 
 # ---------------------------------------------------------------- judging
 
-def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool) -> list[Finding]:
+def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool,
+                 flavor: str = "gpu", cuda: str | None = None) -> list[Finding]:
     f = r.facts
     out = [Finding(r.name, "ssh", OK, f"reached from this machine as root (as {r.address})"), _docker(r.name, f)]
     out.append(_disk(r.name, "docker disk", f"in Docker's data root {f.docker_root or '?'}", f.free_bytes,
                      "free space there (`docker system prune`, old images)"))
     if gpu:
-        out += _gpu(r, state is not None)
+        out += _gpu(r, state is not None) + _cuda(r, flavor, cuda)
     return out
 
 
@@ -298,6 +298,30 @@ def _gpu(r: Reading, up: bool) -> list[Finding]:
         out.append(Finding(r.name, "gpu", OK, f"{f.gpus} GPUs, driver {', '.join(sorted(set(r.drivers))) or '?'}"
                            + (", all seen in the container" if up else "")))
     return out
+
+
+def _cuda(r: Reading, flavor: str, cuda: str | None) -> list[Finding]:
+    """The host's NVIDIA driver against the image's CUDA line (as kit up's preflight judges it)."""
+    line = cuda_line(flavor, cuda)
+    if not r.drivers or not line:
+        return []
+    found = nvidia.driver_problem(r.drivers, flavor, line)
+    if found:
+        return [Finding(r.name, "cuda", FAIL, *found)]
+    return [Finding(r.name, "cuda", OK, f"NVIDIA driver {min(r.drivers, key=nvidia.version)} runs CUDA {line} (it "
+                    f"needs {nvidia.min_driver(line)} or newer)")]
+
+
+def _flavor(requested: str, where: str, readings: list[Reading]) -> tuple[str, list[Finding]]:
+    """build.flavor auto (or tf) decided from the hosts' GPUs as kit up decides it; hosts of both kinds fail."""
+    seen = [r for r in readings if r.facts]
+    try:
+        return nvidia.decide(requested, where, {r.name: r.facts.nvidia_gpus for r in seen})[0], []
+    except BadInput as e:
+        return AUTO_FLAVORS[requested][0], [
+            Finding(r.name, "flavor", FAIL, f"the flavor cannot follow the hosts' GPUs: {e.message}",
+                    "list only one kind of host in hosts.txt, or set build.flavor to cpu (tf-cpu) in kit.yaml to use "
+                    "CPUs everywhere") for r in seen]
 
 
 def _port(r: Reading, port: int, up: bool) -> Finding:
@@ -517,13 +541,18 @@ class Report:
         return [f for f in self.findings if f.host == host]
 
 
-def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.ClusterState | None, gpu: bool,
-            owner) -> Report:
-    """Read every host at once, then judge. `state`: the cluster as `up` recorded it (None: hosts before `up`)."""
+def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.ClusterState | None, flavor: str,
+            owner, *, cuda: str | None = None, where: str = "build.flavor") -> Report:
+    """Read every host at once, then judge. `state`: the cluster as `up` recorded it (None: hosts before `up`);
+    `flavor`: the image's, or auto / tf (decided from the hosts' GPUs, as `where` asks); `cuda`: the gpu flavor's
+    CUDA line."""
     readings = fan_out("reading the hosts", nodes, lambda n: read_host(n, cfg, image), lambda n: n.name)
     findings = [Finding(r.name, "ssh", FAIL, f"cannot reach or read the host: {r.error}",
                         "check that the host is up and that `ssh` to it works as in hosts.txt")
                 for r in readings if r.error]
+    flavor, mixed = _flavor(flavor, where, readings)
+    findings += mixed
+    gpu = uses_gpus(flavor)
     up = state is not None
     for r in readings:
         if r.error:
@@ -533,7 +562,7 @@ def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.Cluster
                                     "leaves another's cluster alone", "choose another cluster name (--name or "
                                     "cluster.name in kit.yaml), or ask its owner to run kit down"))
             r.container_pidns, r.shm_bytes, r.memlock, r.workspace_free = "", None, "", None
-        findings += _host_checks(r, cfg, state, gpu)
+        findings += _host_checks(r, cfg, state, gpu, flavor, cuda)
         if r.facts.docker_version:
             findings.append(_port(r, cfg.ssh_port, up))
         if up and (ports := _job_ports(r)):

@@ -22,7 +22,7 @@ import jinja2
 from packaging.requirements import Requirement
 
 from kit import __version__, wheels
-from kit.config import BuildConfig
+from kit.config import BuildConfig, cuda_line
 from kit.errors import BadInput
 from kit.pipconfig import has_credentials, redact_text
 
@@ -130,7 +130,7 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
     # An index URL with a credential is used on this machine only; the image gets pip's settings only without one.
     image_indexes = () if any(has_credentials(u) for u in config.pip_index_urls) else config.pip_index_urls
     return _template_env().get_template(TEMPLATES[config.framework]).render(
-        c=config, base=base or config.base_image, builder=builder or config.builder_image, kit_version=__version__,
+        c=config, cuda_line=cuda_line(config.flavor, config.cuda), base=base or config.base_image, builder=builder or config.builder_image, kit_version=__version__,
         single_stage=single_stage, extra_ca=extra_ca, image_indexes=image_indexes,
         user_requirements=[image_requirement(spec) for spec in config.pip_packages], tool_requirements=wheels.TOOLS, **framework)
 

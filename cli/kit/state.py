@@ -49,6 +49,7 @@ class ClusterState:
     storage: str = "copy"       # cluster.storage: copy, sshfs or nfs
     nfs_server: str = ""
     flavor: str = "cpu"         # the image's flavor: which launchers it can run
+    cuda: str = ""              # the image's CUDA line (GPU flavors): which NVIDIA drivers run it
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)

@@ -37,7 +37,8 @@ RUN = Path(f"/run/{PREFIX}")
 DATA = Path(f"/var/lib/{PREFIX}")
 HOST_LOCAL = ("/var/lib/kit",)  # paths kit expects to be host-local
 FORWARD_RULE = ["-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
-CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, as this machine mounts it
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what sshd gives root's sessions  # cgroup v1's cpu controller, as this machine mounts it
 
 
 def cpu_group(pid: str = "self") -> Path | None:
@@ -223,25 +224,53 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         finally:
             self._restart_sshd(h)
 
+    @contextlib.contextmanager
+    def nvidia(self, hosts: list[LabHost], driver: str, gpus: int = 4, runtime: bool = False):
+        """These hosts report `gpus` NVIDIA GPUs of driver `driver`: a stand-in `nvidia-smi` (tests/helpers.py) first on
+        the PATH their sshd gives its sessions, and with `runtime`, a Docker runtime named nvidia (runc under that
+        name: no GPU container can run here). Afterwards nothing of it is left: the script, the PATH, the runtime."""
+        from helpers import nvidia_smi_stand_in
+
+        given = []  # hosts whose dockerd got the runtime
+        try:
+            for h in hosts:
+                folder = h.run / "nvidia"
+                folder.mkdir(exist_ok=True)
+                (folder / "nvidia-smi").write_text(nvidia_smi_stand_in(gpus, driver))
+                (folder / "nvidia-smi").chmod(0o755)
+                self._restart_sshd(h, f"PATH={folder}:{ROOT_PATH}")
+                if runtime:
+                    given.append(h)
+                    self.stop_dockerd(h)
+                    self.start_dockerd(h, "--add-runtime", "nvidia=runc")
+            yield
+        finally:
+            for h in hosts:
+                if h in given:
+                    self.stop_dockerd(h)
+                    self.start_dockerd(h)
+                self._restart_sshd(h)
+                shutil.rmtree(h.run / "nvidia", ignore_errors=True)
+
     def _restart_sshd(self, h: LabHost, env: str = "") -> None:
         _stop(h.run / "sshd.process")
         self._sshd_config(h, env)
         self._daemon(h, "sshd", ["/usr/sbin/sshd", "-f", str(h.run / "sshd_config"), "-D", "-e"])
         wait_for(f"{h.name} sshd", lambda: h.listening(22))
 
-    def _dockerd(self, h: LabHost) -> None:
+    def _dockerd(self, h: LabHost, *extra: str) -> None:
         self._daemon(h, "dockerd", ["dockerd", "--data-root", str(h.data / "docker"), "--exec-root",
                                     str(h.data / "exec"), "--pidfile", str(h.run / "docker.pid"), "-H",
                                     f"unix://{h.docker_sock}", "--iptables=false", "--ip-masq=false",
-                                    "--bridge=none"])
+                                    "--bridge=none", *extra])
 
     def stop_dockerd(self, h: LabHost) -> None:
         """The host's Docker engine stops (its containers with it), as `systemctl stop docker` does."""
         _stop(h.run / "dockerd.process")
         wait_for(f"{h.name} dockerd to stop", lambda: h.docker("version", check=False).returncode != 0)
 
-    def start_dockerd(self, h: LabHost) -> None:
-        self._dockerd(h)
+    def start_dockerd(self, h: LabHost, *extra: str) -> None:
+        self._dockerd(h, *extra)
         wait_for(f"{h.name} dockerd", lambda: h.docker("version", check=False).returncode == 0)
 
     def _daemon(self, h: LabHost, name: str, argv: list[str]) -> None:

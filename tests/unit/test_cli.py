@@ -35,7 +35,9 @@ def test_tf_gpu_dry_run_renders_the_tensorflow_recipe_and_its_check(in_tmp):
 def test_bad_input_is_one_error_line_and_one_fix_line(in_tmp):
     r = kit("build", "--flavor", "tpu", cwd=in_tmp)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == ["error: --flavor: 'tpu' is not allowed", "fix: use one of: cpu, gpu, tf-cpu, tf-gpu"]
+    assert r.stderr.splitlines() == ["error: --flavor: 'tpu' is not allowed",
+                                     "fix: use one of: auto (the default: gpu when every host has NVIDIA GPUs, cpu "
+                                     "when none has), cpu, gpu, tf (tf-gpu or tf-cpu by the same rule), tf-cpu, tf-gpu"]
     assert r.stdout == ""
 
 

@@ -54,7 +54,7 @@ def test_missing_default_kit_yaml_is_no_config(in_tmp):
 
 # (kit.yaml text or None, flags, expected start of the message, a word the fix must contain)
 BAD = [
-    (None, {"flavor": "tpu"}, "--flavor: 'tpu' is not allowed", "cpu, gpu, tf-cpu, tf-gpu"),
+    (None, {"flavor": "tpu"}, "--flavor: 'tpu' is not allowed", "auto (the default"),
     ("build:\n  flavor: tf-cpu\n  torch: 2.13.0\n", {}, "kit.yaml:3: build.torch: does not apply to flavor tf-cpu "
      "(its image has TensorFlow, no torch or Horovod)", "remove torch"),
     (None, {"flavor": "tf-gpu", "with_mpi": True}, "--with-mpi: does not apply to flavor tf-gpu", "remove with_mpi"),

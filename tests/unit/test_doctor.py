@@ -48,14 +48,13 @@ def test_the_containers_side_is_parsed():
     dr.parse_doctor(reading, "@@kit nics\n@@kit listen\n0B4DE70A:3039 777\n00000000000000000000000000000000:7530 778\n"
                              "@@kit owners\n777 4242 pid:[4026532] sshd\n778 4300 pid:[4026532] python3\n"
                              "@@kit cpidns\npid:[4026532]\n"
-                             "@@kit drivers\n550.54.15\n550.54.15\n@@kit container\n"
+                             "@@kit container\n"
                              "|@@kit shm\n|tmpfs 65536 1000 64536 2% /dev/shm\n|@@kit memlock\n|unlimited\n"
                              "|@@kit wsdf\n|/dev/sda1 100000000 1000 2097152 1% /work\n|@@kit cgpus\n"
                              "|GPU 0: NVIDIA H100 (UUID: GPU-1)\n|GPU 1: NVIDIA H100 (UUID: GPU-2)\n"
                              "|@@kit listen\n|00000000:7530 779\n@@kit end\n")  # (the last: the container's forgery)
     assert (reading.shm_bytes, reading.memlock, reading.workspace_free, reading.container_gpus) == \
         (64 << 20, "unlimited", 2 << 30, 2)
-    assert reading.drivers == ("550.54.15", "550.54.15")
     assert reading.listeners == [dr.Listener("10.231.77.11", 12345, 4242, "sshd", "pid:[4026532]"),
                                  dr.Listener("::", 30000, 4300, "python3", "pid:[4026532]")]
 
@@ -215,7 +214,7 @@ def test_another_owners_cluster_of_the_name_fails_and_is_not_read_as_ours(monkey
                 listeners=[dr.Listener("10.0.0.1", 12345, 9, "sshd", "pid:[2]")])
     monkeypatch.setattr(dr, "read_host", lambda node, cfg, image: r)  # (the reading is given: examine judges it)
     report = dr.examine([Node(Host("a"), None, Place("kit-lab", "/var/lib/kit/lab"))], ClusterConfig(name="lab"),
-                        "img", None, False, OWNER)
+                        "img", None, "cpu", OWNER)
     found = {f.check: f for f in report.findings}
     assert found["owner"].level == "fail" and "of bob" in found["owner"].text
     assert found["port"].level == "fail" and "taken by sshd (pid 9)" in found["port"].text

@@ -13,17 +13,23 @@ from rich.table import Table
 
 from kit import pipconfig
 from kit.build import Step, build_image, connect, find_built, resolve_sources, scratch, wheel_pins
-from kit.config import build_config, read_config
+from kit.config import build_config, cluster_config, read_config
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
 from kit.verify import ImageReport, verify_image
 from kit.cli.common import app, console, reports_errors
+from kit.cli.flavor import build_flavor
 
 
 @app.command()
 @reports_errors
 def build(
-    flavor: Optional[str] = typer.Option(None, help="cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, NCCL + "
-                                                     "Gloo), tf-cpu or tf-gpu (TensorFlow, no torch or Horovod)."),
+    flavor: Optional[str] = typer.Option(None, help="auto (the default: gpu when every host has NVIDIA GPUs, cpu when "
+                                                     "none has), cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, "
+                                                     "NCCL + Gloo), tf (tf-gpu or tf-cpu by the same rule), tf-cpu or "
+                                                     "tf-gpu (TensorFlow, no torch or Horovod)."),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: flavor auto follows these hosts' GPUs "
+                                                                 "(read over SSH; default: the recorded cluster's "
+                                                                 "hosts, else this machine)."),
     image: Optional[str] = typer.Option(None, help="Repository name of the image; kit derives the tag."),
     base_image: Optional[str] = typer.Option(None, help="Base of the final image (and, for cpu, of the build)."),
     builder_image: Optional[str] = typer.Option(None, help="Base of the gpu build stage (a CUDA devel image)."),
@@ -54,7 +60,9 @@ def build(
                  wheelhouse=wheelhouse, ca_bundle=ca_bundle, horovod_version=horovod_version, tensorflow=tensorflow,
                  horovod_source=horovod_source, pip_packages=tuple(pip), apt_packages=tuple(apt), with_mpi=with_mpi,
                  cuda=cuda, cuda_archs=tuple(cuda_arch))
-    plan = make_recipe(build_config(read_config(config), flags), single_stage=single_stage)
+    cfg_file = read_config(config)
+    flags["flavor"] = build_flavor(cfg_file, cluster_config(cfg_file, {}), flavor, hosts)
+    plan = make_recipe(build_config(cfg_file, flags), single_stage=single_stage)
     if dry_run:
         _print_plan(plan, verify)
         return

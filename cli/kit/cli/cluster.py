@@ -16,10 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from kit import state as st
-from kit.build import connect, find_built
-from kit.cluster import (HostStatus, Up, down as down_cluster, recorded_nodes, status as cluster_status,
+from kit.build import connect
+from kit.cluster import (HostStatus, ImageChoice, Up, down as down_cluster, recorded_nodes, status as cluster_status,
                          what_may_remain, where_to_bring_up)
-from kit.config import ClusterConfig, ConfigFile, build_config
+from kit.config import ClusterConfig, ConfigFile, requested_flavor
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
 from kit.identity import Identity, state_root
@@ -28,24 +28,13 @@ from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
 from kit import prepare as prepare_hosts
 from kit.runners.ssh import ssh_hostname
-from kit.recipe import make_recipe
-from kit.steps.image import layers, local_image
+from kit.steps.image import layers
 from kit.steps.node import Node
+from kit.cli.flavor import UpImage
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
                              need_state, progress_bar, recorded, recorded_clusters,
                              reports_errors)
 
-
-def _image_tag(client, cfg_file: ConfigFile, cfg: ClusterConfig) -> tuple[str, str]:
-    """The image the cluster runs (cluster.image_tag, or the one `kit build` made from kit.yaml's settings), and
-    kit.yaml's build flavor: what an image without kit's flavor label is taken to be."""
-    build = build_config(cfg_file, {})
-    tag = cfg.image_tag or find_built(client, make_recipe(build))
-    if tag is None:
-        raise BadInput(f"no image built from the build settings of {cfg_file.path or 'the defaults (no kit.yaml)'} "
-                       "is on this machine", hint="run `kit build` first with the same kit.yaml, or set "
-                                                 "cluster.image_tag")
-    return tag, build.flavor
 
 def _print_changes(nodes: list[Node], dry_run: bool) -> None:
     for n in nodes:
@@ -115,13 +104,13 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
             cfg = cfg.model_copy(update={"storage": "copy", "nfs_server": None})
     else:
         places = {h.name: cfg.host_place() for h in inventory}
-    tag, flavor = _image_tag(client, cfg_file, cfg)
-    image = local_image(client, tag)
-    flavor = image.flavor or flavor
+    choice = UpImage(client, cfg_file, cfg, dry_run)  # the flavor follows the hosts' GPUs (build.flavor auto)
     identity = Identity(cfg.name, persist=not dry_run)
     with progress_bar() as bar:
         cache = state_root() / ".images"
-        workflow = Up(cfg, flavor, image, identity, layers=lambda start: layers(client, image, cache, start),
+        choice.bar = bar
+        workflow = Up(cfg, ImageChoice(choice.flavor, choice.image), identity,
+                      layers=lambda start: layers(client, workflow.image, cache, start),
                       connect=connector(cfg.connect_timeout), places=places, dry_run=dry_run,
                       progress=LiveProgress(bar))
         nodes = workflow.run(inventory)
@@ -160,13 +149,14 @@ def prepare(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (gpu), firewall, NFS or sshfs."""
+    """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (hosts with NVIDIA GPUs), firewall, NFS or
+    sshfs."""
     check = check or dry_run
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
-    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=build_config(cfg_file, {}).gpu)
+    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=requested_flavor(cfg_file)[0] in ("gpu", "tf-gpu"))
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")

@@ -26,6 +26,7 @@ from kit.local import LOCAL_NODES
 from kit.cli.build import ensure_image
 from kit.cli.cluster import bring_up
 from kit.cluster import where_to_bring_up
+from kit.cli.flavor import build_flavor
 from kit.cli.common import CONFIG, LiveProgress, app, cluster_settings, connector, console, progress_bar, reports_errors
 from kit.cli.jobs import job_printer, run_job
 
@@ -44,7 +45,7 @@ def demo(
     """Try kit on this machine: the image (built once), a local cluster of N containers, the CIFAR-10
     example trained across them, a summary, and the cluster taken down again."""
     cfg_file, cfg = cluster_settings(config, dict(name=name))
-    build = build_config(cfg_file, {})
+    build = build_config(cfg_file, {"flavor": build_flavor(cfg_file, cfg, None, None, local=True)})
     if build.framework != "horovod":
         raise BadInput(f"{cfg_file.where('build', 'flavor')}: kit demo trains its Horovod example, and flavor "
                        f"{build.flavor} has no Horovod", hint="run kit demo without that kit.yaml (or with flavor cpu); "

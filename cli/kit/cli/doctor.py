@@ -11,7 +11,7 @@ from rich.markup import escape
 from kit import doctor as dr
 from kit import state as st
 from kit.cluster import state_cfg
-from kit.config import build_config, uses_gpus
+from kit.config import AUTO_FLAVORS, build_config, cuda_line, requested_flavor, uses_gpus
 from kit.identity import Identity
 from kit.inventory import read_hosts
 from kit.steps.node import Node
@@ -40,14 +40,16 @@ def doctor(
     if hosts is not None:
         inventory = read_hosts(hosts)
         nodes = [Node(h, connect(h), cfg.host_place()) for h in inventory]
-        image, gpu = cfg.image_tag or "", uses_gpus(build_config(cfg_file, {}).flavor)
+        image = cfg.image_tag or ""
+        flavor, where = requested_flavor(cfg_file)
+        cuda = _settings_cuda(cfg_file, flavor)
     elif state is None:
         raise not_recorded(cfg.name, identity, hint="check hosts before bringing them up: kit doctor --hosts hosts.txt")
     else:
         nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in state.hosts]
-        cfg, image, gpu = state_cfg(state), state.image, uses_gpus(state.flavor)
+        cfg, image, flavor, cuda, where = state_cfg(state), state.image, state.flavor, state.cuda or None, ""
     try:
-        report = dr.examine(nodes, cfg, image, state, gpu, identity.owner)
+        report = dr.examine(nodes, cfg, image, state, flavor, identity.owner, cuda=cuda, where=where)
     finally:
         for n in nodes:
             n.runner.close()
@@ -58,6 +60,12 @@ def doctor(
         _print(report, cfg.name, state is not None)
     if report.failed:
         raise typer.Exit(1)
+
+
+def _settings_cuda(cfg_file, flavor: str) -> str | None:
+    """The CUDA line kit.yaml's settings build for the GPU flavor that `flavor` is or may become (auto, tf)."""
+    gpu = AUTO_FLAVORS[flavor][1] if flavor in AUTO_FLAVORS else flavor
+    return cuda_line(gpu, build_config(cfg_file, {"flavor": gpu}).cuda) if uses_gpus(gpu) else None
 
 
 def _print(report: dr.Report, cluster: str, up: bool) -> None:

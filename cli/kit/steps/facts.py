@@ -11,6 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from kit import gpus as nvidia
 from kit.identity import Owner
 from kit.place import Place
 from kit.steps import storage
@@ -50,7 +51,10 @@ class HostFacts:
     kit_files: dict[str, str] = field(default_factory=dict)  # file in kit's ssh folder -> sha256
     kit_dir_exists: bool = False
     workspace_exists: bool = False
-    gpus: int = 0
+    gpus: int = 0                       # what nvidia-smi lists
+    drivers: tuple[str, ...] = ()       # the NVIDIA driver of each GPU
+    pci_gpus: int = 0                   # NVIDIA GPUs on the PCI bus, whether or not a driver answers
+    tags: dict[str, str] = field(default_factory=dict)  # every image's repository:tag -> its ID
     runtimes: frozenset[str] = frozenset()
     hostname: str = ""
     network: NetworkFacts | None = None   # the private network of the container's place, when it exists
@@ -74,6 +78,11 @@ class HostFacts:
         if self.kit_dir_owner is not None and self.kit_dir_owner.id != owner.id:
             return self.kit_dir_owner
         return None
+
+    @property
+    def nvidia_gpus(self) -> int:
+        """The host's NVIDIA GPUs: what nvidia-smi lists, or, before a driver answers, what the PCI bus has."""
+        return max(self.gpus, self.pci_gpus)
 
     @property
     def memlock(self) -> str:
@@ -111,7 +120,9 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
         f"echo '{MARK}owner'; cat {q(place.owner_file)} 2>/dev/null",
         f"echo '{MARK}kitfiles'; cd {q(kit_dir + '/ssh')} 2>/dev/null && sha256sum -- * 2>/dev/null",
         f"echo '{MARK}workspace'; test -d {q(workspace)} && echo yes",
-        f"echo '{MARK}gpus'; nvidia-smi -L 2>/dev/null",
+        *nvidia.SCRIPT,
+        f"echo '{MARK}tags'; docker image ls --no-trunc --format '{{{{.Repository}}}}:{{{{.Tag}}}} {{{{.ID}}}}' "
+        "2>/dev/null",
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
@@ -194,6 +205,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
     answers = bool(re.fullmatch(r"\d+\.\d+\S*", docker))
     df = s.get("df", "").split()
     runtimes = s.get("runtimes", "")
+    gpus = nvidia.parse(s)
     return HostFacts(
         uid=uid,
         docker_version=docker if answers else None,
@@ -207,7 +219,10 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         kit_files={name: digest for digest, name in (l.split(None, 1) for l in s.get("kitfiles", "").splitlines() if l)},
         kit_dir_exists=s.get("kitdir") == "yes",
         workspace_exists=s.get("workspace") == "yes",
-        gpus=len([l for l in s.get("gpus", "").splitlines() if l.startswith("GPU ")]),
+        gpus=gpus.listed,
+        drivers=gpus.drivers,
+        pci_gpus=gpus.pci,
+        tags=dict(l.split(" ", 1) for l in s.get("tags", "").splitlines() if " " in l and "<none>" not in l),
         runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
         hostname=s.get("hostname", ""),
         network=_network(s.get("network", "")),

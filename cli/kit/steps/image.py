@@ -37,6 +37,7 @@ class LocalImage:
     size: int
     flavor: str | None = None  # what `kit build` labelled it with; None for an image kit did not build
     diff_ids: tuple[str, ...] = ()  # its layers, bottom first
+    cuda: str | None = None   # its CUDA line (the io.kit.cuda label): which NVIDIA drivers run it
 
 
 def local_image(client: docker.DockerClient, tag: str) -> LocalImage:
@@ -45,9 +46,10 @@ def local_image(client: docker.DockerClient, tag: str) -> LocalImage:
     except docker.errors.ImageNotFound:
         raise BadInput(f"image {tag} is not on this machine",
                        hint="run `kit build` first with the same kit.yaml, or set cluster.image_tag") from None
-    flavor = (image.attrs["Config"].get("Labels") or {}).get("io.kit.flavor")
+    labels = image.attrs["Config"].get("Labels") or {}
+    flavor = labels.get("io.kit.flavor")
     return LocalImage(tag, image.id, image.attrs["Size"], flavor if flavor in FLAVORS else None,
-                      tuple(image.attrs["RootFS"]["Layers"]))
+                      tuple(image.attrs["RootFS"]["Layers"]), labels.get("io.kit.cuda") or None)
 
 
 @dataclass(frozen=True)

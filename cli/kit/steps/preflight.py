@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from kit import gpus
 from kit.config import ClusterConfig
-from kit.errors import KitError
+from kit.errors import HostsFailed, KitError
 from kit.identity import Owner
 from kit.steps import storage
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, FACTS_TIMEOUT_S, complete, facts_command, parse_facts
@@ -59,7 +60,8 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
         found.append(f"only {f.free_bytes / GIB:.1f} GiB free in {f.docker_root}; the image needs "
                      f"{image_bytes * 1.2 / GIB + 1:.1f} GiB")
     if gpu and f.gpus == 0:
-        found.append("no GPU: nvidia-smi lists none")
+        found.append(f"{f.pci_gpus} NVIDIA GPUs on the PCI bus, but nvidia-smi does not answer: no working driver"
+                     if f.pci_gpus else "no GPU: nvidia-smi lists none")
     elif gpu and isinstance(cfg.gpus, int) and cfg.gpus > f.gpus:
         found.append(f"cluster.gpus asks for {cfg.gpus} GPUs but nvidia-smi lists {f.gpus}")
     if gpu and "nvidia" not in f.runtimes:
@@ -117,6 +119,17 @@ def hint_for(found: list[str]) -> str:
     if any("NVIDIA" in p or "GPU" in p for p in found):
         return "install the NVIDIA driver and container toolkit (`kit prepare`), or use the cpu flavor"
     return "free disk space in Docker's data root (docker system prune) and run kit up again"
+
+
+def check_drivers(nodes: list[Node], flavor: str, line: str | None) -> None:
+    """Every GPU host's NVIDIA driver runs the image's CUDA line (checked before an image is built for it)."""
+    failures = {}
+    for n in nodes:
+        found = gpus.driver_problem(n.facts.drivers, flavor, line)
+        if found:
+            failures[n.name] = KitError(found[0], host=n.name, hint=found[1])
+    if failures:
+        raise HostsFailed("preflight", failures)
 
 
 def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: bool, primary_address: str,
