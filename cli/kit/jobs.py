@@ -15,6 +15,7 @@ import json
 import re
 import secrets
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +28,7 @@ from kit.commands.launchers import tf_config
 from kit.errors import BadInput, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
+from kit.steps.image import chunks
 from kit.steps.node import Node
 from kit.supervisor import (ENV_DIR, FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
                             TORCHRUN_PREFIX, NodeCommand, Plan, Slot, placement, reap_script, torch_ranks,
@@ -94,21 +96,23 @@ class Job:
                     primary="" if self.state.primary.address in addresses else self.state.primary.name,
                     spread=not self.state.workspace_shared and len(addresses | {self.state.primary.address}) > 1)
 
-    def start(self, setup: tuple[str, ...] = (), follow: str | None = None) -> tuple[str, bytes]:
-        """(command, its stdin): one call in the primary's container that writes the job's folder (its plan, what
-        kit showed of its variables, its log begun with kit's own lines `kit: ...`), starts its supervisor apart
-        from kit's session (supervisor.start: a closed laptop or a dropped VPN does not end the job) and, given a
-        follow script, goes on as the follower of its output. Every value goes on stdin, none on a command line."""
+    def start_command(self) -> str:
+        """supervisor.start in the primary's container: kit's one conversation that starts the job (see there)."""
+        return command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-c", SUPERVISOR,
+                        "--start"])
+
+    def request(self, follow: str | None, workspace: str | None) -> bytes:
+        """supervisor.start's first line: the job's folder and files, the variables (theirs go on stdin, never on a
+        command line), its supervisor's source, and what to do once it runs (follow: a follow script)."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout)}
         if self.env:
             env["KIT_ENV"] = "1"  # each rank must find the job's variables
-        files = {"plan.json": self.plan().dump(), "output.log": "".join(f"kit: {line}\n" for line in setup),
-                 **({"environment": jobenv.shown(self.env) + "\n"} if self.env else {})}
-        request = {"folder": self.folder, "files": files, "env": env, "source": SUPERVISOR, "follow": follow}
-        return (command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-c", SUPERVISOR,
-                         "--start"]), json.dumps(request).encode())
+        files = {"plan.json": self.plan().dump(), **({"environment": jobenv.shown(self.env)} if self.env else {})}
+        return json.dumps({"folder": self.folder, "files": files, "env": env, "source": SUPERVISOR, "follow": follow,
+                           "workspace": workspace,
+                           "env_file": jobenv.env_file(self.env).decode() if self.env else None}).encode() + b"\n"
 
     def env_path(self) -> str:
         return f"{ENV_DIR}/{self.id}"
@@ -230,16 +234,90 @@ class Synced:
         return f"; left out {' and '.join(said)} (.kitignore and kit's defaults)" if said else ""
 
 
-def sync_workspace(nodes: list[Node], folder: Path, state: st.ClusterState) -> Synced:
-    """Copy what changed to every host's workspace (to the primary's alone where all share it)."""
+class Starting:
+    """kit's side of supervisor.start: the conversation with the primary's container that copies the job there,
+    starts it and (follow) goes on with its output."""
+
+    def __init__(self, job: Job, primary: Node, follow: bool, copy_here: bool) -> None:
+        self.job, self.primary = job, primary
+        self.talk = primary.runner.converse(job.start_command(), silence=workspace.COPY_TIMEOUT_S)
+        self.said = self.talk.lines()
+        self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None,
+                                   job.state.workspace if copy_here else None))
+
+    def answer(self, until: str) -> list[str]:
+        """Its lines up to the one that starts with `until`, that one last; a starter that ended first is an error."""
+        lines = []
+        for line in self.said:
+            lines.append(line)
+            if line.startswith(until):
+                return lines
+        r = self.talk.result()
+        raise KitError(f"cannot start job {self.job.id} (exit {r.exit_code})", host=self.primary.name,
+                       command="kit's job starter in the primary's container", output_tail=r.tail(),
+                       hint="`kit status` shows the containers; run the job again")
+
+    def sync(self, folder: Path, local: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """workspace.sync for the primary, in this conversation: its manifest as the starter read it, and what it
+        lacks sent on."""
+        remote = workspace.parse_manifest("\n".join(self.answer(supervisor.MANIFEST_END)[:-1]))
+        names = workspace.changed(local, remote)
+        if names:
+            with tempfile.TemporaryDirectory(prefix="kit-job-") as tmp:
+                path = workspace.tarball(folder, names, Path(tmp) / "job.tar.gz")
+                self.talk.send(json.dumps({"tar": path.stat().st_size}).encode() + b"\n")
+                for block in chunks(path):
+                    self.talk.send(block)
+            said = self.answer(supervisor.COPIED)[-1]
+            if said != supervisor.COPIED:
+                raise KitError(f"cannot copy the job's files to {self.job.state.workspace}: "
+                               f"{said.removeprefix(supervisor.COPIED + ' failed: ')}", host=self.primary.name,
+                               hint="check free disk space on the host")
+        return len(names), {**remote, **local}
+
+    def go(self, setup: tuple[str, ...]) -> None:
+        """Start the job, its log begun with kit's lines; from here it may say nothing for as long as it runs."""
+        self.talk.send(json.dumps({"go": list(setup)}).encode() + b"\n")
+        self.talk.end_input()
+        self.talk.quiet(None)
+
+
+def copy_and_start(job: Job, nodes: list[Node], folder: Path, setup: Callable[["Synced"], tuple[str, ...]],
+                   follow: bool) -> tuple["Synced", Starting]:
+    """Copy what changed of the job's folder to every host's workspace (to the primary's alone where all share it),
+    give every host's container the job's variables, and start the job with setup(what was copied) as its log's
+    first lines: the primary in one conversation (Starting), begun at once, the others beside it. Nothing starts
+    unless every host has its part; what the others got of the variables is removed again. nodes[0] is the
+    primary."""
     ignore = workspace.Ignore.of(folder)
     found = workspace.scan(folder, ignore)
-    local = found.files
-    nodes = [n for n in nodes if n.host.primary] if state.workspace_shared else nodes
-    done = fan_out("copying the job's files", nodes, lambda n: workspace.sync(n, folder, state.workspace, local),
-                   lambda n: n.name)
-    return Synced({n.name: sent for n, (sent, _) in zip(nodes, done)}, {n.name: m for n, (_, m) in zip(nodes, done)},
-                  ignore, (found.left_out_files, found.left_out_folders))
+    shared = job.state.workspace_shared
+    starting = Starting(job, nodes[0], follow, copy_here=True)
+
+    def one(n: Node) -> tuple[int, dict[str, str]]:
+        if n is nodes[0]:
+            return starting.sync(folder, found.files)
+        done = (0, {}) if shared else workspace.sync(n, folder, job.state.workspace, found.files)
+        if job.env:
+            write, values = job.write_env(n.place.container)
+            n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
+        return done
+    try:
+        done = fan_out("copying the job's files", nodes, one, lambda n: n.name)
+        copied = [(n, d) for n, d in zip(nodes, done) if n is nodes[0] or not shared]
+        synced = Synced({n.name: sent for n, (sent, _) in copied}, {n.name: m for n, (_, m) in copied}, ignore,
+                        (found.left_out_files, found.left_out_folders))
+        starting.go(setup(synced))
+    except BaseException:
+        starting.talk.close()  # its input ends before the go: the starter removes the job's folder and variables
+        if job.env:
+            for n in nodes[1:]:
+                try:
+                    n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
+                except Exception:  # noqa: BLE001 - a host that failed above; its failure is the one to say
+                    pass
+        raise
+    return synced, starting
 
 
 def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, dict[str, str]],
@@ -282,50 +360,21 @@ def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
     return {n.name: c for n, c in zip(nodes, counts) if c}
 
 
-def give_env(job: Job, nodes: list[Node]) -> None:
-    """Every host's container gets the job's variables, for its ranks alone to read; if one cannot, the job does not
-    start and what reached the others is removed again (as far as it can be)."""
-    def give(n: Node) -> None:
-        write, values = job.write_env(n.place.container)
-        n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
-    try:
-        fan_out("giving the job its variables", nodes, give, lambda n: n.name)
-    except KitError:
-        for n in nodes:
-            try:
-                n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
-            except Exception:  # noqa: BLE001 - the host that failed above; its failure is the one to say
-                pass
-        raise
-
-
-def start(job: Job, nodes: list[Node], setup: tuple[str, ...] = ()) -> None:
-    """Give every host's container the job's variables and start the job under its supervisor; the setup's lines
-    (what kit said of it before) open its log. nodes[0] is the primary."""
-    if job.env:
-        give_env(job, nodes)
-    primary = nodes[0]
-    launch, request = job.start(setup)
-    primary.runner.run(launch, stdin=request, timeout=60).check(f"cannot start job {job.id} on {primary.name}")
-
-
-def run(job: Job, nodes: list[Node], on_line: Callable[[int | None, str | None, str], None],
-        setup: tuple[str, ...] = ()) -> Outcome:
-    """Start the job and follow it to its end, in one call (follow_to_end). nodes[0] is the primary."""
-    if job.env:
-        give_env(job, nodes)
-    return follow_to_end(nodes, job.id, job.ranks_hosts(), on_line,
-                         job.start(setup, follow_script(job.folder, job.id, ending=True)))
+def start(starting: Starting) -> None:
+    """A detached job: started once its supervisor runs (copy_and_start began it)."""
+    starting.answer(supervisor.STARTED)
+    r = starting.talk.result()
+    r.check(f"cannot start job {starting.job.id} on {starting.primary.name}")
 
 
 def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
                   on_line: Callable[[int | None, str | None, str], None],
-                  launch: tuple[str, bytes] | None = None) -> Outcome:
+                  starting: Starting | None = None) -> Outcome:
     """Follow a job's output to its end, handing each line to on_line(rank, host of the rank, text); its supervisor
     stops what is left of it on every host (but the hosts a restart left out), and kit does where it left no end.
     Ctrl-C stops it everywhere. ranks: the host of each rank, as far as known (a launch's own line says it again).
-    launch: the job's start (Job.start with a follow script), else the job is followed as it is. nodes[0] is the
-    primary."""
+    starting: the conversation that started it with a follow script (copy_and_start), else it is followed as it is.
+    nodes[0] is the primary."""
     primary = nodes[0]
     failures, ended = Failures(), End()
 
@@ -342,11 +391,17 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
             on_line(rank, ranks[rank] if rank is not None and rank < len(ranks) else None, text)
 
     folder, container = primary.place.job_dir(job_id), primary.place.container
-    command_, stdin = launch or (follow_command(container, folder, job_id, ending=True), None)
     try:
-        primary.runner.stream_out(command_, handle, stdin=stdin)
+        if starting is None:
+            primary.runner.stream_out(follow_command(container, folder, job_id, ending=True), handle)
+        else:
+            for line in starting.said:
+                handle(line)
     except KeyboardInterrupt:
         raise Interrupted(job_id, stop(nodes, job_id).killed) from None
+    finally:
+        if starting is not None:
+            starting.talk.close()
     end = parse_ending(ended.rest)
     left_out = set(end.get("left_out", "").split())  # a restart went on without them: they did not answer
     if "reaped" in end:
@@ -413,7 +468,7 @@ def follow_script(folder: str, job_id: str, first: int = 1, ending: bool = False
     return (_PID.format(folder=d) +
             f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
             f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
-            f"tail -n +{first} -s 0.1 -F --pid=$sup {d}/output.log; "  # running: to its end
+            f"tail -n +{first} -s 0.05 -F --pid=$sup {d}/output.log; "  # running: to its end
             f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
             f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\"" +
             (f"; {ending_script(d)}" if ending else ""))

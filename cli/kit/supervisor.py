@@ -14,11 +14,14 @@ what is left of a job (reap_script) never stops the supervisor, which records th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -44,6 +47,9 @@ RANKS_MARK = "@@kit-ranks"
 NNODES, NODE_RANK, MASTER_PORT = "@KIT_NNODES@", "@KIT_NODE_RANK@", "@KIT_MASTER_PORT@"
 MASTER_ADDR = "@KIT_MASTER_ADDR@"  # node 0's address: the store's (it is not the primary's when -H leaves that out)
 SSH = ("ssh", "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+# The supervisor's own SSH to a host goes over one connection (its first command opens it, the others ride on it;
+# it closes itself a minute after the last): its calls at the job's end and every heartbeat read cost no handshake.
+SHARED = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/kit-ssh-%C", "-o", "ControlPersist=60")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
 
@@ -403,7 +409,7 @@ class Supervisor:
         """A command in a host's container: here for the primary, over the cluster SSH for the others."""
         # An SSH session starts with sshd's environment: the image's PATH (its venv: python, py-spy) goes along.
         full = argv if self.plan.is_here(host) else \
-            [*SSH, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
+            [*SSH, *SHARED, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
         try:
             return subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -464,6 +470,8 @@ class Supervisor:
         proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=plan.workspace, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         _write(plan.folder, "pid", str(proc.pid))
+        # Each host's shared connection, opened while the launcher starts (not when the job's end waits for it)
+        threading.Thread(target=self.on_all, args=(hosts, ["true"]), daemon=True).start()
         watch = Watch(plan.hang_timeout)
         while proc.poll() is None:
             try:
@@ -574,7 +582,7 @@ def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
 
     def one(h: Slot) -> None:
         try:
-            r = subprocess.run([*SSH, h.address, shlex.join(["rm", "-f", path])], capture_output=True,
+            r = subprocess.run([*SSH, *SHARED, h.address, shlex.join(["rm", "-f", path])], capture_output=True,
                                timeout=REMOTE_TIMEOUT_S, stdin=subprocess.DEVNULL)
             if r.returncode != 0:
                 kept.append(h.address)
@@ -608,17 +616,52 @@ def main(plan_path: str) -> None:
         _write(folder, "exit", str(code))
 
 
-def start(request: dict) -> int:
-    """kit's one call that starts a job (`python -c SOURCE --start`, the request as JSON on stdin): the job's files
-    written into its folder (kit's own names: the plan, the environment record, the log's first lines), the
-    supervisor started apart from this session (a session of its own, no terminal, stdio on /dev/null: a closed
-    laptop or a dropped VPN does not end the job), and then, given a follow command, this process becomes the
-    follower of the job's output (one call where there were four)."""
-    folder = request["folder"]
+# The lines the starter answers kit with (start()).
+MANIFEST_END, COPIED, STARTED = "@@kit-manifest-end", "@@kit-copied", "@@kit-started"
+
+
+def start(inp, out) -> int:
+    """kit's one conversation with the primary's container that starts a job (`python -c SOURCE --start`), in JSON
+    lines on stdin, the starter answering on stdout:
+    1. the request: the job's files written into its folder (kit's own names: the plan, what kit showed of the
+       variables), the variables' file for this container's ranks, and, given the workspace, this container's
+       manifest of it (kit sends what it lacks while it copies the job to the other hosts);
+    2. {"tar": N} and N bytes: the job's files that the workspace lacks, unpacked there (in the container: what is
+       in the workspace is the job's, and no link of it is followed outside);
+    3. {"go": [kit's lines]}: the log begun with them, the supervisor started apart from this session (a session of
+       its own, stdio on /dev/null: a closed laptop or a dropped VPN does not end the job), and, given a follow
+       script, this process becomes the follower of the job's output.
+    The end of stdin before 3 (kit stopped, or the copy to another host failed): the job's folder and variables are
+    removed, and nothing started."""
+    request = json.loads(inp.readline())
+    folder, env_path = request["folder"], os.path.join(ENV_DIR, os.path.basename(request["folder"]))
     os.makedirs(folder, exist_ok=True)
     for name, text in request["files"].items():
-        with open(os.path.join(folder, name), "w") as f:
-            f.write(text)
+        _write(folder, name, text.rstrip("\n"))
+    if request.get("env_file") is not None:
+        os.makedirs(ENV_DIR, exist_ok=True)
+        fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(request["env_file"])
+    workspace = request.get("workspace")
+    if workspace:
+        out.write(manifest(workspace) + MANIFEST_END + "\n")
+        out.flush()
+    while True:
+        line = inp.readline()
+        if not line:
+            shutil.rmtree(folder, ignore_errors=True)
+            if os.path.exists(env_path):
+                os.remove(env_path)
+            return 3
+        message = json.loads(line)
+        if "tar" in message:
+            out.write(unpack(inp, int(message["tar"]), workspace) + "\n")
+            out.flush()
+        elif "go" in message:
+            break
+    with open(os.path.join(folder, "output.log"), "a") as f:
+        f.write("".join(f"kit: {line}\n" for line in message["go"]))
     argv = [sys.executable, "-c", request["source"], os.path.join(folder, "plan.json")]
     error = spawn_detached(argv, {**os.environ, **request["env"]}, os.path.join(folder, "supervisor"))
     if error:  # recorded as failed, not left pending
@@ -628,9 +671,51 @@ def start(request: dict) -> int:
         _write(folder, "exit", "1")
         print(f"the supervisor did not start: {error}", file=sys.stderr, flush=True)
     if request.get("follow"):
-        sys.stdout.flush()
+        out.flush()
         os.execvp("sh", ["sh", "-c", request["follow"]])
+    out.write(STARTED + "\n")
+    out.flush()
     return 1 if error else 0
+
+
+def manifest(workspace: str) -> str:
+    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed."""
+    lines = []
+    for top, folders, names in os.walk(workspace):  # (links to folders are not entered)
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # a link, or gone
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                digest = hashlib.sha256()
+                while block := f.read(1 << 20):
+                    digest.update(block)
+            lines.append(f"{digest.hexdigest()}  ./{os.path.relpath(path, workspace)}\n")
+    return "".join(lines)
+
+
+def unpack(inp, size: int, workspace: str) -> str:
+    """size bytes of a gzip'd tar from inp, unpacked into the workspace as UNTAR does; COPIED, or what failed."""
+    os.makedirs(workspace, exist_ok=True)
+    tar = subprocess.Popen(["tar", "-xzf", "-", "-C", workspace, "--no-same-owner"], stdin=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    left = size
+    while left:
+        block = inp.read(min(left, 1 << 20))
+        if not block:
+            break
+        left -= len(block)
+        try:
+            tar.stdin.write(block)
+        except BrokenPipeError:
+            pass  # (tar failed: the rest is read all the same, for the next message)
+    tar.stdin.close()
+    err = tar.stderr.read().decode(errors="replace").strip().replace("\n", "; ")
+    return COPIED if tar.wait() == 0 and not left else f"{COPIED} failed: {err or 'the copy was cut short'}"
 
 
 def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:
@@ -661,5 +746,5 @@ def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--start"]:
-        sys.exit(start(json.load(sys.stdin)))
+        sys.exit(start(sys.stdin.buffer, sys.stdout))
     main(sys.argv[1])

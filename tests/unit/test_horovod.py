@@ -125,13 +125,12 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
                          hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])
     job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
               HorovodOptions(start_timeout=90))
-    launch, stdin = job.start(("job j1: 1 process",))
-    launch = shlex.split(launch)
+    launch = shlex.split(job.start_command())
     assert launch[:6] == ["docker", "exec", "-i", "kit-lab", "python", "-c"] and launch[-1] == "--start"
-    request = json.loads(stdin)
+    request = json.loads(job.request(None, "/w"))
     assert request["env"] == {"KIT_SUPERVISOR": "j1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "90"}
     assert request["folder"] == job.folder == "/var/lib/kit/lab/jobs/j1" and request["follow"] is None
-    assert request["files"]["output.log"] == "kit: job j1: 1 process\n" and "environment" not in request["files"]
+    assert request["workspace"] == "/w" and "environment" not in request["files"] and request["env_file"] is None
     assert json.loads(request["files"]["plan.json"])["id"] == "j1"
     argv, _ = job.plan().launch(list(job.slots), "0")
     assert argv[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and argv[-3:] == ["python", "-u", "t.py"]

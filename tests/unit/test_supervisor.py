@@ -290,40 +290,93 @@ def test_a_torchrun_job_on_hosts_without_the_supervisors_has_its_store_on_node_0
     assert not [c for c in calls if c.startswith("10.0.0.1 ")] and not leftovers(job)
 
 
-def test_kits_one_call_writes_the_job_starts_its_supervisor_apart_and_follows_it_to_its_ending(tmp_path, ssh_shim):
-    """Job.start with a follow script, run here as `docker exec -i` runs it in the primary's container: the job's
-    folder written from stdin, the supervisor in a session of its own (it outlives the call's process group), the
-    output followed to END_MARK, then what the supervisor recorded at the end: nothing left to reap, and each host's
-    workspace for the spread of what the job wrote."""
+DOCKER_SHIM = r"""#!/bin/bash
+# `docker exec [-i] [-e X=Y]... CONTAINER COMMAND...` run here (the unit tests of kit's side of a job); a container
+# listed in $SHIM/docker-down fails, as one whose host's Docker does not answer.
+[ "$1" = exec ] || exit 64
+shift
+while [ $# -gt 0 ]; do case "$1" in -i|-t|-d) shift;; -e|-w) shift 2;; *) break;; esac; done
+container=$1; shift
+if grep -qx "$container" "$SHIM/docker-down" 2>/dev/null; then echo "Error: No such container: $container" >&2; exit 1; fi
+exec "$@"
+"""
+
+
+@pytest.fixture
+def docker_shim(ssh_shim: Path) -> Path:
+    (ssh_shim / "docker").write_text(DOCKER_SHIM)
+    (ssh_shim / "docker").chmod(0o755)
+    return ssh_shim
+
+
+def local_job(tmp_path: Path, scripts: list[str], **kw):
+    """A tf-style job on the three stand-in hosts, its workspace tmp_path/ws (one folder: the hosts share this
+    machine), kit's folders under tmp_path/kit, each host reached by a LocalRunner through the docker shim."""
+    from kit.inventory import Host
     from kit.place import Place
+    from kit.runners.local import LocalRunner
     from kit.state import ClusterState, HostState
-    (tmp_path / "write.py").write_text("import os\n"
-                                       "open('out-%s.txt' % os.environ['TF_CONFIG'][-3:-2], 'w').write(str(os.getsid(0)))\n")
-    job = job_id()
-    plan = tf_plan(tmp_path, job, ["write.py"] * 3)
-    hosts = [HostState(h.host, h.address, Place("kit-lab", str(tmp_path / "kit")), primary=h.host == "a")
-             for h in HOSTS]
-    state = ClusterState("lab", "img:1", "sha256:abc", 12345, str(tmp_path), hosts=hosts)
-    j = jobs.Job(job, state, 3, tuple(HOSTS), (), (), launcher="tf", fanout=tuple(plan.nodes), placed=tuple(HOSTS))
-    assert j.plan().spread and not j.plan().primary  # copy storage on three hosts, the primary one of them
-    launch, request = j.start(("the first line",), jobs.follow_script(j.folder, job, ending=True))
-    argv = shlex.split(launch)
-    assert argv[:4] == ["docker", "exec", "-i", "kit-lab"] and argv[-1] == "--start"
-    env = {**os.environ, "KIT_PROGRESS_DIR": f"{os.environ['SHIM']}/progress/10.0.0.1"}
-    call = subprocess.Popen(argv[4:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
-    out, err = call.communicate(request, timeout=90)
-    lines = out.decode().splitlines()
-    assert call.returncode == 0 and lines[0] == "kit: the first line", err
-    end = lines.index(f"{jobs.END_MARK} 0")
-    ending = jobs.parse_ending(lines[end + 1:])
-    assert jobs.parse_reaped(ending["reaped"]) == {} and not leftovers(job)
-    after = jobs.parse_after(ending[jobs.AFTER])
-    assert set(after) == {"a", "b", "c"} and {"out-0.txt", "out-1.txt", "out-2.txt", "write.py"} <= set(after["a"])
-    folder = Path(j.folder)
-    assert (folder / "exit").read_text() == "0\n" and json.loads((folder / "plan.json").read_text())["id"] == job
-    assert int((folder / "supervisor").read_text()) != call.pid
-    assert int((tmp_path / "out-0.txt").read_text()) != call.pid  # the job ran in a session of its own, not the call's
+    from kit.steps.node import Node
+    workspace = tmp_path / "ws"
+    workspace.mkdir()  # (kit up makes it on every host)
+    plan = tf_plan(workspace, "-", scripts)
+    hosts = [HostState(h.host, h.address, Place(f"kit-lab-{i}", str(tmp_path / "kit")), primary=i == 1)
+             for i, h in enumerate(HOSTS, 1)]
+    state = ClusterState("lab", "img:1", "sha256:abc", 12345, str(workspace), hosts=hosts)
+    job = jobs.Job(job_id(), state, 3, tuple(HOSTS), (), (), launcher="tf", fanout=tuple(plan.nodes),
+                   placed=tuple(HOSTS), **kw)
+    nodes = [Node(Host(h.name, primary=h.primary), LocalRunner(h.name), h.place, address=h.address) for h in hosts]
+    return job, nodes
+
+
+WRITER = "import os\nopen('out-%s.txt' % os.environ['TF_CONFIG'][-3:-2], 'w').write(str(os.getsid(0)))\n"
+
+
+def test_kit_copies_the_job_starts_its_supervisor_apart_and_follows_it_to_its_ending(tmp_path, docker_shim,
+                                                                                    monkeypatch):
+    """kit's side and the container's, run here: the job's folder copied (the primary's copy inside the conversation
+    that starts the job), the supervisor in a session of its own, the output followed to its exit code, then what
+    the supervisor recorded at the end: nothing left to reap, and each host's workspace for the spread."""
+    monkeypatch.setenv("KIT_PROGRESS_DIR", f"{docker_shim}/progress/10.0.0.1")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3)
+    assert job.plan().spread and not job.plan().primary  # copy storage on three hosts, the primary one of them
+    seen = []
+    synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: (f"copied {sum(s.sent.values())}",),
+                                           follow=True)
+    # (the three stand-in hosts share one folder: which of them found write.py there already is a race)
+    assert set(synced.sent) == {"a", "b", "c"} and sum(synced.sent.values()) >= 1
+    assert all(set(synced.manifests[h]) == {"write.py"} for h in "abc")
+    outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: seen.append(line), starting)
+    assert outcome.exit_code == 0 and outcome.failure is None and outcome.leftovers == {} and not leftovers(job.id)
+    assert seen[0] == (None, None, f"kit: copied {sum(synced.sent.values())}")
+    assert set(outcome.after) == {"a", "b", "c"} and {"out-0.txt", "write.py"} <= set(outcome.after["a"])
+    folder = Path(job.folder)
+    assert (folder / "exit").read_text() == "0\n" and json.loads((folder / "plan.json").read_text())["id"] == job.id
+    sessions = {int((tmp_path / "ws" / f"out-{i}.txt").read_text()) for i in range(3)}
+    assert os.getsid(0) not in sessions  # the job ran in a session of its own, not kit's
+
+
+def test_a_job_that_cannot_be_copied_to_every_host_does_not_start(tmp_path, docker_shim):
+    """Host c's Docker does not answer: kit says so, the primary's starter removes the job's folder and the
+    variables it was given, and the variables given to b are removed again; nothing ran."""
+    (docker_shim / "docker-down").write_text("kit-lab-3\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3, env=(("SECRET_TOKEN", "v"),))
+    env_dir = Path(jobs.ENV_DIR)
+    with pytest.raises(Exception) as e:
+        jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+    assert list(e.value.failures) == ["c"] and "No such container: kit-lab-3" in e.value.failures["c"].output_tail
+    for _ in range(50):  # (the starter sees its input end a moment after kit closes it)
+        if not Path(job.folder).exists():
+            break
+        time.sleep(0.1)
+    assert not Path(job.folder).exists() and not (env_dir / job.id).exists()
+    assert not list((tmp_path / "ws").glob("out-*.txt"))
 
 
 def test_a_supervisor_that_cannot_start_is_said_at_once():

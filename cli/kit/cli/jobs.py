@@ -174,23 +174,24 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
         if policy.min_np is not None and policy.min_np > job.np:
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
-        synced = jobs.sync_workspace(nodes, folder, state)
-        setup = (job_line(job.id, [script_path, *args], job.ranks_hosts(), sum(synced.sent.values()), folder)
-                 + synced.left_out_text(),
-                 *([f"environment: {jobenv.shown(env)}"] if env else []),
-                 *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
-                   if policy.restarts else []),
-                 f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}")
+        def setup(synced: jobs.Synced) -> tuple[str, ...]:
+            return (job_line(job.id, [script_path, *args], job.ranks_hosts(), sum(synced.sent.values()), folder)
+                    + synced.left_out_text(),
+                    *([f"environment: {jobenv.shown(env)}"] if env else []),
+                    *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
+                      if policy.restarts else []),
+                    f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}")
+        synced, starting = jobs.copy_and_start(job, nodes, folder, setup, follow=not detach)
         if detach:
-            for line in setup:
+            for line in setup(synced):
                 out.print(line, markup=False, highlight=False)
-            jobs.start(job, nodes, setup)
+            jobs.start(starting)
             out.print(f"[green]✓[/] job {job.id} started (detached): `kit logs {job.id} -f` follows it, "
                           f"`kit jobs` lists it, `kit stop {job.id}` stops it" +
                           ("" if state.workspace_shared else "; what its ranks write stays on the host that wrote "
                            "it (copy storage spreads it only for a job kit run waits for)"))
             return job
-        outcome = jobs.run(job, nodes, on_line, setup)
+        outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), on_line, starting)
         try:
             spread = jobs.spread_outputs([n for n in nodes if n.name not in outcome.left_out], state, synced.manifests,
                                           synced.ignore, outcome.after)

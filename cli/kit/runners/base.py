@@ -66,6 +66,9 @@ class Conversation(Protocol):
 
     def end_input(self) -> None: ...
 
+    def quiet(self, silence: float | None) -> None:
+        """From now on, how long it may say nothing (None: as long as it takes)."""
+
     def lines(self) -> Iterator[str]:
         """Its stdout, line by line; raises TimeoutError when it says nothing for `silence` seconds."""
 

@@ -155,6 +155,9 @@ class LocalConversation:
     def end_input(self) -> None:
         self.proc.stdin.close()
 
+    def quiet(self, silence: float | None) -> None:
+        self.silence = silence
+
     def lines(self) -> Iterator[str]:
         out = self.proc.stdout
         while True:

@@ -256,6 +256,9 @@ class SshConversation:
     def end_input(self) -> None:
         self.chan.shutdown_write()
 
+    def quiet(self, silence: float | None) -> None:
+        self.chan.settimeout(silence)
+
     def lines(self) -> Iterator[str]:
         try:
             for raw in self.out:
