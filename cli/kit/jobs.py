@@ -25,12 +25,12 @@ from kit import jobenv, state as st, supervisor
 from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
 from kit.commands.launchers import tf_config
-from kit.errors import BadInput, KitError
+from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
-from kit.supervisor import (ENV_DIR, FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
+from kit.supervisor import (FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
                             TORCHRUN_PREFIX, NodeCommand, Plan, Slot, placement, reap_script, torch_ranks,
                             torchrun_argv)
 
@@ -101,26 +101,22 @@ class Job:
         return command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-c", SUPERVISOR,
                         "--start"])
 
-    def request(self, follow: str | None, workspace: str | None) -> bytes:
+    def request(self, follow: str | None, others: list[Node] = (), files: dict[str, str] | None = None) -> bytes:
         """supervisor.start's first line: the job's folder and files, the variables (theirs go on stdin, never on a
-        command line), its supervisor's source, and what to do once it runs (follow: a follow script)."""
+        command line), its supervisor's source, what to do once it runs (follow: a follow script), and the job's
+        other hosts, to be given its files (name -> sha256; None where the hosts share the workspace) and
+        variables."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout)}
         if self.env:
             env["KIT_ENV"] = "1"  # each rank must find the job's variables
-        files = {"plan.json": self.plan().dump(), **({"environment": jobenv.shown(self.env)} if self.env else {})}
-        return json.dumps({"folder": self.folder, "files": files, "env": env, "source": SUPERVISOR, "follow": follow,
-                           "workspace": workspace,
-                           "env_file": jobenv.env_file(self.env).decode() if self.env else None}).encode() + b"\n"
-
-    def env_path(self) -> str:
-        return f"{ENV_DIR}/{self.id}"
-
-    def write_env(self, container: str) -> tuple[str, bytes]:
-        """(command, its stdin): the job's variables into a host's container, for its ranks alone to read."""
-        return (command(["docker", "exec", "-i", container, "sh", "-c",
-                         f"umask 077 && mkdir -p {ENV_DIR} && cat > {self.env_path()}"]), jobenv.env_file(self.env))
+        written = {"plan.json": self.plan().dump(), **({"environment": jobenv.shown(self.env)} if self.env else {})}
+        return json.dumps({"folder": self.folder, "files": written, "env": env, "source": SUPERVISOR,
+                           "follow": follow, "workspace": self.state.workspace,
+                           "env_file": jobenv.env_file(self.env).decode() if self.env else None,
+                           "hosts": [{"name": n.name, "address": n.address} for n in others],
+                           "job_files": files or {}, "copy": files is not None}).encode() + b"\n"
 
 
 # What the supervisor records at the end, which the follower prints after END_MARK (each existing file after a line
@@ -235,15 +231,14 @@ class Synced:
 
 
 class Starting:
-    """kit's side of supervisor.start: the conversation with the primary's container that copies the job there,
-    starts it and (follow) goes on with its output."""
+    """kit's side of supervisor.start: the conversation with the primary's container that copies the job there and,
+    from there, to the job's other hosts, starts it, and (follow) goes on with its output."""
 
-    def __init__(self, job: Job, primary: Node, follow: bool, copy_here: bool) -> None:
+    def __init__(self, job: Job, primary: Node, follow: bool, others: list[Node], files: dict[str, str] | None):
         self.job, self.primary = job, primary
         self.talk = primary.runner.converse(job.start_command(), silence=workspace.COPY_TIMEOUT_S)
         self.said = self.talk.lines()
-        self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None,
-                                   job.state.workspace if copy_here else None))
+        self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None, others, files))
 
     def answer(self, until: str) -> list[str]:
         """Its lines up to the one that starts with `until`, that one last; a starter that ended first is an error."""
@@ -257,15 +252,15 @@ class Starting:
                        command="kit's job starter in the primary's container", output_tail=r.tail(),
                        hint="`kit status` shows the containers; run the job again")
 
-    def sync(self, folder: Path, local: dict[str, str]) -> tuple[int, dict[str, str]]:
-        """workspace.sync for the primary, in this conversation: its manifest as the starter read it, and what it
-        lacks sent on."""
+    def here(self, folder: Path, local: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """The primary's workspace given the job's files, in this conversation: its manifest as the starter read it,
+        and what it lacks sent on; (files sent, its workspace then)."""
         remote = workspace.parse_manifest("\n".join(self.answer(supervisor.MANIFEST_END)[:-1]))
         names = workspace.changed(local, remote)
         if names:
             with tempfile.TemporaryDirectory(prefix="kit-job-") as tmp:
                 path = workspace.tarball(folder, names, Path(tmp) / "job.tar.gz")
-                self.talk.send(json.dumps({"tar": path.stat().st_size}).encode() + b"\n")
+                self.send({"tar": path.stat().st_size})
                 for block in chunks(path):
                     self.talk.send(block)
             said = self.answer(supervisor.COPIED)[-1]
@@ -275,47 +270,53 @@ class Starting:
                                hint="check free disk space on the host")
         return len(names), {**remote, **local}
 
+    def others(self, local: dict[str, str]) -> dict[str, tuple[int, dict[str, str]]]:
+        """The job's other hosts given its files and variables from the primary: host -> (files sent, its workspace
+        then); HostsFailed naming each host that failed."""
+        self.send({"others": True})
+        try:
+            done = json.loads(self.answer(supervisor.HOSTS)[-1][len(supervisor.HOSTS):])
+        except ValueError:
+            done = None
+        if not isinstance(done, dict):
+            raise KitError("the job's starter said what it gave the other hosts in a form kit cannot read",
+                           host=self.primary.name, hint="run the job again")
+        failures = {host: KitError(str(d.get("error")), host=host, hint="check the host's container (`kit status`)")
+                    for host, d in done.items() if "error" in d}
+        if failures:
+            raise HostsFailed("giving the job's files and variables to its hosts", failures)
+        return {host: (int(d.get("sent", 0)), {**workspace.parse_manifest(d.get("manifest", "")), **local})
+                for host, d in done.items()}
+
+    def send(self, message: dict) -> None:
+        self.talk.send(json.dumps(message).encode() + b"\n")
+
     def go(self, setup: tuple[str, ...]) -> None:
         """Start the job, its log begun with kit's lines; from here it may say nothing for as long as it runs."""
-        self.talk.send(json.dumps({"go": list(setup)}).encode() + b"\n")
+        self.send({"go": list(setup)})
         self.talk.end_input()
         self.talk.quiet(None)
 
 
 def copy_and_start(job: Job, nodes: list[Node], folder: Path, setup: Callable[["Synced"], tuple[str, ...]],
                    follow: bool) -> tuple["Synced", Starting]:
-    """Copy what changed of the job's folder to every host's workspace (to the primary's alone where all share it),
-    give every host's container the job's variables, and start the job with setup(what was copied) as its log's
-    first lines: the primary in one conversation (Starting), begun at once, the others beside it. Nothing starts
-    unless every host has its part; what the others got of the variables is removed again. nodes[0] is the
-    primary."""
+    """Copy what changed of the job's folder to the primary's workspace, and from there to the other hosts' (unless
+    they share it), give every host's container the job's variables, and start the job with setup(what was copied)
+    as its log's first lines: all in one conversation with the primary (Starting), so that kit's own link carries
+    each byte once. Nothing starts unless every host has its part. nodes[0] is the primary."""
     ignore = workspace.Ignore.of(folder)
     found = workspace.scan(folder, ignore)
     shared = job.state.workspace_shared
-    starting = Starting(job, nodes[0], follow, copy_here=True)
-
-    def one(n: Node) -> tuple[int, dict[str, str]]:
-        if n is nodes[0]:
-            return starting.sync(folder, found.files)
-        done = (0, {}) if shared else workspace.sync(n, folder, job.state.workspace, found.files)
-        if job.env:
-            write, values = job.write_env(n.place.container)
-            n.runner.run(write, stdin=values, timeout=60).check("cannot give the job's variables to its container")
-        return done
+    starting = Starting(job, nodes[0], follow, nodes[1:], None if shared else found.files)
     try:
-        done = fan_out("copying the job's files", nodes, one, lambda n: n.name)
-        copied = [(n, d) for n, d in zip(nodes, done) if n is nodes[0] or not shared]
-        synced = Synced({n.name: sent for n, (sent, _) in copied}, {n.name: m for n, (_, m) in copied}, ignore,
+        done = {nodes[0].name: starting.here(folder, found.files)}
+        others = starting.others(found.files) if len(nodes) > 1 else {}
+        done.update({} if shared else others)
+        synced = Synced({h: sent for h, (sent, _) in done.items()}, {h: m for h, (_, m) in done.items()}, ignore,
                         (found.left_out_files, found.left_out_folders))
         starting.go(setup(synced))
     except BaseException:
         starting.talk.close()  # its input ends before the go: the starter removes the job's folder and variables
-        if job.env:
-            for n in nodes[1:]:
-                try:
-                    n.runner.run(command(exec_argv(n.place.container, ["rm", "-f", job.env_path()])), timeout=60)
-                except Exception:  # noqa: BLE001 - a host that failed above; its failure is the one to say
-                    pass
         raise
     return synced, starting
 

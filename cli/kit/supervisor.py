@@ -617,49 +617,59 @@ def main(plan_path: str) -> None:
 
 
 # The lines the starter answers kit with (start()).
-MANIFEST_END, COPIED, STARTED = "@@kit-manifest-end", "@@kit-copied", "@@kit-started"
+MANIFEST_END, COPIED, HOSTS, STARTED = "@@kit-manifest-end", "@@kit-copied", "@@kit-hosts", "@@kit-started"
+COPY_TIMEOUT_S = 3600   # one copy of a job's files to a host (a job's folder may hold GBs)
 
 
 def start(inp, out) -> int:
     """kit's one conversation with the primary's container that starts a job (`python -c SOURCE --start`), in JSON
     lines on stdin, the starter answering on stdout:
     1. the request: the job's files written into its folder (kit's own names: the plan, what kit showed of the
-       variables), the variables' file for this container's ranks, and, given the workspace, this container's
-       manifest of it (kit sends what it lacks while it copies the job to the other hosts);
+       variables), the variables' file for this container's ranks, and this container's workspace, listed;
     2. {"tar": N} and N bytes: the job's files that the workspace lacks, unpacked there (in the container: what is
        in the workspace is the job's, and no link of it is followed outside);
-    3. {"go": [kit's lines]}: the log begun with them, the supervisor started apart from this session (a session of
+    3. {"others": true}: the job's other hosts given, at once over the cluster SSH, what their workspaces lack of the
+       job's files (from here, so that kit's own link carries each byte once) and their variables; what each got
+       and had, or what failed there, answered after HOSTS;
+    4. {"go": [kit's lines]}: the log begun with them, the supervisor started apart from this session (a session of
        its own, stdio on /dev/null: a closed laptop or a dropped VPN does not end the job), and, given a follow
        script, this process becomes the follower of the job's output.
-    The end of stdin before 3 (kit stopped, or the copy to another host failed): the job's folder and variables are
-    removed, and nothing started."""
+    The end of stdin before 4 (kit stopped, or a host failed): the job's folder and variables are removed, here and
+    where they were given, and nothing started."""
     request = json.loads(inp.readline())
-    folder, env_path = request["folder"], os.path.join(ENV_DIR, os.path.basename(request["folder"]))
+    folder, job = request["folder"], os.path.basename(request["folder"])
     os.makedirs(folder, exist_ok=True)
     for name, text in request["files"].items():
         _write(folder, name, text.rstrip("\n"))
-    if request.get("env_file") is not None:
+    env_text, workspace = request.get("env_file"), request["workspace"]
+    if env_text is not None:
         os.makedirs(ENV_DIR, exist_ok=True)
-        fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(os.path.join(ENV_DIR, job), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(request["env_file"])
-    workspace = request.get("workspace")
-    if workspace:
-        out.write(manifest(workspace) + MANIFEST_END + "\n")
-        out.flush()
+            f.write(env_text)
+    out.write(manifest(workspace) + MANIFEST_END + "\n")
+    out.flush()
+    given: list[str] = []  # the addresses of the other hosts that were given the variables
     while True:
         line = inp.readline()
-        if not line:
+        if not line:  # kit stopped, or a host failed: nothing starts, and nothing of the job stays
             shutil.rmtree(folder, ignore_errors=True)
-            if os.path.exists(env_path):
-                os.remove(env_path)
+            if env_text is not None:
+                os.remove(os.path.join(ENV_DIR, job))
+                at_once(given, lambda a: subprocess.run(ssh_argv(a, shlex.join(["rm", "-f", f"{ENV_DIR}/{job}"])),
+                                                        capture_output=True, timeout=REMOTE_TIMEOUT_S))
             return 3
         message = json.loads(line)
         if "tar" in message:
             out.write(unpack(inp, int(message["tar"]), workspace) + "\n")
-            out.flush()
+        elif "others" in message:
+            done = at_once(request["hosts"], lambda h: give(h, workspace, request["job_files"] if request["copy"]
+                                                            else None, job, env_text))
+            given = [h["address"] for h, d in zip(request["hosts"], done) if d.get("env")]
+            out.write(HOSTS + " " + json.dumps({h["name"]: d for h, d in zip(request["hosts"], done)}) + "\n")
         elif "go" in message:
             break
+        out.flush()
     with open(os.path.join(folder, "output.log"), "a") as f:
         f.write("".join(f"kit: {line}\n" for line in message["go"]))
     argv = [sys.executable, "-c", request["source"], os.path.join(folder, "plan.json")]
@@ -676,6 +686,48 @@ def start(inp, out) -> int:
     out.write(STARTED + "\n")
     out.flush()
     return 1 if error else 0
+
+
+def ssh_argv(address: str, command: str, stdin: bool = False) -> list[str]:
+    """The supervisor's SSH to a host's container (on its shared connection); stdin: the command reads ours."""
+    return [*(a for a in SSH if a != "-n" or not stdin), *SHARED, address, command]
+
+
+def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env_text: str | None) -> dict:
+    """One other host of the job: what its workspace lacks of the job's files (files: name -> sha256; None where
+    the hosts share the workspace), sent from here, and the job's variables. {"sent": N, "manifest": its workspace
+    before, "env": given}, or {"error": what failed}."""
+    address, ws = host["address"], shlex.quote(workspace)
+    done: dict = {"sent": 0, "manifest": ""}
+    try:
+        if files is not None:
+            r = subprocess.run(ssh_argv(address, MANIFEST.format(workspace=ws)), capture_output=True, text=True,
+                               timeout=COPY_TIMEOUT_S)
+            if r.returncode != 0:
+                return {"error": f"cannot list the workspace {workspace} in the container (exit {r.returncode}): "
+                                 f"{r.stderr.strip()[-500:]}"}
+            had = {name.removeprefix("./"): digest for digest, _, name in
+                   (line.partition("  ") for line in r.stdout.splitlines()) if name}
+            names = [name for name, digest in files.items() if had.get(name) != digest]
+            if names:
+                untar = shlex.join(ssh_argv(address, f"mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner", stdin=True))
+                r = subprocess.run(["sh", "-c", f"tar -czf - -C {ws} --null -T - | {untar}"],
+                                   input="\0".join(names).encode(), capture_output=True, timeout=COPY_TIMEOUT_S)
+                if r.returncode != 0:
+                    return {"error": f"cannot copy the job's files to {workspace} (exit {r.returncode}): "
+                                     f"{r.stderr.decode(errors='replace').strip()[-500:]}"}
+            done.update(sent=len(names), manifest="".join(f"{d}  ./{n}\n" for n, d in had.items()))
+        if env_text is not None:
+            r = subprocess.run(ssh_argv(address, f"umask 077 && mkdir -p {ENV_DIR} && cat > {ENV_DIR}/{job}",
+                                        stdin=True), input=env_text.encode(), capture_output=True,
+                               timeout=REMOTE_TIMEOUT_S)
+            if r.returncode != 0:
+                return {**done, "error": f"cannot give the job's variables to its container (exit {r.returncode}): "
+                                         f"{r.stderr.decode(errors='replace').strip()[-500:]}"}
+            done["env"] = True
+    except subprocess.TimeoutExpired as e:
+        return {"error": f"no answer within {e.timeout:.0f} s"}
+    return done
 
 
 def manifest(workspace: str) -> str:

@@ -90,7 +90,8 @@ def test_pages_include_what_they_name_from_the_repository(site):
         if line.startswith("## "):
             assert line[3:] in security
     front = text_of(page(site, ""))
-    assert "Quickstart on your servers" in front and "kit run -np 12 examples/cifar10_cnn_horovod.py" in front
+    assert "Quickstart on your servers" in front \
+        and "kit run examples/cifar10_cnn_horovod.py --epochs 2 --samples 10000" in front
     assert "580 or newer" in front and "525 or newer" in front
 
 
@@ -257,7 +258,7 @@ def test_readme_quickstart_goes_from_servers_to_a_job_and_back():
     commands = quickstart(README.read_text())
     kit = [c for c in commands if c.startswith("kit ")]
     assert [c.split()[1] for c in kit] == ["prepare", "up", "doctor", "run", "down"]
-    assert "kit run -np 12 examples/cifar10_cnn_horovod.py --epochs 2" in kit
+    assert "kit run examples/cifar10_cnn_horovod.py --epochs 2 --samples 10000" in kit
     assert any("gpu-1 gpu-2 gpu-3" in c and "hosts.txt" in c for c in commands)
     assert any("pip install" in c for c in commands)
     assert (REPO / "examples/cifar10_cnn_horovod.py").is_file()

@@ -127,10 +127,11 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
               HorovodOptions(start_timeout=90))
     launch = shlex.split(job.start_command())
     assert launch[:6] == ["docker", "exec", "-i", "kit-lab", "python", "-c"] and launch[-1] == "--start"
-    request = json.loads(job.request(None, "/w"))
+    request = json.loads(job.request(None))
     assert request["env"] == {"KIT_SUPERVISOR": "j1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "90"}
     assert request["folder"] == job.folder == "/var/lib/kit/lab/jobs/j1" and request["follow"] is None
     assert request["workspace"] == "/w" and "environment" not in request["files"] and request["env_file"] is None
+    assert (request["hosts"], request["copy"]) == ([], False)
     assert json.loads(request["files"]["plan.json"])["id"] == "j1"
     argv, _ = job.plan().launch(list(job.slots), "0")
     assert argv[:5] == ["horovodrun", "--gloo", "-np", "1", "-H"] and argv[-3:] == ["python", "-u", "t.py"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shlex
 import tarfile
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ import pathspec
 
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, read_input
-from kit.steps.image import chunks, file_sha256
+from kit.steps.image import file_sha256
 from kit.steps.node import Node
 from kit.supervisor import MANIFEST
 
@@ -116,10 +115,6 @@ def remote_manifest_command(container: str, workspace: str) -> str:
 UNTAR = "mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner"
 
 
-def untar_command(container: str, workspace: str) -> str:
-    return in_container(container, UNTAR.format(ws=shlex.quote(workspace)), stdin=True)
-
-
 def parse_manifest(text: str) -> dict[str, str]:
     out = {}
     for line in text.splitlines():
@@ -144,19 +139,6 @@ def tarball(folder: Path, names: list[str], into: Path) -> Path:
 def read_manifest(node: Node, workspace: str) -> dict[str, str]:
     r = node.runner.run(remote_manifest_command(node.place.container, workspace), timeout=COPY_TIMEOUT_S)
     return parse_manifest(r.check(f"cannot list the workspace {workspace} in the container").stdout)
-
-
-def sync(node: Node, folder: Path, workspace: str, local: dict[str, str]) -> tuple[int, dict[str, str]]:
-    """Send what differs; returns the number of files sent and the host's manifest now."""
-    remote = read_manifest(node, workspace)
-    names = changed(local, remote)
-    if names:
-        with tempfile.TemporaryDirectory(prefix="kit-job-") as tmp:
-            path = tarball(folder, names, Path(tmp) / "job.tar.gz")
-            node.runner.stream_in(untar_command(node.place.container, workspace), chunks(path),
-                                  lambda n: None).check(
-                f"cannot copy the job's files to {workspace}", hint="check free disk space on the host")
-    return len(names), {**remote, **local}
 
 
 # ---------------------------------------------------------------- after the job
