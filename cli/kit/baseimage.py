@@ -19,15 +19,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-import docker
-import docker.errors
-import requests
+from typing import TYPE_CHECKING, Callable
 
 from kit.errors import BadInput, KitError
 from kit.pipconfig import PipSettings, redact
 from kit.probe import probe
+
+if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)
+    import docker
 
 REGISTRY_PROBE_S = 15
 DEBOOTSTRAP_TIMEOUT_S = 30 * 60
@@ -180,6 +179,8 @@ def ensure(client: docker.DockerClient, ref: str, *, on_status: Callable[[str], 
            answers: Callable[[str], str | None] | None = None,
            make: Callable[[Distro, Mirror], None] | None = None) -> Base:
     """The base for `ref`: here already, else the registry's, else (Debian, Ubuntu) made from this machine's mirror."""
+    import docker.errors
+    import requests
     if _local(client, ref):
         return Base(ref, "on this machine")
     distro = distro_of(ref)
@@ -225,6 +226,7 @@ def _answers(url: str) -> str | None:
 
 
 def _local(client: docker.DockerClient, ref: str) -> bool:
+    import docker.errors
     try:
         client.images.get(ref)
         return True
@@ -234,6 +236,7 @@ def _local(client: docker.DockerClient, ref: str) -> bool:
 
 def registry_error(ref: str) -> str | None:
     """None when the image's registry has it; else the engine's reason, asked within a bound."""
+    import docker.errors
     quick = docker.from_env(timeout=REGISTRY_PROBE_S)  # the engine kit.build.connect reached, with a short timeout
     try:
         quick.api.inspect_distribution(ref)

@@ -16,10 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from kit import baseimage, pipconfig, probe, wheels
 from kit.config import BuildConfig, default_torch_index
@@ -28,6 +25,9 @@ from kit.identity import state_root
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, containerd_store
+
+if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)
+    import docker
 
 BUILD_TIMEOUT_S = 4 * 3600  # a silent compile step must not trip the HTTP read timeout
 TAIL_LINES = 25
@@ -119,6 +119,7 @@ class BuildLog:
 
 def connect(timeout: int = 120) -> docker.DockerClient:
     """The local Docker engine, or a KitError that says how to start one (or leave containerd's image store)."""
+    import docker.errors
     try:
         client = docker.from_env(timeout=timeout)
         info = client.info()
@@ -220,6 +221,7 @@ def package_sources(config: BuildConfig, machine: PipSettings, env: Mapping[str,
 
 def image_target(client: docker.DockerClient, base: str, python: str) -> wheels.Target:
     """The platform wheels must fit: the base's machine and its glibc (from `ldd --version` in it)."""
+    import docker.errors
     image = client.images.get(base)
     machine = wheels.MACHINES.get(image.attrs.get("Architecture", ""), image.attrs.get("Architecture", "x86_64"))
     try:

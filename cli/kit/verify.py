@@ -16,14 +16,14 @@ import shlex
 import subprocess
 import uuid
 from dataclasses import dataclass
-
-import docker
-import docker.errors
-import docker.types
+from typing import TYPE_CHECKING
 
 from kit.config import framework, uses_gpus
 from kit.errors import VerifyFailed
 from kit.recipe import EXPECTED_BUILD
+
+if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)
+    import docker
 
 VERIFY_HOST = "kit-verify"
 CHECK_TIMEOUT_S = 180  # bounds each command in the container (coreutils `timeout`)
@@ -194,6 +194,7 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
 def _verify_box(client: docker.DockerClient, tag: str, gpus: bool = False):
     """A throwaway container of the image. No network: the check proves the image alone and sends nothing anywhere.
     Gloo binds to the address of the hostname, so the hostname must resolve (to loopback) or ranks crash."""
+    import docker.types
     devices = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
     return client.containers.run(tag, ["sleep", "infinity"], detach=True, network_mode="none",
                                  hostname=VERIFY_HOST, extra_hosts={VERIFY_HOST: "127.0.0.1"}, shm_size="1g",

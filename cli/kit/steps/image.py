@@ -18,14 +18,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING, Iterator
 
 from kit.config import FLAVORS
 from kit.errors import BadInput, KitError
 from kit.steps.node import Node
+
+if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)
+    import docker
 
 CHUNK = 1 << 20
 
@@ -41,6 +41,7 @@ class LocalImage:
 
 
 def local_image(client: docker.DockerClient, tag: str) -> LocalImage:
+    import docker.errors
     try:
         image = client.images.get(tag)
     except docker.errors.ImageNotFound:
