@@ -37,11 +37,12 @@ def test_readmes_quickstart_has_the_steps_this_test_plays():
     assert steps[2] == "printf '%s\\n' gpu-1 gpu-2 gpu-3 > hosts.txt"
 
 
-@pytest.fixture
-def clone(tmp_path, lab):
-    """A copy of this repository (the files git knows, as a clone has them), and the lab user's SSH config naming
-    the lab's hosts gpu-1, gpu-2, gpu-3 (each host's key is in the user's known_hosts by its address)."""
-    folder = tmp_path / "kit"
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, lab):
+    """A copy of this repository (the files git knows, as a clone has them) with kit installed from it as the
+    quickstart's first step says, and the lab user's SSH config naming the lab's hosts gpu-1, gpu-2, gpu-3 (each
+    host's key is in the user's known_hosts by its address)."""
+    folder = tmp_path_factory.mktemp("quickstart") / "kit"
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
@@ -50,6 +51,9 @@ def clone(tmp_path, lab):
             shutil.copy2(REPO / name, folder / name)
     config = lab.home / ".ssh" / "config"
     config.write_text("".join(f"Host {name}\n    HostName {h.address}\n" for name, h in zip(NAMES, lab.hosts)))
+    r = play(quickstart()[0], folder, lab)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (lab.home / "kit-venv" / "bin" / "kit").exists()
     yield folder
     config.unlink()
     shutil.rmtree(lab.home / "kit-venv", ignore_errors=True)
@@ -66,10 +70,8 @@ def play(step: str, clone: Path, lab, timeout: int = 1200) -> subprocess.Complet
 
 
 def test_the_quickstart_on_three_hosts_as_readme_writes_it(project, lab, clone):
-    install, _, hosts, prepare, up, doctor, run, down = quickstart()
-    r = play(install, clone, lab)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert (lab.home / "kit-venv" / "bin" / "kit").exists()
+    """(Its first step, kit's install from the clone, is the clone fixture's; `export PATH` is play's.)"""
+    _, _, hosts, prepare, up, doctor, run, down = quickstart()
     assert play(hosts, clone, lab).returncode == 0
     assert (clone / "hosts.txt").read_text() == "gpu-1\ngpu-2\ngpu-3\n"
 
