@@ -66,8 +66,10 @@ def main() -> None:
                                           ("torchrun", "noop_ddp.py", by_hand_torchrun)):
             run = ["run", "--launcher", launcher, str(JOBS / script)]
             timed_kit(lab, project, *run)  # copies the script once, as a user's first run does
-            kit_s = [timed_kit(lab, project, *run)[0] for _ in range(args.repeat)]
-            hand_s = [by_hand(lab) if launcher == "horovod" else by_hand(lab, 29600 + i) for i in range(args.repeat)]
+            kit_s, hand_s = [], []
+            for i in range(args.repeat):  # in turns: what else the machine does weighs on both alike
+                kit_s.append(timed_kit(lab, project, *run)[0])
+                hand_s.append(by_hand(lab) if launcher == "horovod" else by_hand(lab, 29600 + i))
             rows.append((launcher, statistics.median(kit_s), statistics.median(hand_s), kit_s, hand_s))
         rates = {}
         for np in (1, 3):

@@ -1,3 +1,3 @@
-from kit.app import main
+from kit.main import main
 
 main()

@@ -43,17 +43,6 @@ def _nodes(hosts: list[Host], places: dict[str, Place], connect: Connect, dry_ru
     return [Node(h, DryRunner(connect(h)) if dry_run else connect(h), places[h.name]) for h in hosts]
 
 
-def recorded_nodes(hosts: list[st.HostState], connect: Connect) -> list[Node]:
-    """Hosts that `up` recorded, running as root (with sudo where their login needed it at up: asked again only where
-    that is not recorded), at the addresses it recorded. Each connects at its first command."""
-    nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in hosts]
-    for n, h in zip(nodes, hosts):
-        if h.sudo is not None:
-            n.runner.sudo = h.sudo
-    fan_out("connecting", [n for n, h in zip(nodes, hosts) if h.sudo is None], preflight.become_root, _name)
-    return nodes
-
-
 def _close(nodes: list[Node]) -> None:
     for n in nodes:
         n.runner.close()

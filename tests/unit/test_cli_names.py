@@ -177,3 +177,17 @@ def test_following_from_a_line_skips_what_was_shown(tmp_path):
     script = shlex.split(jobs.follow_command("kit-lab", str(folder), "20261122-005727-b862", first=4))[-1]
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60).stdout.splitlines()
     assert out == ["line 4", "line 5", f"{jobs.END_MARK} 0"]
+
+
+def test_the_entry_point_knows_the_module_of_every_command():
+    """kit.main imports only the module of the command asked for: it must know each one's."""
+    from kit.main import MODULES
+    found = {c.name or c.callback.__name__: c.callback.__module__ for c in app.registered_commands}
+    found.update({g.name: g.typer_instance.registered_commands[0].callback.__module__ for g in app.registered_groups})
+    assert {name: f"kit.cli.{module}" for name, module in MODULES.items()} == found
+
+
+def test_a_command_run_by_the_entry_point_alone_works_and_anything_else_gets_every_command(in_tmp):
+    for argv, says in ((["run", "--help"], "Usage: kit run"), (["--help"], "prepare"), (["rnu"], "No such command")):
+        r = run_kit(*argv, cwd=in_tmp)
+        assert says in r.stdout + r.stderr, (argv, r.stdout, r.stderr)

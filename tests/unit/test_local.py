@@ -123,7 +123,7 @@ def test_recorded_hosts_are_not_asked_again_who_logs_in():
     """`kit run`, `logs`, `exec` ... on a cluster up recorded: each host's sudo is as up found it (one round trip a
     host less before a job); a record without it (an older kit's) asks."""
     from kit import state as st
-    from kit.cluster import recorded_nodes
+    from kit.steps.preflight import recorded_nodes
     from kit.runners.base import Result
 
     class Asked:

@@ -19,4 +19,4 @@ def test_wheel_ships_templates_image_assets_and_examples(tmp_path):
                  "kit/ansible/roles/nfs_server/tasks/main.yml", "kit/steps/keys.py", "kit/runners/ssh.py", "kit/commands/docker.py"):
         assert name in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "kit = kit.app:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "kit = kit.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -20,7 +20,7 @@ from rich.table import Table
 from kit import benchfigures as bf
 from kit import jobs, netbench, shipped_folder
 from kit import state as st
-from kit.cluster import recorded_nodes
+from kit.steps.preflight import recorded_nodes
 from kit.commands.horovod import HorovodOptions, check_knobs
 from kit.config import ClusterConfig, framework
 from kit.demo import SCRIPT as CIFAR_SCRIPT, Training

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kit import state as st
 from kit.build import connect
-from kit.cluster import (HostStatus, ImageChoice, Up, down as down_cluster, recorded_nodes, status as cluster_status,
+from kit.cluster import (HostStatus, ImageChoice, Up, down as down_cluster, status as cluster_status,
                          what_may_remain, where_to_bring_up)
 from kit.config import ClusterConfig, ConfigFile, requested_flavor
 from kit.commands.docker import command, exec_argv
@@ -30,6 +30,7 @@ from kit import prepare as prepare_hosts
 from kit.runners.ssh import ssh_hostname
 from kit.steps.image import layers
 from kit.steps.node import Node
+from kit.steps.preflight import recorded_nodes
 from kit.cli.flavor import UpImage
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
                              need_state, progress_bar, recorded, recorded_clusters,

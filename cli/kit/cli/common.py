@@ -17,7 +17,6 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
                            TransferSpeedColumn)
 from rich.text import Text
 
-from kit import __version__
 from kit import state as st
 from kit import pipconfig
 from kit.config import ClusterConfig, ConfigFile, cluster_config, read_config
@@ -137,6 +136,7 @@ def _details(e: KitError, indent: str, shown_hint: str | None) -> None:
 
 def _version(value: bool) -> None:
     if value:
+        from kit import __version__
         console.print(f"kit {__version__}")
         raise typer.Exit()
 

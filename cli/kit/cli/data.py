@@ -12,7 +12,7 @@ from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedCol
 
 from kit import transfer
 from kit.cli.common import CONFIG, NAME, app, connector, console, err_console, need_state, recorded, reports_errors
-from kit.cluster import recorded_nodes
+from kit.steps.preflight import recorded_nodes
 
 SHOWN_LEFT_OUT = 10
 

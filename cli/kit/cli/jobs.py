@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kit import state as st
-from kit.cluster import recorded_nodes
+from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
 from kit import jobenv, jobs
 from kit.commands.docker import command, exec_argv

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from kit import gpus
+from typing import Callable
+
+from kit import gpus, state as st
 from kit.config import ClusterConfig
 from kit.errors import HostsFailed, KitError
+from kit.fanout import fan_out
 from kit.identity import Owner
+from kit.inventory import Host
+from kit.runners import Runner
 from kit.steps import storage
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, FACTS_TIMEOUT_S, complete, facts_command, parse_facts
 from kit.steps.storage import Storage
@@ -137,3 +142,14 @@ def check(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gpu: 
     found = problems(node, cfg, image_id, image_bytes, gpu, primary_address, owner)
     if found:
         raise KitError("; ".join(found), host=node.name, hint=hint_for(found))
+
+
+def recorded_nodes(hosts: list[st.HostState], connect: Callable[[Host], Runner]) -> list[Node]:
+    """Hosts that `up` recorded, running as root (with sudo where their login needed it at up: asked again only where
+    that is not recorded), at the addresses it recorded. Each connects at its first command."""
+    nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in hosts]
+    for n, h in zip(nodes, hosts):
+        if h.sudo is not None:
+            n.runner.sudo = h.sudo
+    fan_out("connecting", [n for n, h in zip(nodes, hosts) if h.sudo is None], become_root, lambda n: n.name)
+    return nodes
