@@ -48,8 +48,12 @@ NNODES, NODE_RANK, MASTER_PORT = "@KIT_NNODES@", "@KIT_NODE_RANK@", "@KIT_MASTER
 MASTER_ADDR = "@KIT_MASTER_ADDR@"  # node 0's address: the store's (it is not the primary's when -H leaves that out)
 SSH = ("ssh", "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 # The supervisor's own SSH to a host goes over one connection (its first command opens it, the others ride on it;
-# it closes itself a minute after the last): its calls at the job's end and every heartbeat read cost no handshake.
-SHARED = ("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/kit-ssh-%C", "-o", "ControlPersist=60")
+# it closes itself ten minutes after the last): its calls at the job's end, every heartbeat read and the next job's
+# start cost no handshake. A launch's own SSH (the fanout script's) rides it where it is there, and never opens one:
+# a connection opened by a job's process would carry the job's mark, and be stopped with what is left of the job.
+CONNECTION = ("-o", "ControlPath=/tmp/kit-ssh-%C")
+SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
+RIDE = (*CONNECTION, "-o", "ControlMaster=no")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
 
@@ -131,7 +135,7 @@ def fanout_script(workspace: str, nodes: list[NodeCommand]) -> str:
         remote = shlex.quote(shlex.join(n.argv))
         # a group, not a bare pipeline: once job control has reaped a job, `wait PID` gives its last process's
         # status, which for a bare pipeline is sed's (0), not ssh's (pipefail); the group's is the pipeline's
-        lines.append(f"{{ ssh {shlex.quote(n.address)} \"cd {shlex.quote(workspace)} && exec env $fwd\" "
+        lines.append(f"{{ ssh {shlex.join(RIDE)} {shlex.quote(n.address)} \"cd {shlex.quote(workspace)} && exec env $fwd\" "
                      f"{remote} < /dev/null 2>&1 | {_filter(n)}; }} &")
         lines.append(f"running[$!]={shlex.quote(n.host)}")
     lines += [
@@ -415,6 +419,16 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(full, 124, "", f"no answer from {host.host} in {timeout:.0f} s")
 
+    def connect(self, hosts: list[Slot]) -> None:
+        """Each host's shared connection (SHARED), the primary's own too where a fanout launch reaches it over SSH."""
+        def one(address: str) -> None:
+            try:
+                subprocess.run(ssh_argv(address, "true"), capture_output=True, timeout=REMOTE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass  # (a host that does not answer: the launch says so)
+        launched_here = [h.address for h in hosts if self.plan.is_here(h) and self.plan.nodes]
+        at_once([h.address for h in hosts if not self.plan.is_here(h)] + launched_here, one)
+
     def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
         return at_once(hosts, lambda h: self.remote(h, argv))
 
@@ -470,8 +484,9 @@ class Supervisor:
         proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=plan.workspace, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         _write(plan.folder, "pid", str(proc.pid))
-        # Each host's shared connection, opened while the launcher starts (not when the job's end waits for it)
-        threading.Thread(target=self.on_all, args=(hosts, ["true"]), daemon=True).start()
+        # Each host's shared connection, opened while the launcher starts (not when the job's end waits for it); the
+        # fanout script reaches the primary over SSH too
+        threading.Thread(target=self.connect, args=(hosts,), daemon=True).start()
         watch = Watch(plan.hang_timeout)
         while proc.poll() is None:
             try:

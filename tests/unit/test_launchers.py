@@ -29,9 +29,13 @@ def test_tf_config_of_a_worker():
         "cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]}, "task": {"type": "worker", "index": 1}}
 
 
+# `ssh [-o OPTION]... HOST CMD...` running CMD here
+SSH_HERE = 'ssh() { while [ "$1" = -o ]; do shift 2; done; shift; sh -c "$*"; }\n'
+
+
 def run_fanout(tmp_path, nodes: list[NodeCommand]) -> tuple[subprocess.CompletedProcess, float]:
-    """The script as the primary's container runs it, with `ssh HOST CMD...` running CMD here."""
-    script = 'ssh() { shift; sh -c "$*"; }\n' + fanout_script(str(tmp_path), nodes)
+    """The script as the primary's container runs it, with `ssh [-o OPTION]... HOST CMD...` running CMD here."""
+    script = SSH_HERE + fanout_script(str(tmp_path), nodes)
     started = time.monotonic()
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "KIT_JOB": "job-1"})
@@ -55,7 +59,7 @@ def test_a_hosts_failure_counts_when_job_control_reaped_it_before_the_fanout_wai
     comes from `wait PID`, which must be ssh's failure (pipefail), not the 0 of the sed after it. `jobs` makes bash
     reap it at a known point (what load did by chance: a torchrun job whose node exited 3 was recorded as done)."""
     nodes = [NodeCommand("c", "10.0.0.3", ("sh", "-c", "echo going; exit 3"), None)]
-    script = 'ssh() { shift; sh -c "$*"; }\n' + fanout_script(str(tmp_path), nodes).replace(
+    script = SSH_HERE + fanout_script(str(tmp_path), nodes).replace(
         "code=0\n", "sleep 0.5; jobs >/dev/null\ncode=0\n", 1)
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3, (r.stdout, r.stderr)
