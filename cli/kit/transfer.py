@@ -187,6 +187,7 @@ class Unpacker:
 
     def __init__(self, target: Target) -> None:
         self.target, self.done = target, Unpacked()
+        self.umask = _umask()  # applied to the modes that came, as tar does for a user: the job's are not ours to set
         self.copy = (target.name,) if target.name else ()  # the copy's own folder (or file), under into
         self.written: set[tuple[str, ...]] = set()
         self.links: list[tuple[tuple[str, ...], str, str]] = []  # (path, link target, member)
@@ -257,7 +258,7 @@ class Unpacker:
     def _folder(self, parts: tuple[str, ...], m: tarfile.TarInfo) -> None:
         fd = self._open(parts)
         try:
-            os.fchmod(fd, (m.mode & 0o777) | 0o700)  # no setgid or sticky bit; ours to write into
+            os.fchmod(fd, (m.mode & 0o777 & ~self.umask) | 0o700)  # no setgid or sticky bit; ours to write into
         finally:
             os.close(fd)
         self.done.folders += 1
@@ -272,7 +273,7 @@ class Unpacker:
                     while view:
                         view = view[os.write(fd, view):]
                     self.done.bytes += len(block)
-                os.fchmod(fd, m.mode & 0o777)  # no setuid, setgid or sticky bit
+                os.fchmod(fd, m.mode & 0o777 & ~self.umask)  # no setuid, setgid or sticky bit
                 with contextlib.suppress(OSError, OverflowError, ValueError):  # a time no file can have: now's
                     os.utime(fd, (m.mtime, m.mtime))
             finally:
@@ -332,6 +333,13 @@ class Unpacker:
             return True
         except OSError:
             return False
+
+
+def _umask() -> int:
+    """This process's umask (reading it means setting it: put back at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _create(parent: int, name: str) -> int:

@@ -130,12 +130,34 @@ def test_a_hostile_stream_lands_nothing_outside_the_destination(tmp_path):
     ckpt = dest / "ckpt"
     assert (ckpt / "model.pt").read_bytes() == b"weights\0\r\n" and (ckpt / "sub" / "deep.txt").read_text() == "deep"
     assert stat.S_IMODE((ckpt / "model.pt").stat().st_mode) == 0o755  # no setuid bit
-    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777  # no setgid or sticky bit
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777 & ~umask  # no setgid or sticky bit; as the umask allows
     assert os.readlink(ckpt / "latest") == "model.pt" and os.readlink(ckpt / "self") == "."
     assert os.readlink(ckpt / "soon") == "sub"
     assert (ckpt / "same").stat().st_ino == (ckpt / "model.pt").stat().st_ino
     assert (ckpt / "up").is_dir() and not (ckpt / "up").is_symlink()  # made as a folder for planted; no link there
     assert (ckpt / "when.txt").read_bytes() == b"t" and (done.files, done.links) == (5, 3)
+
+
+@pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_the_modes_that_came_are_cut_by_the_users_umask(tmp_path, umask, folder, file):
+    """A job makes its outputs writable by everyone (0777, 0666): on this machine, which other people may use, they
+    land as tar lands them for a user, within the umask; an existing folder of the copy's name is not opened up."""
+    tar = tmp_path / "h.tar"
+    with tarfile.open(tar, "w") as t:
+        member(t, "ckpt", tarfile.DIRTYPE, mode=0o777)
+        member(t, "ckpt/sub", tarfile.DIRTYPE, mode=0o777)
+        member(t, "ckpt/model.pt", data=b"w", mode=0o666)
+    dest = tmp_path / "dest"
+    (dest / "ckpt").mkdir(parents=True, mode=0o700)
+    before = os.umask(umask)
+    try:
+        transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(dest, "ckpt"))
+    finally:
+        os.umask(before)
+    modes = [stat.S_IMODE((dest / p).stat().st_mode) for p in ("ckpt", "ckpt/sub", "ckpt/model.pt")]
+    assert modes == [folder, folder, file]
 
 
 def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writing_through_it(tmp_path):
