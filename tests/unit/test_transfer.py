@@ -178,6 +178,54 @@ def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writ
     assert not (tmp_path / "model.pt").is_symlink()
 
 
+class Endless:
+    """A stream that a container's tar could send, made as it is read: a header, then the same block on and on."""
+
+    def __init__(self, header: bytes, block: bytes = b"\0" * 512) -> None:
+        self.buf, self.block, self.sent = header, block, 0
+
+    def read(self, size: int = -1) -> bytes:
+        size = size if size > 0 else 1 << 16
+        while len(self.buf) < size:
+            self.buf += self.block * 256
+        out, self.buf = self.buf[:size], self.buf[size:]
+        self.sent += len(out)
+        return out
+
+
+def test_a_long_name_or_pax_header_is_refused_before_it_is_read_into_memory(tmp_path):
+    """tarfile reads a GNU long name or a pax header whole before kit sees its member: one that says it holds 64 MiB
+    (and a stream that sends it) is refused at its header."""
+    for kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = kind, 64 << 20
+        stream = Endless(info.tobuf(tarfile.GNU_FORMAT), b"a" * 512)
+        with pytest.raises(KitError, match="not a whole tar stream .*a header of 67108864 bytes"):
+            transfer.unpack(stream, Target(tmp_path, "x"), host="h")
+        assert stream.sent < 1 << 20
+
+
+def test_a_stream_of_members_left_out_is_not_held_in_memory(tmp_path):
+    """Devices, over and over (a stream has no end kit can trust): kit names the first it left out and counts the
+    rest; neither tarfile's list of members nor kit's grows with the stream."""
+    import tracemalloc
+    device = tarfile.TarInfo("ckpt/null")
+    device.type = tarfile.CHRTYPE
+    folder = tarfile.TarInfo("ckpt")
+    folder.type = tarfile.DIRTYPE
+    n = 40000  # 20 MB of headers
+    tar = tmp_path / "devices.tar"
+    tar.write_bytes(folder.tobuf(tarfile.GNU_FORMAT) + device.tobuf(tarfile.GNU_FORMAT) * n + b"\0" * 1024)
+    tracemalloc.start()
+    try:
+        done = transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "ckpt"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    assert done.left_out_count == n and done.left_out[0] == ("ckpt/null", "a device, fifo or socket")
+
+
 def test_what_is_not_a_tar_stream_is_an_error_naming_the_host(tmp_path):
     with pytest.raises(KitError, match=r"^h2: what came is not a whole tar stream"):
         transfer.unpack(LocalRunner("h2").read_out("printf 'not a tar'", 10), Target(tmp_path, "x"), host="h2")
