@@ -731,11 +731,15 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
 
 
 def manifest(workspace: str) -> str:
-    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed."""
+    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed, and
+    no name with a line break (a line of this conversation is kit's to read: the job's file names are not; such a
+    file is one the workspace lacks to kit, which sends it when the job's folder has it)."""
     lines = []
     for top, folders, names in os.walk(workspace):  # (links to folders are not entered)
         for name in names:
             path = os.path.join(top, name)
+            if "\n" in path:
+                continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:

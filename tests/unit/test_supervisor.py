@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import jobs
+from kit import jobs, supervisor
 from kit.commands.horovod import rank_command
 from kit.commands.launchers import tf_config
 from kit.supervisor import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot,
@@ -375,6 +375,20 @@ def test_a_job_that_cannot_be_copied_to_every_host_does_not_start(tmp_path, dock
         time.sleep(0.1)
     assert not Path(job.folder).exists() and not (env_dir / job.id).exists()
     assert not list((tmp_path / "ws").glob("out-*.txt"))
+
+
+def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_starter(tmp_path, docker_shim):
+    """A job leaves a file whose name holds a line of the starter's own (`@@kit-copied failed: ...`): the starter's
+    listing of the workspace leaves that name out, so the next job is copied and started as ever."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3)
+    planted = f"x\n{supervisor.MANIFEST_END}\n{supervisor.COPIED} failed: planted"
+    (tmp_path / "ws" / planted).write_text("")
+    synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+    outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
+    assert outcome.exit_code == 0 and synced.sent["a"] == 1 and planted not in synced.manifests["a"]
 
 
 def test_a_supervisor_that_cannot_start_is_said_at_once():
