@@ -590,12 +590,6 @@ def read_records(primary: Node) -> list[Record]:
     return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
 
 
-def check_job_id(job: str) -> str:
-    if not JOB_ID.fullmatch(job):
-        raise BadInput(f"'{job}' is not a job id", hint="`kit jobs` lists them, e.g. 20261123-194512-ab12")
-    return job
-
-
 JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
 
 
