@@ -615,8 +615,10 @@ def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
     if not found:
         raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
     shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    tails = all(i.rsplit("-", 1)[-1] == ref for i in found)  # then the last 4 characters are what fits several
     raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
-                   hint="give more of the id, or its last 4 characters")
+                   hint=f"give more of the id: its start, e.g. {found[-1]}" if tails else
+                   "give more of the id, or its last 4 characters")
 
 
 @dataclass
