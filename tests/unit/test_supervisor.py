@@ -391,6 +391,36 @@ def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_sta
     assert outcome.exit_code == 0 and synced.sent["a"] == 1 and planted not in synced.manifests["a"]
 
 
+UNPACK = """
+import io, os, sys, tarfile
+sys.path.insert(0, sys.argv[2])
+from kit import supervisor
+ws = sys.argv[1]
+open(os.path.join(ws, "d"), "w").close()  # a file where the job's folder d goes: tar cannot write any file of it
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for i in range(3000):
+        blob = os.urandom(1024)
+        info = tarfile.TarInfo("d/file-%05d" % i)
+        info.size = len(blob)
+        t.addfile(info, io.BytesIO(blob))
+data = buf.getvalue()
+inp = io.BytesIO(data + b'{"go": []}\\n')
+print(supervisor.unpack(inp, len(data), ws))
+print(inp.readline().decode(), end="")
+"""
+
+
+def test_the_starter_says_why_the_job_could_not_be_unpacked_however_much_tar_complains(tmp_path):
+    """3 MB of the job's files and a complaint from tar for each of them (as on a full disk): tar is fed to the end,
+    the answer is the end of its complaints, and the conversation goes on with the next message."""
+    r = subprocess.run([sys.executable, "-c", UNPACK, str(tmp_path), str(Path(jobs.__file__).parent.parent)],
+                       capture_output=True, text=True, timeout=60)
+    said, after = r.stdout.splitlines()
+    assert said.startswith(f"{supervisor.COPIED} failed: ") and "d/file-02999: Cannot open: Not a directory" in said
+    assert len(said) < 2100 and after == '{"go": []}'
+
+
 def test_a_supervisor_that_cannot_start_is_said_at_once():
     from kit.supervisor import spawn_detached
     import tempfile
