@@ -126,6 +126,8 @@ class Job:
 ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
 AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
 AFTER_MAX = 64 << 20
+# The most of what follows END_MARK that kit keeps: what ending_script prints (each small file up to 4000 bytes)
+ENDING_MAX = AFTER_MAX + len(ENDING) * 4200
 
 
 def ending_script(d: str) -> str:
@@ -404,12 +406,15 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
         if starting is not None:
             starting.talk.close()
     end = parse_ending(ended.rest)
-    left_out = set(end.get("left_out", "").split())  # a restart went on without them: they did not answer
+    # (the job can write these files: only the job's hosts are taken from them)
+    names, addresses = {n.name for n in nodes}, {n.address for n in nodes}
+    left_out = set(end.get("left_out", "").split()) & names  # a restart went on without them: they did not answer
     if "reaped" in end:
-        leftovers = parse_reaped(end["reaped"])
+        leftovers = {h: n for h, n in parse_reaped(end["reaped"]).items() if h in names}
     else:  # no supervisor ended it (its container went, or it failed): kit stops what is left
         leftovers = reap([n for n in nodes if n.name not in left_out], job_id)
-    return Outcome(ended.code, failures.first(), leftovers, end.get("env_kept", "").split(), ranks,
+    return Outcome(ended.code, failures.first(), leftovers,
+                   [a for a in end.get("env_kept", "").split() if a in addresses], ranks,
                    _int(end.get("restarts")) or 0, end.get("hang", ""), sorted(left_out),
                    parse_after(end[AFTER]) if AFTER in end else None)
 
@@ -434,21 +439,24 @@ END_MARK = "@@kit-job-end"
 @dataclass
 class End:
     """The follower's END_MARK line (the job's exit code, or none when its supervisor never came or left none) and
-    what follows it (the ending, ending_script)."""
+    what follows it (the ending, ending_script), up to ENDING_MAX. A job can write END_MARK into its own log: the
+    follower's own comes last, so each mark starts the ending anew, and what follows one is never kept unbounded."""
 
     code: int | None = None
     seen: bool = False
     rest: list[str] = field(default_factory=list)
+    kept: int = 0  # the characters in rest
 
     def feed(self, line: str) -> bool:
-        if self.seen:
-            self.rest.append(line)
+        if line.startswith(END_MARK):
+            value = line[len(END_MARK):].strip()
+            self.code, self.seen = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None, True
+            self.rest, self.kept = [], 0
             return True
-        if not line.startswith(END_MARK):
-            return False
-        value = line[len(END_MARK):].strip()
-        self.code, self.seen = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None, True
-        return True
+        if self.seen and self.kept + len(line) < ENDING_MAX:
+            self.rest.append(line)
+            self.kept += len(line) + 1
+        return self.seen
 
 
 def launch_ranks(line: str) -> list[str] | None:
@@ -582,12 +590,6 @@ def read_records(primary: Node) -> list[Record]:
     return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
 
 
-def check_job_id(job: str) -> str:
-    if not JOB_ID.fullmatch(job):
-        raise BadInput(f"'{job}' is not a job id", hint="`kit jobs` lists them, e.g. 20261123-194512-ab12")
-    return job
-
-
 JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
 
 
@@ -613,8 +615,10 @@ def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
     if not found:
         raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
     shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    tails = all(i.rsplit("-", 1)[-1] == ref for i in found)  # then the last 4 characters are what fits several
     raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
-                   hint="give more of the id, or its last 4 characters")
+                   hint=f"give more of the id: its start, e.g. {found[-1]}" if tails else
+                   "give more of the id, or its last 4 characters")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -746,11 +747,15 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
 
 
 def manifest(workspace: str) -> str:
-    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed."""
+    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed, and
+    no name with a line break (a line of this conversation is kit's to read: the job's file names are not; such a
+    file is one the workspace lacks to kit, which sends it when the job's folder has it)."""
     lines = []
     for top, folders, names in os.walk(workspace):  # (links to folders are not entered)
         for name in names:
             path = os.path.join(top, name)
+            if "\n" in path:
+                continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
@@ -766,23 +771,28 @@ def manifest(workspace: str) -> str:
 
 
 def unpack(inp, size: int, workspace: str) -> str:
-    """size bytes of a gzip'd tar from inp, unpacked into the workspace as UNTAR does; COPIED, or what failed."""
+    """size bytes of a gzip'd tar from inp, unpacked into the workspace as UNTAR does; COPIED, or what failed (the
+    end of tar's complaints, one for each file it could not write: a full disk)."""
     os.makedirs(workspace, exist_ok=True)
-    tar = subprocess.Popen(["tar", "-xzf", "-", "-C", workspace, "--no-same-owner"], stdin=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
-    left = size
-    while left:
-        block = inp.read(min(left, 1 << 20))
-        if not block:
-            break
-        left -= len(block)
-        try:
-            tar.stdin.write(block)
-        except BrokenPipeError:
-            pass  # (tar failed: the rest is read all the same, for the next message)
-    tar.stdin.close()
-    err = tar.stderr.read().decode(errors="replace").strip().replace("\n", "; ")
-    return COPIED if tar.wait() == 0 and not left else f"{COPIED} failed: {err or 'the copy was cut short'}"
+    # tar's stderr goes to a file: a pipe that nobody reads while tar is fed fills, and tar and this wait on each other
+    with tempfile.TemporaryFile() as complaints:
+        tar = subprocess.Popen(["tar", "-xzf", "-", "-C", workspace, "--no-same-owner"], stdin=subprocess.PIPE,
+                               stderr=complaints)
+        left = size
+        while left:
+            block = inp.read(min(left, 1 << 20))
+            if not block:
+                break
+            left -= len(block)
+            try:
+                tar.stdin.write(block)
+            except BrokenPipeError:
+                pass  # (tar failed: the rest is read all the same, for the next message)
+        tar.stdin.close()
+        code = tar.wait()
+        complaints.seek(max(0, complaints.seek(0, os.SEEK_END) - 2000))
+        err = complaints.read().decode(errors="replace").strip().replace("\n", "; ")
+    return COPIED if code == 0 and not left else f"{COPIED} failed: {err or 'the copy was cut short'}"
 
 
 def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:

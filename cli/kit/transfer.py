@@ -31,6 +31,10 @@ from kit.runners.base import Reading, Runner
 
 STALL_S = 300  # a copy fails when no byte moves for this long
 CHUNK = 1 << 20
+# What of an untrusted stream kit holds in memory: a member's long name or pax header (tarfile reads one whole before
+# kit sees the member), and the members it left out that it names (the others are counted).
+HEADER_MAX = 64 << 10
+LEFT_OUT_KEPT = 1000
 
 
 # ---------------------------------------------------------------- what the user typed
@@ -141,7 +145,8 @@ class Unpacked:
     folders: int = 0
     links: int = 0
     bytes: int = 0
-    left_out: list[tuple[str, str]] = field(default_factory=list)  # (member, why)
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (member, why): the first LEFT_OUT_KEPT
+    left_out_count: int = 0   # every member left out
 
 
 class _Counted:
@@ -177,6 +182,20 @@ def _parts(name: str, target: Target) -> tuple[str, ...] | str:
     return rest if not target.name else (target.name, *rest)
 
 
+# The headers that extend the next member (a GNU long name or link, a pax header), which tarfile reads whole.
+_EXTENSIONS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+               tarfile.SOLARIS_XHDTYPE)
+
+
+class _Bounded(tarfile.TarInfo):
+    """A member whose long name or pax header is refused beyond HEADER_MAX, before tarfile reads it into memory."""
+
+    def _proc_member(self, tar):
+        if self.type in _EXTENSIONS and self.size > HEADER_MAX:
+            raise tarfile.SubsequentHeaderError(f"a header of {self.size} bytes; kit reads one of {HEADER_MAX} at most")
+        return super()._proc_member(tar)
+
+
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -187,6 +206,7 @@ class Unpacker:
 
     def __init__(self, target: Target) -> None:
         self.target, self.done = target, Unpacked()
+        self.umask = _umask()  # applied to the modes that came, as tar does for a user: the job's are not ours to set
         self.copy = (target.name,) if target.name else ()  # the copy's own folder (or file), under into
         self.written: set[tuple[str, ...]] = set()
         self.links: list[tuple[tuple[str, ...], str, str]] = []  # (path, link target, member)
@@ -194,9 +214,10 @@ class Unpacker:
     def run(self, stream, host: str, on_bytes: Callable[[int], None]) -> Unpacked:
         self.root = os.open(self.target.into, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            with tarfile.open(fileobj=_Counted(stream, host, on_bytes), mode="r|") as tar:
+            with tarfile.open(fileobj=_Counted(stream, host, on_bytes), mode="r|", tarinfo=_Bounded) as tar:
                 for member in tar:
                     self._leave_out(member.name, self._member(tar, member))
+                    tar.members.clear()  # (tarfile keeps every member it read: a stream has no end kit can trust)
             for path, link, name in self.links:
                 self._leave_out(name, self._guarded(lambda: self._link(path, link)))
         except tarfile.TarError as e:
@@ -208,7 +229,9 @@ class Unpacker:
 
     def _leave_out(self, member: str, why: str | None) -> None:
         if why:
-            self.done.left_out.append((member, why))
+            self.done.left_out_count += 1
+            if len(self.done.left_out) < LEFT_OUT_KEPT:
+                self.done.left_out.append((member, why))
 
     def _member(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> str | None:
         parts = _parts(m.name, self.target)
@@ -257,7 +280,7 @@ class Unpacker:
     def _folder(self, parts: tuple[str, ...], m: tarfile.TarInfo) -> None:
         fd = self._open(parts)
         try:
-            os.fchmod(fd, (m.mode & 0o777) | 0o700)  # no setgid or sticky bit; ours to write into
+            os.fchmod(fd, (m.mode & 0o777 & ~self.umask) | 0o700)  # no setgid or sticky bit; ours to write into
         finally:
             os.close(fd)
         self.done.folders += 1
@@ -272,7 +295,7 @@ class Unpacker:
                     while view:
                         view = view[os.write(fd, view):]
                     self.done.bytes += len(block)
-                os.fchmod(fd, m.mode & 0o777)  # no setuid, setgid or sticky bit
+                os.fchmod(fd, m.mode & 0o777 & ~self.umask)  # no setuid, setgid or sticky bit
                 with contextlib.suppress(OSError, OverflowError, ValueError):  # a time no file can have: now's
                     os.utime(fd, (m.mtime, m.mtime))
             finally:
@@ -332,6 +355,13 @@ class Unpacker:
             return True
         except OSError:
             return False
+
+
+def _umask() -> int:
+    """This process's umask (reading it means setting it: put back at once)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _create(parent: int, name: str) -> int:

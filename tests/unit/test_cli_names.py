@@ -41,6 +41,8 @@ def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
         jobs.resolve_job(ref, IDS, "lab")
     assert (str(e.value), e.value.exit_code) == (said, 2)
     assert ("give more of the id" if "ambiguous" in said else "`kit jobs` lists them") in e.value.hint
+    if ref == "b862":  # the last 4 characters were given: the fix names the start of one, not them again
+        assert e.value.hint == "give more of the id: its start, e.g. 20261123-094501-b862"
 
 
 def test_a_job_name_is_checked_before_any_host_is_asked():

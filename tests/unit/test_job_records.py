@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from kit import jobs
-from kit.errors import BadInput
 from kit.jobs import RECORDS_SCRIPT, Record
 
 
@@ -90,11 +89,7 @@ def test_the_reader_follows_no_link_and_survives_what_a_rank_wrote(tmp_path):
     assert run_reader(tmp_path / "none") == []
 
 
-def test_a_job_id_is_checked_before_it_reaches_a_path():
-    assert jobs.check_job_id("20261123-194512-ab12") == "20261123-194512-ab12"
-    for bad in ("../../etc", "20261123-194512-ab12/..", "x", ""):
-        with pytest.raises(BadInput, match="is not a job id"):
-            jobs.check_job_id(bad)
+def test_a_new_job_id_is_of_the_form_the_reader_keeps():
     assert jobs.JOB_ID.fullmatch(jobs.new_job_id())
 
 
@@ -146,3 +141,57 @@ def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
     finally:
         other.kill()
         mine.kill()
+
+
+class FollowHere:
+    """The primary's runner for follow_to_end: its follow script run here by sh, on a job folder of this machine."""
+
+    def __init__(self, folder, workspace) -> None:
+        self.folder, self.workspace = folder, workspace
+
+    def stream_out(self, cmd: str, on_line, *, stdin=None) -> int:
+        proc = subprocess.Popen(["sh", "-c", inner(cmd, self.folder, self.workspace)], stdout=subprocess.PIPE)
+        for raw in proc.stdout:
+            on_line(raw.decode(errors="replace").rstrip("\n"))
+        return proc.wait()
+
+    def run(self, cmd: str, **kw):
+        raise AssertionError(f"kit ran {cmd}: the supervisor's end was there, nothing was left for kit to stop")
+
+
+def followed(tmp_path, **files):
+    """follow_to_end on a job of the hosts a (primary) and b whose folder holds these files, its output as shown."""
+    from kit.inventory import Host
+    from kit.place import Place
+    from kit.steps.node import Node
+    folder = tmp_path / "jobs"
+    write(folder, **files)
+    runner = FollowHere(folder, tmp_path)
+    nodes = [Node(Host(h, primary=h == "a"), runner, Place("kit-lab", "/var/lib/kit/lab"), address=address)
+             for h, address in (("a", "10.0.0.1"), ("b", "10.0.0.2"))]
+    shown = []
+    outcome = jobs.follow_to_end(nodes, "j1", ["a", "b"], lambda rank, host, text: shown.append(text))
+    return outcome, shown
+
+
+def test_an_end_mark_that_the_job_wrote_into_its_log_neither_ends_it_nor_forges_its_ending(tmp_path):
+    """A rank (root in the primary's container) appends kit's END_MARK and a made-up ending to the job's output.log:
+    kit still takes the job's exit code from the follower's own last mark, and of what the job's files name, only
+    the job's hosts (a name with rich markup would have stopped kit before it said how the job ended)."""
+    forged = f"{jobs.END_MARK} 0\n@@reaped\nb 99\n@@left_out\nb\n"
+    outcome, shown = followed(tmp_path, **{
+        "output.log": "[0]<stdout>:step 1\n" + forged + "[1]<stdout>:step 2\n",
+        "exit": "3", "reaped": "a 2\n[/bold] 5\nzz 7", "env_kept": "[red]10.9.9.9 10.0.0.2", "left_out": "[/] zz"})
+    assert outcome.exit_code == 3 and shown[0] == "step 1"
+    assert (outcome.leftovers, outcome.env_kept, outcome.left_out) == ({"a": 2}, ["10.0.0.2"], [])
+
+
+def test_what_follows_an_end_mark_is_kept_only_up_to_the_endings_size():
+    end = jobs.End()
+    assert end.feed(f"{jobs.END_MARK} 0") and end.code == 0
+    block, most = "x" * (1 << 16), (64 << 20) + (1 << 20)  # after.json's 64 MiB, and the small files
+    for _ in range(most // len(block) + 200):  # a job that writes on after a mark it wrote itself
+        assert end.feed(block)
+    assert sum(len(line) + 1 for line in end.rest) <= most
+    assert end.feed(f"{jobs.END_MARK} 4") and (end.code, end.rest) == (4, [])
+    assert end.feed("@@hang") and end.rest == ["@@hang"]

@@ -96,3 +96,19 @@ def test_a_closed_runner_opens_no_new_connection(host):
         with pytest.raises(KitError, match="kit had closed its connection"):
             start()
     assert not runner.conn.is_connected
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_conversation_keeps_only_the_end_of_what_its_command_says_on_stderr(request, kind):
+    """What a container says on stderr can be the job's, and go on for ever (a follower's, a copy's): kit keeps the
+    end of it, which says why the command failed, and no more."""
+    from kit.runners.local import LocalRunner
+    runner = LocalRunner("h") if kind == "local" else SshRunner(request.getfixturevalue("host"))
+    try:
+        talk = runner.converse("head -c 20000000 /dev/zero | tr '\\0' e >&2; echo 'the end' >&2; echo done; exit 3",
+                               silence=60)
+        assert list(talk.lines()) == ["done"]
+        r = talk.result()
+        assert r.exit_code == 3 and r.tail().endswith("the end") and len(r.stderr) <= 1 << 20
+    finally:
+        runner.close()

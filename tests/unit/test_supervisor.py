@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import jobs
+from kit import jobs, supervisor
 from kit.commands.horovod import rank_command
 from kit.commands.launchers import tf_config
 from kit.supervisor import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot,
@@ -375,6 +375,50 @@ def test_a_job_that_cannot_be_copied_to_every_host_does_not_start(tmp_path, dock
         time.sleep(0.1)
     assert not Path(job.folder).exists() and not (env_dir / job.id).exists()
     assert not list((tmp_path / "ws").glob("out-*.txt"))
+
+
+def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_starter(tmp_path, docker_shim):
+    """A job leaves a file whose name holds a line of the starter's own (`@@kit-copied failed: ...`): the starter's
+    listing of the workspace leaves that name out, so the next job is copied and started as ever."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3)
+    planted = f"x\n{supervisor.MANIFEST_END}\n{supervisor.COPIED} failed: planted"
+    (tmp_path / "ws" / planted).write_text("")
+    synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+    outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
+    assert outcome.exit_code == 0 and synced.sent["a"] == 1 and planted not in synced.manifests["a"]
+
+
+UNPACK = """
+import io, os, sys, tarfile
+sys.path.insert(0, sys.argv[2])
+from kit import supervisor
+ws = sys.argv[1]
+open(os.path.join(ws, "d"), "w").close()  # a file where the job's folder d goes: tar cannot write any file of it
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    for i in range(3000):
+        blob = os.urandom(1024)
+        info = tarfile.TarInfo("d/file-%05d" % i)
+        info.size = len(blob)
+        t.addfile(info, io.BytesIO(blob))
+data = buf.getvalue()
+inp = io.BytesIO(data + b'{"go": []}\\n')
+print(supervisor.unpack(inp, len(data), ws))
+print(inp.readline().decode(), end="")
+"""
+
+
+def test_the_starter_says_why_the_job_could_not_be_unpacked_however_much_tar_complains(tmp_path):
+    """3 MB of the job's files and a complaint from tar for each of them (as on a full disk): tar is fed to the end,
+    the answer is the end of its complaints, and the conversation goes on with the next message."""
+    r = subprocess.run([sys.executable, "-c", UNPACK, str(tmp_path), str(Path(jobs.__file__).parent.parent)],
+                       capture_output=True, text=True, timeout=60)
+    said, after = r.stdout.splitlines()
+    assert said.startswith(f"{supervisor.COPIED} failed: ") and "d/file-02999: Cannot open: Not a directory" in said
+    assert len(said) < 2100 and after == '{"go": []}'
 
 
 def test_a_supervisor_that_cannot_start_is_said_at_once():

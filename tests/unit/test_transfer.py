@@ -130,12 +130,34 @@ def test_a_hostile_stream_lands_nothing_outside_the_destination(tmp_path):
     ckpt = dest / "ckpt"
     assert (ckpt / "model.pt").read_bytes() == b"weights\0\r\n" and (ckpt / "sub" / "deep.txt").read_text() == "deep"
     assert stat.S_IMODE((ckpt / "model.pt").stat().st_mode) == 0o755  # no setuid bit
-    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777  # no setgid or sticky bit
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777 & ~umask  # no setgid or sticky bit; as the umask allows
     assert os.readlink(ckpt / "latest") == "model.pt" and os.readlink(ckpt / "self") == "."
     assert os.readlink(ckpt / "soon") == "sub"
     assert (ckpt / "same").stat().st_ino == (ckpt / "model.pt").stat().st_ino
     assert (ckpt / "up").is_dir() and not (ckpt / "up").is_symlink()  # made as a folder for planted; no link there
     assert (ckpt / "when.txt").read_bytes() == b"t" and (done.files, done.links) == (5, 3)
+
+
+@pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_the_modes_that_came_are_cut_by_the_users_umask(tmp_path, umask, folder, file):
+    """A job makes its outputs writable by everyone (0777, 0666): on this machine, which other people may use, they
+    land as tar lands them for a user, within the umask; an existing folder of the copy's name is not opened up."""
+    tar = tmp_path / "h.tar"
+    with tarfile.open(tar, "w") as t:
+        member(t, "ckpt", tarfile.DIRTYPE, mode=0o777)
+        member(t, "ckpt/sub", tarfile.DIRTYPE, mode=0o777)
+        member(t, "ckpt/model.pt", data=b"w", mode=0o666)
+    dest = tmp_path / "dest"
+    (dest / "ckpt").mkdir(parents=True, mode=0o700)
+    before = os.umask(umask)
+    try:
+        transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(dest, "ckpt"))
+    finally:
+        os.umask(before)
+    modes = [stat.S_IMODE((dest / p).stat().st_mode) for p in ("ckpt", "ckpt/sub", "ckpt/model.pt")]
+    assert modes == [folder, folder, file]
 
 
 def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writing_through_it(tmp_path):
@@ -154,6 +176,54 @@ def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writ
     transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "model.pt", onto_file=True))
     assert (tmp_path / "secret").read_text() == "keep" and (tmp_path / "model.pt").read_bytes() == b"new"
     assert not (tmp_path / "model.pt").is_symlink()
+
+
+class Endless:
+    """A stream that a container's tar could send, made as it is read: a header, then the same block on and on."""
+
+    def __init__(self, header: bytes, block: bytes = b"\0" * 512) -> None:
+        self.buf, self.block, self.sent = header, block, 0
+
+    def read(self, size: int = -1) -> bytes:
+        size = size if size > 0 else 1 << 16
+        while len(self.buf) < size:
+            self.buf += self.block * 256
+        out, self.buf = self.buf[:size], self.buf[size:]
+        self.sent += len(out)
+        return out
+
+
+def test_a_long_name_or_pax_header_is_refused_before_it_is_read_into_memory(tmp_path):
+    """tarfile reads a GNU long name or a pax header whole before kit sees its member: one that says it holds 64 MiB
+    (and a stream that sends it) is refused at its header."""
+    for kind in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = kind, 64 << 20
+        stream = Endless(info.tobuf(tarfile.GNU_FORMAT), b"a" * 512)
+        with pytest.raises(KitError, match="not a whole tar stream .*a header of 67108864 bytes"):
+            transfer.unpack(stream, Target(tmp_path, "x"), host="h")
+        assert stream.sent < 1 << 20
+
+
+def test_a_stream_of_members_left_out_is_not_held_in_memory(tmp_path):
+    """Devices, over and over (a stream has no end kit can trust): kit names the first it left out and counts the
+    rest; neither tarfile's list of members nor kit's grows with the stream."""
+    import tracemalloc
+    device = tarfile.TarInfo("ckpt/null")
+    device.type = tarfile.CHRTYPE
+    folder = tarfile.TarInfo("ckpt")
+    folder.type = tarfile.DIRTYPE
+    n = 40000  # 20 MB of headers
+    tar = tmp_path / "devices.tar"
+    tar.write_bytes(folder.tobuf(tarfile.GNU_FORMAT) + device.tobuf(tarfile.GNU_FORMAT) * n + b"\0" * 1024)
+    tracemalloc.start()
+    try:
+        done = transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "ckpt"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    assert done.left_out_count == n and done.left_out[0] == ("ckpt/null", "a device, fifo or socket")
 
 
 def test_what_is_not_a_tar_stream_is_an_error_naming_the_host(tmp_path):

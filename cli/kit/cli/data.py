@@ -70,8 +70,8 @@ def _download(cfg, state, source: transfer.Remote, dest: transfer.Local) -> None
                   f"{done.folders} folders, {done.links} links ({_mb(done.bytes)})")
     for member, why in done.left_out[:SHOWN_LEFT_OUT]:
         err_console.print(f"[yellow]left out[/] {escape(member)}: {escape(why)}")
-    if len(done.left_out) > SHOWN_LEFT_OUT:
-        err_console.print(f"[yellow]left out[/] {len(done.left_out) - SHOWN_LEFT_OUT} more")
+    if done.left_out_count > SHOWN_LEFT_OUT:
+        err_console.print(f"[yellow]left out[/] {done.left_out_count - SHOWN_LEFT_OUT} more")
 
 
 def _upload(cfg, state, source: transfer.Local, dest: transfer.Remote) -> None:

@@ -7,6 +7,9 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 from kit.errors import KitError
 
 TAIL_LINES = 15
+# The end of a conversation's stderr that kit keeps (it says why the command failed): what a container says there may
+# be the job's, and never ends.
+STDERR_KEPT = 64 << 10
 
 
 @dataclass(frozen=True)

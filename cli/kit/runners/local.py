@@ -14,7 +14,7 @@ import threading
 from typing import IO, Callable, Iterable, Iterator
 
 from kit.errors import KitError
-from kit.runners.base import STALL_S, Result
+from kit.runners.base import STALL_S, STDERR_KEPT, Result
 
 
 def _session() -> dict:
@@ -143,7 +143,8 @@ class LocalConversation:
         self.host, self.command, self.proc, self.silence, self.err = host, command, proc, silence, b""
 
         def read_stderr() -> None:
-            self.err = proc.stderr.read()
+            while chunk := proc.stderr.read(1 << 16):
+                self.err = (self.err + chunk)[-STDERR_KEPT:]
         self.reader = threading.Thread(target=read_stderr, daemon=True)
         self.reader.start()
 

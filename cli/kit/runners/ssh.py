@@ -26,7 +26,7 @@ from fabric import Config, Connection
 
 from kit.errors import KitError
 from kit.inventory import Host
-from kit.runners.base import STALL_S, Result
+from kit.runners.base import STALL_S, STDERR_KEPT, Result
 
 
 def connection_error(host: str, port: int, timeout: int, e: Exception, via: list[str] = ()) -> KitError:
@@ -233,7 +233,7 @@ class SshConversation:
         self.out = chan.makefile("rb")  # one buffer for every read of its lines
 
         def read_stderr() -> None:  # the channel's timeout is for silence on stdout: stderr may be quiet for long
-            parts = []
+            kept = b""
             while True:
                 try:
                     data = chan.recv_stderr(1 << 16)
@@ -245,8 +245,8 @@ class SshConversation:
                     break
                 if not data:
                     break
-                parts.append(data)
-            self.err = b"".join(parts)
+                kept = (kept + data)[-STDERR_KEPT:]
+            self.err = kept
         self.reader = threading.Thread(target=read_stderr, daemon=True)
         self.reader.start()
 
