@@ -95,12 +95,16 @@ def _key_id(path: str, key: str = "") -> str:
 def _model_keys(model, path: str, config) -> str:
     """Each key as a heading of its own (so a page can link to it), its facts on one line, then what it is."""
     defaults = _defaults(model)
+    types = {name: _type_name(field.annotation) for name, field in model.model_fields.items()}
+    if path == "build":  # build.flavor as kit.yaml reads it (requested_flavor): the hosts decide auto and tf
+        defaults["flavor"] = _value(config.requested_flavor(config.ConfigFile())[0])
+        types["flavor"] = _type_name(typing.Literal[(*config.AUTO_FLAVORS, *config.FLAVORS)])
     comments = _field_comments(model)
     flags = _flags_of_every_command()
     parts = []
     for name, field in model.model_fields.items():
         hint = config.HINTS.get(name) if path in config.SECTIONS else None
-        facts = [f"**type** {text(_type_name(field.annotation))}", f"**default** {defaults.get(name, 'required')}"]
+        facts = [f"**type** {text(types[name])}", f"**default** {defaults.get(name, 'required')}"]
         if flag := _flag_cell(config, name, flags):
             facts.append(f"**flag** {flag}")
         what = [text(w) for w in (comments.get(name, ""), field.description or "") if w]
@@ -324,13 +328,32 @@ def doctor_checks(root: Path | None = None) -> dict[str, dict[str, list[tuple[st
     root = root or Path(kit.__file__).parent
     trees = [ast.parse(path.read_text()) for path in sorted(root.rglob("*.py"))]
     constants = {name: value for tree in trees for name, value in _assigned(tree.body).items()}
+    functions = {f.name: f for tree in trees for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
     found: dict[str, dict[str, list[tuple[str, str]]]] = {}
     for tree in trees:
         for func, call in _finding_calls(tree):
             names = {**constants, **(_assigned(ast.walk(func)) if func else {})}
-            for bound in _bindings(tree, func, call):
-                _add_finding(found, call, Names(bound, names), func)
+            for said, helper in _spelled_out(call, func, functions):
+                for bound in _bindings(tree, func, said):
+                    _add_finding(found, said, Names(bound, {**names, **helper}), func)
     return found
+
+
+def _spelled_out(call: ast.Call, func, functions) -> list[tuple[ast.Call, dict[str, list[ast.expr]]]]:
+    """The Finding call as written; or, where its text and fix are a helper's answer (`Finding(host, CHECK, FAIL,
+    *found)` with `found = helper(...)`), one call for each (text, fix) the helper returns, with the helper's own
+    names."""
+    starred = next((a for a in call.args if isinstance(a, ast.Starred)), None)
+    if starred is None or func is None or not isinstance(starred.value, ast.Name):
+        return [(call, {})]
+    given = [v for v in _assigned(ast.walk(func)).get(starred.value.id, []) if isinstance(v, ast.Call)]
+    helper = functions.get(_called(given[0])) if given else None
+    if helper is None:
+        return [(call, {})]
+    before = call.args[:call.args.index(starred)]
+    answers = [r.value.elts for r in ast.walk(helper) if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple)]
+    return [(ast.Call(func=call.func, args=[*before, *elts], keywords=call.keywords), _assigned(ast.walk(helper)))
+            for elts in answers]
 
 
 class Names:
@@ -441,8 +464,9 @@ def _render(node: ast.expr | None, names: Names, prefer=max) -> str:
                        for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _render(node.left, names, prefer) + _render(node.right, names, prefer)
-    if isinstance(node, ast.IfExp):
-        return prefer((_render(node.body, names, prefer), _render(node.orelse, names, prefer)), key=len)
+    if isinstance(node, ast.IfExp):  # ("" if fine else ": too small"): by prefer; a problem's (special if x else
+        body, orelse = _render(node.body, names, prefer), _render(node.orelse, names, prefer)  # usual): the usual
+        return orelse if body and orelse and prefer is max else prefer((body, orelse), key=len)
     return "…"
 
 

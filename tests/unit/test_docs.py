@@ -234,6 +234,30 @@ def judge(r):
     assert found["nic"] == {"ok": [("… bytes", "")], "fail": [("… bytes: differs", "set one MTU")]}
 
 
+def test_a_finding_whose_words_a_helper_returns_shows_each_of_its_answers(kitref, tmp_path):
+    (tmp_path / "checks.py").write_text('''
+def problem(old, tf):
+    whose = "TensorFlow's CUDA" if tf else "the image's CUDA"
+    if old < 3:
+        return (f"driver {old} is too old for {whose}", "install a newer driver")
+    return None
+
+def judge(r):
+    found = problem(r.old, r.tf)
+    if found:
+        return [Finding(r.name, "cuda", FAIL, *found)]
+    return [Finding(r.name, "cuda", OK, f"driver {r.old} runs it")]
+''')
+    assert kitref.doctor_checks(tmp_path)["cuda"] == {
+        "ok": [("driver … runs it", "")], "fail": [("driver … is too old for the image's CUDA", "install a newer driver")]}
+
+
+def test_the_reference_gives_build_flavor_as_kit_yaml_reads_it(site):
+    """auto (the default) and tf are decided from the hosts before the build's model sees a flavor."""
+    shown = text_of(section(page(site, "reference/kit-yaml"), "build-flavor", "h3"))
+    assert "one of: auto, tf, cpu, gpu, tf-cpu, tf-gpu" in shown and "default auto" in shown
+
+
 # ---------------------------------------------------------------- README.md: the front page
 
 def test_readme_is_a_short_front_page():
