@@ -497,6 +497,13 @@ def lab_cluster(lab: "Lab", project: Path, name: str, *up_args: str, port: int =
             raise LeftBehind("\n".join(problems))
 
 
+def kit(project: Path, lab: Lab, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """A kit command in a project folder, as the lab's user (its SSH config, its known hosts)."""
+    from helpers import run_kit
+
+    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
+
+
 def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None, **settings) -> Path:
     """A user's project folder for the lab: kit.yaml with the cluster's settings (and `build` settings when given:
     else kit's defaults, the image cli/demo builds), hosts.txt, the image built. The build runs as the machine's

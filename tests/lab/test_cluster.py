@@ -10,16 +10,12 @@ import time
 
 import pytest
 
-from harness import ClusterUpFailed, lab_cluster
+from harness import ClusterUpFailed, kit, lab_cluster
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
 CONTAINER = "kit-lab"
 PORT = 12345
-
-
-def kit(project, lab, *args, timeout=900):
-    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
 
 
 def containers(h) -> list[dict]:

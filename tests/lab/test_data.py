@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import lab_cluster, local_leftovers, remove_local_clusters
-from helpers import run_kit
+from harness import kit, lab_cluster, local_leftovers, remove_local_clusters
 
 pytestmark = pytest.mark.lab
 NAME = "data"
@@ -46,10 +45,6 @@ if rank == 1:  # in a folder the job's .kitignore leaves out: never copied to th
     with open("big/from-rank-1.txt", "w") as f:
         f.write("rank 1")
 '''
-
-
-def kit(project, lab, *args, timeout=900):
-    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
 
 
 def kit_bytes(project, lab, *args, stdin: bytes = b"") -> subprocess.CompletedProcess:

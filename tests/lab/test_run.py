@@ -12,16 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import lab_cluster, make_project
-from helpers import REPO, run_kit
+from harness import kit, lab_cluster, make_project
+from helpers import REPO
 
 pytestmark = pytest.mark.lab
 JOBS = Path(__file__).parent / "jobs"
 LOOP = str(JOBS / "allreduce_loop.py")
-
-
-def kit(project, lab, *args, timeout=900):
-    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from harness import lab_cluster
-from helpers import REPO, run_kit
+from harness import kit, lab_cluster
+from helpers import REPO
 
 pytestmark = pytest.mark.lab
 WORKSPACE = "/var/lib/kit/lab/workspace"
@@ -16,10 +16,6 @@ ARGS = """\
 import json, socket, sys
 print("args " + json.dumps(sys.argv[1:]) + " on " + socket.gethostname(), flush=True)
 """
-
-
-def kit(project, lab, *args, timeout=900):
-    return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
