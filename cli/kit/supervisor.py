@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -174,6 +175,27 @@ def reap_script(job_id: str) -> str:
 # A host's workspace: each file's sha256 (find follows no link: a link the job made is neither hashed nor copied).
 MANIFEST = "cd {workspace} 2>/dev/null && find . -type f -print0 | xargs -0 -r sha256sum"
 MANIFEST_MARK = "@@kit-manifest"
+# sha256sum's escapes in a name that holds a backslash or a line break (its line then starts with a backslash)
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
+
+
+def manifest_line(name: str, digest: str) -> str:
+    """A line of MANIFEST's output, as sha256sum writes it: whatever the name holds, it is one line."""
+    escaped = "".join(_ESCAPES.get(c, c) for c in name)
+    return ("\\" if escaped != name else "") + f"{digest}  ./{escaped}\n"
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    """name -> sha256 from MANIFEST's lines (sha256sum's, or manifest_line's), each name as it is on disk: lines end
+    at a line feed alone (a job's file name may hold any other separator of str.splitlines)."""
+    found = {}
+    for line in text.split("\n"):
+        digest, _, name = line.partition("  ")
+        if line.startswith("\\"):
+            digest, name = digest[1:], re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m[1], m[1]), name)
+        if name:
+            found[name.removeprefix("./")] = digest
+    return found
 
 
 def end_script(job_id: str, workspace: str | None) -> str:
@@ -416,7 +438,8 @@ class Supervisor:
         full = argv if self.plan.is_here(host) else \
             [*SSH, *SHARED, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
         try:
-            return subprocess.run(full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            r = subprocess.run(full, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.CompletedProcess(full, r.returncode, _text(r.stdout), _text(r.stderr))
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(full, 124, "", f"no answer from {host.host} in {timeout:.0f} s")
 
@@ -717,13 +740,12 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
     done: dict = {"sent": 0, "manifest": ""}
     try:
         if files is not None:
-            r = subprocess.run(ssh_argv(address, MANIFEST.format(workspace=ws)), capture_output=True, text=True,
+            r = subprocess.run(ssh_argv(address, MANIFEST.format(workspace=ws)), capture_output=True,
                                timeout=COPY_TIMEOUT_S)
             if r.returncode != 0:
                 return {"error": f"cannot list the workspace {workspace} in the container (exit {r.returncode}): "
-                                 f"{r.stderr.strip()[-500:]}"}
-            had = {name.removeprefix("./"): digest for digest, _, name in
-                   (line.partition("  ") for line in r.stdout.splitlines()) if name}
+                                 f"{_text(r.stderr).strip()[-500:]}"}
+            had = parse_manifest(_text(r.stdout))
             names = [name for name, digest in files.items() if had.get(name) != digest]
             if names:
                 untar = shlex.join(ssh_argv(address, f"mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner", stdin=True))
@@ -732,7 +754,7 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
                 if r.returncode != 0:
                     return {"error": f"cannot copy the job's files to {workspace} (exit {r.returncode}): "
                                      f"{r.stderr.decode(errors='replace').strip()[-500:]}"}
-            done.update(sent=len(names), manifest="".join(f"{d}  ./{n}\n" for n, d in had.items()))
+            done.update(sent=len(names), manifest="".join(manifest_line(n, d) for n, d in had.items()))
         if env_text is not None:
             r = subprocess.run(ssh_argv(address, f"umask 077 && mkdir -p {ENV_DIR} && cat > {ENV_DIR}/{job}",
                                         stdin=True), input=env_text.encode(), capture_output=True,
@@ -747,15 +769,13 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
 
 
 def manifest(workspace: str) -> str:
-    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed, and
-    no name with a line break (a line of this conversation is kit's to read: the job's file names are not; such a
-    file is one the workspace lacks to kit, which sends it when the job's folder has it)."""
+    """MANIFEST's output (sha256sum's lines, `DIGEST  ./NAME`), made here: regular files only, no link followed, each
+    name escaped as sha256sum escapes it (a line of this conversation is kit's to read: the job's file names are not;
+    and the supervisor reads this workspace with sha256sum at the job's end, which must name each file the same)."""
     lines = []
     for top, folders, names in os.walk(workspace):  # (links to folders are not entered)
         for name in names:
             path = os.path.join(top, name)
-            if "\n" in path:
-                continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
@@ -766,8 +786,14 @@ def manifest(workspace: str) -> str:
                 digest = hashlib.sha256()
                 while block := f.read(1 << 20):
                     digest.update(block)
-            lines.append(f"{digest.hexdigest()}  ./{os.path.relpath(path, workspace)}\n")
+            lines.append(manifest_line(os.path.relpath(path, workspace), digest.hexdigest()))
     return "".join(lines)
+
+
+def _text(output: bytes) -> str:
+    """A command's output as text: a job's file names and what its ranks write need not be UTF-8, and a carriage
+    return in one is no line break."""
+    return output.decode(errors="replace")
 
 
 def unpack(inp, size: int, workspace: str) -> str:

@@ -296,6 +296,7 @@ DOCKER_SHIM = r"""#!/bin/bash
 shift
 while [ $# -gt 0 ]; do case "$1" in -i|-t|-d) shift;; -e|-w) shift 2;; *) break;; esac; done
 shift  # the container
+export LANG=C.UTF-8 LC_ALL=C.UTF-8  # the image's locale (kit runs commands in C)
 exec "$@"
 """
 
@@ -379,7 +380,8 @@ def test_a_job_that_cannot_be_copied_to_every_host_does_not_start(tmp_path, dock
 
 def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_starter(tmp_path, docker_shim):
     """A job leaves a file whose name holds a line of the starter's own (`@@kit-copied failed: ...`): the starter's
-    listing of the workspace leaves that name out, so the next job is copied and started as ever."""
+    listing of the workspace escapes the name as sha256sum does (one line), so the next job is copied and started as
+    ever, and the file is listed by its name."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "write.py").write_text(WRITER)
@@ -388,7 +390,8 @@ def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_sta
     (tmp_path / "ws" / planted).write_text("")
     synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
     outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
-    assert outcome.exit_code == 0 and synced.sent["a"] == 1 and planted not in synced.manifests["a"]
+    assert outcome.exit_code == 0 and synced.sent["a"] == 1
+    assert synced.manifests["a"][planted] == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
 UNPACK = """
@@ -436,3 +439,34 @@ def test_what_a_rank_could_write_in_the_ending_is_read_strictly():
         assert jobs.parse_after(forged) is None
     ending = jobs.parse_ending(["@@hang", "no rank moved", "@@nosuch", "x", "@@reaped", "a 1"])
     assert ending == {"hang": "no rank moved\n@@nosuch\nx", "reaped": "a 1"}
+
+
+ODD_NAMES = ["logs\\run1.txt", "a\nb", "c\rd", "e\u2028" + "0" * 64 + "  write.py"]
+
+
+def test_a_file_name_with_a_backslash_or_a_line_break_is_one_file_to_the_starter_and_to_sha256sum(tmp_path):
+    """The primary's workspace before a job is the starter's listing, after it sha256sum's (MANIFEST): a job that
+    wrote `logs\\run1.txt` (a Windows path on Linux) or a name with a line break must read as the same file in both,
+    by its real name, or the spread copies a name that does not exist, and fails, after every later job. A name
+    holding a line separator of Python's (U+2028) and a manifest line is no second line."""
+    for i, name in enumerate(ODD_NAMES):
+        (tmp_path / name).write_text(str(i))
+    listed = subprocess.run(["sh", "-c", supervisor.MANIFEST.format(workspace=shlex.quote(str(tmp_path)))],
+                            capture_output=True, check=True).stdout.decode()
+    before, after = jobs.workspace.parse_manifest(supervisor.manifest(str(tmp_path))), \
+        jobs.workspace.parse_manifest(listed)
+    assert before == after and sorted(after) == sorted(ODD_NAMES)
+    assert jobs.workspace.spread_plan({"a": before, "b": {}}, {"a": after, "b": {}}) == {}  # nothing was written
+
+
+def test_a_file_name_that_is_not_utf8_on_another_host_does_not_stop_the_next_job(tmp_path, docker_shim):
+    """A job left a file whose name is not UTF-8 (a dataset unzipped from cp437) in the workspace of its hosts: the
+    starter still reads those workspaces and the next job starts."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3)
+    (tmp_path / "ws").joinpath(os.fsdecode(b"caf\xe9.txt")).write_text("x")
+    synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+    outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
+    assert outcome.exit_code == 0 and set(synced.manifests) == {"a", "b", "c"}

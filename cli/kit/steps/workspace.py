@@ -28,7 +28,7 @@ from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, read_input
 from kit.steps.image import file_sha256
 from kit.steps.node import Node
-from kit.supervisor import MANIFEST
+from kit.supervisor import MANIFEST, parse_manifest  # noqa: F401 - kit's one reader of it
 
 COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 
@@ -113,15 +113,6 @@ def remote_manifest_command(container: str, workspace: str) -> str:
 
 
 UNTAR = "mkdir -p {ws} && tar -xzf - -C {ws} --no-same-owner"
-
-
-def parse_manifest(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        digest, _, name = line.partition("  ")
-        if name:
-            out[name.removeprefix("./")] = digest
-    return out
 
 
 def changed(local: dict[str, str], remote: dict[str, str]) -> list[str]:
