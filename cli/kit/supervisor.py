@@ -673,8 +673,8 @@ def start(inp, out) -> int:
     4. {"go": [kit's lines]}: the log begun with them, the supervisor started apart from this session (a session of
        its own, stdio on /dev/null: a closed laptop or a dropped VPN does not end the job), and, given a follow
        script, this process becomes the follower of the job's output.
-    The end of stdin before 4 (kit stopped, or a host failed): the job's folder and variables are removed, here and
-    where they were given, and nothing started."""
+    The end of stdin before 4, or an answer that finds no reader (kit stopped, its link dropped, or a host failed):
+    the job's variables and folder are removed, here and where they were given, and nothing started."""
     request = json.loads(inp.readline())
     folder, job = request["folder"], os.path.basename(request["folder"])
     os.makedirs(folder, exist_ok=True)
@@ -686,29 +686,34 @@ def start(inp, out) -> int:
         fd = os.open(os.path.join(ENV_DIR, job), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(env_text)
-    out.write(manifest(workspace) + MANIFEST_END + "\n")
-    out.flush()
     given: list[str] = []  # the addresses of the other hosts that were given the variables
-    while True:
-        line = inp.readline()
-        if not line:  # kit stopped, or a host failed: nothing starts, and nothing of the job stays
-            shutil.rmtree(folder, ignore_errors=True)
-            if env_text is not None:
-                os.remove(os.path.join(ENV_DIR, job))
-                at_once(given, lambda a: subprocess.run(ssh_argv(a, shlex.join(["rm", "-f", f"{ENV_DIR}/{job}"])),
-                                                        capture_output=True, timeout=REMOTE_TIMEOUT_S))
-            return 3
-        message = json.loads(line)
-        if "tar" in message:
-            out.write(unpack(inp, int(message["tar"]), workspace) + "\n")
-        elif "others" in message:
-            done = at_once(request["hosts"], lambda h: give(h, workspace, request["job_files"] if request["copy"]
-                                                            else None, job, env_text))
-            given = [h["address"] for h, d in zip(request["hosts"], done) if d.get("env")]
-            out.write(HOSTS + " " + json.dumps({h["name"]: d for h, d in zip(request["hosts"], done)}) + "\n")
-        elif "go" in message:
-            break
+
+    def abandon() -> int:  # nothing starts, and nothing of the job stays (the folder last: its absence says so)
+        if env_text is not None:
+            os.remove(os.path.join(ENV_DIR, job))
+            at_once(given, lambda a: _run_quietly(ssh_argv(a, shlex.join(["rm", "-f", f"{ENV_DIR}/{job}"]))))
+        shutil.rmtree(folder, ignore_errors=True)
+        return 3
+    try:
+        out.write(manifest(workspace) + MANIFEST_END + "\n")
         out.flush()
+        while True:
+            line = inp.readline()
+            if not line:  # kit stopped, or a host failed
+                return abandon()
+            message = json.loads(line)
+            if "tar" in message:
+                out.write(unpack(inp, int(message["tar"]), workspace) + "\n")
+            elif "others" in message:
+                done = at_once(request["hosts"], lambda h: give(h, workspace, request["job_files"] if request["copy"]
+                                                                else None, job, env_text))
+                given = [h["address"] for h, d in zip(request["hosts"], done) if d.get("env")]
+                out.write(HOSTS + " " + json.dumps({h["name"]: d for h, d in zip(request["hosts"], done)}) + "\n")
+            elif "go" in message:
+                break
+            out.flush()
+    except BrokenPipeError:  # kit's end of the conversation is gone (its link dropped while this gave the hosts)
+        return abandon()
     with open(os.path.join(folder, "output.log"), "a") as f:
         f.write("".join(f"kit: {line}\n" for line in message["go"]))
     argv = [sys.executable, "-c", request["source"], os.path.join(folder, "plan.json")]
@@ -725,6 +730,14 @@ def start(inp, out) -> int:
     out.write(STARTED + "\n")
     out.flush()
     return 1 if error else 0
+
+
+def _run_quietly(argv: list[str]) -> None:
+    """A step whose failure nobody is left to hear (the job's variables removed from a host as kit goes)."""
+    try:
+        subprocess.run(argv, capture_output=True, timeout=REMOTE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def ssh_argv(address: str, command: str, stdin: bool = False) -> list[str]:

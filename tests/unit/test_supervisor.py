@@ -470,3 +470,29 @@ def test_a_file_name_that_is_not_utf8_on_another_host_does_not_stop_the_next_job
     synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
     outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
     assert outcome.exit_code == 0 and set(synced.manifests) == {"a", "b", "c"}
+
+
+def test_a_starter_whose_kit_went_away_while_it_answered_leaves_nothing_of_the_job(tmp_path, ssh_shim):
+    """kit's link dropped while the starter gave the other hosts their part (its answer finds no reader): nothing
+    starts, and the job's folder and variables go, here and on the host that was given them, as at the end of its
+    input."""
+    job = job_id()
+    folder, ws = tmp_path / "jobs" / job, tmp_path / "ws"
+    ws.mkdir()
+    request = {"folder": str(folder), "files": {"plan.json": "{}"}, "env": {}, "source": jobs.SUPERVISOR,
+               "follow": None, "workspace": str(ws), "env_file": "SECRET_TOKEN=v\n",
+               "hosts": [{"name": "b", "address": "10.0.0.2"}], "job_files": {}, "copy": False}
+    starter = subprocess.Popen([sys.executable, "-c", jobs.SUPERVISOR, "--start"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    starter.stdin.write(json.dumps(request).encode() + b"\n")
+    starter.stdin.flush()
+    assert starter.stdout.readline().decode().startswith(supervisor.MANIFEST_END)
+    starter.stdout.close()  # kit is gone
+    starter.stdin.write(b'{"others": true}\n')
+    starter.stdin.flush()
+    try:
+        starter.wait(timeout=30)
+    finally:
+        starter.kill()
+    assert "10.0.0.2 umask 077" in (ssh_shim / "calls").read_text()  # b was given the variables...
+    assert not (Path(ENV_DIR) / job).exists() and not folder.exists()  # ... and they are gone, as the folder
