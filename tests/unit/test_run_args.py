@@ -36,6 +36,7 @@ SLOTS = [Slot("a", "10.0.0.1", 2), Slot("b", "10.0.0.2", 2), Slot("c", "10.0.0.3
     (["--np", "2", "--", "-odd.py", "--np", "4"], ["--np", "2"], "-odd.py", ["--np", "4"]),
     (["-d", "-eA=1", "--env", "B", "--launcher", "torchrun", "train.py", "--lr", "-1", "-e", "C=2", "--detach"],
      ["-d", "-eA=1", "--env", "B", "--launcher", "torchrun", "-e", "C=2", "--detach"], "train.py", ["--lr", "-1"]),
+    (["train.py", "-d", "/data", "--epochs", "2"], [], "train.py", ["-d", "/data", "--epochs", "2"]),
     (["--cycle-time-ms", "-2", "train.py", "-", "--hosts", "b"], ["--cycle-time-ms", "-2", "--hosts", "b"], "train.py",
      ["-"]),
     (["--np", "2"], ["--np", "2"], None, []),
@@ -106,8 +107,15 @@ def test_the_options_that_pick_the_cluster_or_folder_are_the_scripts_after_it(se
 
 
 def test_after_a_double_dash_everything_is_the_scripts(seen):
-    assert kit_run("train.py", "-d", "--", "--np", "5", "-H", "x").exit_code == 0
+    assert kit_run("train.py", "--detach", "--", "--np", "5", "-H", "x").exit_code == 0
     assert (seen["args"], seen["np"], seen["hosts"], seen["detach"]) == (["--np", "5", "-H", "x"], None, None, True)
+
+
+def test_a_data_folder_given_as_d_after_the_script_is_the_scripts_and_detaches_nothing(seen):
+    assert kit_run("train.py", "-d", "/data").exit_code == 0
+    assert (seen["args"], seen["detach"]) == (["-d", "/data"], False)
+    assert kit_run("-d", "train.py", "-d", "/data").exit_code == 0
+    assert (seen["args"], seen["detach"]) == (["-d", "/data"], True)
 
 
 def test_an_unknown_option_before_the_script_exits_2(seen):

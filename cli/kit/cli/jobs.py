@@ -81,8 +81,8 @@ def run(
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here.
 
     The script's arguments need no --: before SCRIPT go kit run's options (an unknown one is refused); after SCRIPT,
-    kit takes its own run options wherever they stand, except --config/-c, --name, --workdir and --help, which are
-    the script's there, and every other argument goes to the script, in its order; after --, all is the script's.
+    kit takes its own run options wherever they stand, except --config/-c, --name, --workdir, -d and --help, which
+    are the script's there, and every other argument goes to the script, in its order; after --, all is the script's.
     -np N and -H host:slots,... are spelled as horovodrun spells them. kit's first line shows what the script got.
 
     \b

@@ -16,8 +16,8 @@ from kit.cli.common import _report
 from kit.errors import BadInput, KitError
 
 # After the script these are the script's: training scripts have options of these names (a config file, a run's name,
-# a work folder, their own help). Before the script they are kit's.
-SCRIPTS_OWN = ("--config", "-c", "--name", "--workdir", "--help")
+# a work folder, a data folder as -d, their own help). Before the script they are kit's (--detach is kit's anywhere).
+SCRIPTS_OWN = ("--config", "-c", "--name", "--workdir", "-d", "--help")
 
 
 @dataclass(frozen=True)
