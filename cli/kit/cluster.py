@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from kit import state as st
 from kit.commands.docker import ContainerSpec, command, network_remove_argv, remove_argv
@@ -56,7 +56,7 @@ def _name(node: Node) -> str:
 
 @dataclass(frozen=True)
 class Where:
-    """Where `kit up` brings the cluster up: the recorded hosts (hosts None, count None), a local cluster of count
+    """Where `kit up` brings the cluster up: the recorded hosts (recorded set, count None), a local cluster of count
     containers (count set), or the hosts of a hosts file (neither: the caller reads it)."""
 
     recorded: list[Host] | None = None
@@ -86,6 +86,21 @@ def where_to_bring_up(state: st.ClusterState | None, cluster: str, hosts_file: b
         return Where(recorded=[h.host for h in state.hosts])
     recorded = len(state.hosts) if state is not None else None
     return Where(count=nodes if nodes is not None else recorded or default_count)
+
+
+# A cluster's settings that its containers run with and a flag of `kit up` may set: a later `kit up` keeps them where
+# neither a flag nor kit.yaml gives them now (else a left-out --ssh-port replaced every container, and ended its jobs).
+KEPT_SETTINGS = ("ssh_port", "workspace", "shm_size")
+
+
+def kept_settings(state: st.ClusterState | None, cfg: ClusterConfig, given: set[str]) -> dict[str, Any]:
+    """The recorded cluster's settings (KEPT_SETTINGS) that differ from cfg's and that nothing in `given` (the keys
+    set by a flag or by kit.yaml) sets: its settings on servers. A local cluster's containers are made again at will."""
+    if state is None or state.local:
+        return {}
+    recorded = {"ssh_port": state.ssh_port, "workspace": state.workspace, "shm_size": state.shm_size or None}
+    now = {"ssh_port": cfg.ssh_port, "workspace": cfg.workspace_path, "shm_size": cfg.shm_size}
+    return {k: v for k, v in recorded.items() if k not in given and v != now[k]}
 
 
 @dataclass
@@ -193,7 +208,8 @@ class Up:
         st.save(self.identity.folder, st.ClusterState(
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
             workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
-            storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor, cuda=self.image.cuda or ""))
+            storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor, cuda=self.image.cuda or "",
+            shm_size=self.cfg.shm_size or ""))
 
     def _makes_workspace(self, n: Node) -> bool:
         """A host without the workspace folder makes it; the local cluster's one folder is the primary's to

@@ -48,7 +48,7 @@ def down_after(project, lab):
 
 
 def test_up_twice_then_down_twice(project, lab):
-    r = kit(project, lab, "up", "--hosts", "hosts.txt")
+    r = kit(project, lab, "up", "--hosts", "hosts.txt", "--shm-size", "1g")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "✓ cluster lab is up on 3 hosts" in r.stdout
     assert "NCCL" not in r.stdout + r.stderr  # the NCCL path is the gpu flavor's alone to check and report
@@ -66,8 +66,9 @@ def test_up_twice_then_down_twice(project, lab):
     assert "[X] PyTorch" in check.stdout and check.returncode == 0
 
     before = {h.name: started_at(h) for h in lab.hosts}
-    again = kit(project, lab, "up", "--hosts", "hosts.txt")
+    again = kit(project, lab, "up", "--hosts", "hosts.txt")  # --shm-size left out: kept, not the default
     assert again.returncode == 0, again.stderr
+    assert "cluster lab keeps the settings it was brought up with: shm_size 1g" in again.stdout
     assert "✓ cluster lab is up on 3 hosts: no change" in again.stdout
     assert "loaded image" not in again.stdout and "started container" not in again.stdout
     assert {h.name: started_at(h) for h in lab.hosts} == before

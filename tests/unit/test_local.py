@@ -119,6 +119,24 @@ def test_up_refuses_to_replace_one_kind_of_cluster_with_another(local, hosts_fil
     assert str(e.value).startswith(says) and e.value.hint
 
 
+def test_a_later_up_keeps_the_settings_the_cluster_runs_with_unless_a_flag_or_kit_yaml_gives_them():
+    """`kit up --hosts hosts.txt --ssh-port 2222 --shm-size 8g`, later `kit up`: the containers keep port 2222 and
+    8g, not the defaults (which would replace them all); a flag or kit.yaml's key is what changes them."""
+    from dataclasses import replace
+
+    from kit.cluster import kept_settings
+    from kit.config import ClusterConfig
+    state = replace(_state(local=False), ssh_port=2222, shm_size="8g")
+    assert kept_settings(state, ClusterConfig(), set()) == {"ssh_port": 2222, "workspace": "/w", "shm_size": "8g"}
+    assert kept_settings(state, ClusterConfig(ssh_port=2300), {"ssh_port", "workspace"}) == {"shm_size": "8g"}
+    same = ClusterConfig(ssh_port=2222, workspace="/w", shm_size="8g")
+    assert kept_settings(state, same, set()) == {}  # nothing differs: nothing said
+    assert kept_settings(replace(state, shm_size=""), ClusterConfig(shm_size="1g"), set()) == \
+        {"ssh_port": 2222, "workspace": "/w", "shm_size": None}
+    assert kept_settings(_state(local=True), ClusterConfig(), set()) == {} and \
+        kept_settings(None, ClusterConfig(), set()) == {}
+
+
 def test_recorded_hosts_are_not_asked_again_who_logs_in():
     """`kit run`, `logs`, `exec` ... on a cluster up recorded: each host's sudo is as up found it (one round trip a
     host less before a job); a record without it (an older kit's) asks."""

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kit import state as st
 from kit.build import connect
-from kit.cluster import (HostStatus, ImageChoice, Up, down as down_cluster, status as cluster_status,
+from kit.cluster import (HostStatus, ImageChoice, Up, kept_settings, down as down_cluster, status as cluster_status,
                          what_may_remain, where_to_bring_up)
 from kit.config import ClusterConfig, ConfigFile, requested_flavor
 from kit.commands.docker import command, exec_argv
@@ -79,14 +79,20 @@ def up(
 
     Without --hosts, on the hosts it was brought up on before; a cluster that has none (or --local) is N containers
     on this machine, on a private Docker network. A left-out flag never removes a cluster from its hosts."""
-    cfg_file, cfg = cluster_settings(config, dict(name=name, ssh_port=ssh_port, workspace=workspace,
-                                              shm_size=shm_size, image_tag=image_tag))
+    flags = dict(name=name, ssh_port=ssh_port, workspace=workspace, shm_size=shm_size, image_tag=image_tag)
+    cfg_file, cfg = cluster_settings(config, flags)
     with cluster_lock(cfg.name):
-        where = where_to_bring_up(st.load(Identity(cfg.name, persist=False).folder), cfg.name, hosts is not None,
-                                  local, nodes, LOCAL_NODES)
+        state = st.load(Identity(cfg.name, persist=False).folder)
+        where = where_to_bring_up(state, cfg.name, hosts is not None, local, nodes, LOCAL_NODES)
         if where.recorded:
             console.print(f"cluster {cfg.name} was brought up on {', '.join(h.name for h in where.recorded)}: "
                           "bringing it up there (--hosts FILE changes its hosts)")
+        given = {k for k, v in flags.items() if v is not None} | set(cfg_file.sections.get("cluster", {}))
+        if kept := kept_settings(state, cfg, given):
+            console.print(f"cluster {cfg.name} keeps the settings it was brought up with: "
+                          + ", ".join(f"{k} {v if v is not None else 'not set'}" for k, v in kept.items())
+                          + " (a flag or kit.yaml changes them)")
+            cfg = cfg.model_copy(update=kept)
         bring_up(cfg_file, cfg, hosts, where.count, dry_run, where.recorded)
 
 
