@@ -27,8 +27,16 @@ CIFAR = REPO / "examples" / "cifar10_cnn_horovod.py"
 WORKSPACE = "/var/lib/kit/bench/workspace"
 
 
+def without_kits_connections(lab: Lab) -> None:
+    """Close the SSH connections kit's job supervisor keeps open in the containers (for ten minutes after a job):
+    by hand, without kit, there are none to ride."""
+    for h in lab.hosts:
+        h.docker("exec", "kit-bench", "sh", "-c", "pkill -f '[C]ontrolMaster=auto'; true")
+
+
 def by_hand_horovod(lab: Lab) -> float:
     """horovodrun typed in the primary's container, as people do it without kit."""
+    without_kits_connections(lab)
     hosts = ",".join(f"{h.address}:1" for h in lab.hosts)
     started = time.monotonic()
     lab.hosts[0].docker("exec", "-w", WORKSPACE, "kit-bench", "horovodrun", "--gloo", "-np", "3", "-H", hosts,
@@ -38,6 +46,7 @@ def by_hand_horovod(lab: Lab) -> float:
 
 def by_hand_torchrun(lab: Lab, port: int) -> float:
     """torchrun typed in every host's container at once (a static rendezvous on the primary), until the last ends."""
+    without_kits_connections(lab)
     def node(i: int) -> None:
         lab.hosts[i].docker("exec", "-w", WORKSPACE, "-e", "GLOO_SOCKET_IFNAME=eth0", "kit-bench", "torchrun",
                             "--nnodes=3", "--nproc-per-node=1", f"--node-rank={i}",

@@ -496,3 +496,15 @@ def test_a_starter_whose_kit_went_away_while_it_answered_leaves_nothing_of_the_j
         starter.kill()
     assert "10.0.0.2 umask 077" in (ssh_shim / "calls").read_text()  # b was given the variables...
     assert not (Path(ENV_DIR) / job).exists() and not folder.exists()  # ... and they are gone, as the folder
+
+
+def test_a_launchers_ssh_rides_the_supervisors_connection_and_never_opens_one():
+    """The cluster's client config (kit up writes it) names the supervisor's ControlPath with ControlMaster no:
+    horovodrun's SSH rounds ride a connection kit keeps open, and none carries a job's mark beyond the job."""
+    import re
+
+    from kit.recipe import render_template
+    config = render_template("ssh_config.j2", cluster="lab", port=12345, hosts=[(["a"], "10.0.0.1")], all_names=["a"])
+    path = next(o for o in supervisor.CONNECTION if o.startswith("ControlPath=")).split("=", 1)[1]
+    assert re.search(rf"^\s+ControlPath {re.escape(path)}$", config, re.M)
+    assert re.search(r"^\s+ControlMaster no$", config, re.M) and "ControlPersist" not in config
