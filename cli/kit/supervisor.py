@@ -445,13 +445,10 @@ class Supervisor:
 
     def connect(self, hosts: list[Slot]) -> None:
         """Each host's shared connection (SHARED), the primary's own too where a fanout launch reaches it over SSH."""
-        def one(address: str) -> None:
-            try:
-                subprocess.run(ssh_argv(address, "true"), capture_output=True, timeout=REMOTE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass  # (a host that does not answer: the launch says so)
         launched_here = [h.address for h in hosts if self.plan.is_here(h) and self.plan.nodes]
-        at_once([h.address for h in hosts if not self.plan.is_here(h)] + launched_here, one)
+        # (a host that does not answer: the launch says so)
+        at_once([h.address for h in hosts if not self.plan.is_here(h)] + launched_here,
+                lambda address: _run_quietly(ssh_argv(address, "true")))
 
     def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
         return at_once(hosts, lambda h: self.remote(h, argv))
@@ -733,7 +730,8 @@ def start(inp, out) -> int:
 
 
 def _run_quietly(argv: list[str]) -> None:
-    """A step whose failure nobody is left to hear (the job's variables removed from a host as kit goes)."""
+    """A step whose failure nobody is left to hear, or another step will say (the job's variables removed from a host
+    as kit goes; a shared connection opened ahead of the launch)."""
     try:
         subprocess.run(argv, capture_output=True, timeout=REMOTE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -766,7 +764,7 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
                                    input="\0".join(names).encode(), capture_output=True, timeout=COPY_TIMEOUT_S)
                 if r.returncode != 0:
                     return {"error": f"cannot copy the job's files to {workspace} (exit {r.returncode}): "
-                                     f"{r.stderr.decode(errors='replace').strip()[-500:]}"}
+                                     f"{_text(r.stderr).strip()[-500:]}"}
             done.update(sent=len(names), manifest="".join(manifest_line(n, d) for n, d in had.items()))
         if env_text is not None:
             r = subprocess.run(ssh_argv(address, f"umask 077 && mkdir -p {ENV_DIR} && cat > {ENV_DIR}/{job}",
@@ -774,7 +772,7 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
                                timeout=REMOTE_TIMEOUT_S)
             if r.returncode != 0:
                 return {**done, "error": f"cannot give the job's variables to its container (exit {r.returncode}): "
-                                         f"{r.stderr.decode(errors='replace').strip()[-500:]}"}
+                                         f"{_text(r.stderr).strip()[-500:]}"}
             done["env"] = True
     except subprocess.TimeoutExpired as e:
         return {"error": f"no answer within {e.timeout:.0f} s"}
