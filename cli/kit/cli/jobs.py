@@ -18,14 +18,16 @@ from rich.table import Table
 
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
-from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
-from kit import jobenv, jobs
+from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework, read_config
+from kit import jobenv, jobs, sbatch, slurmjobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
                                   exit_report, parse_hosts, pick_hosts, rank_command, split_rank)
 from kit.errors import BadInput, KitError
-from kit.cli.common import CONFIG, NAME, app, connector, console, locked, need_state, recorded, reports_errors
+from kit.cli.common import (CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state, recorded,
+                            reports_errors)
+from kit.cli import slurm as slurm_cli
 from kit.cli.runargs import RunCommand
 
 
@@ -77,6 +79,17 @@ def run(
     hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
                                      "never), every rank's stack goes in the job's folder and the job is stopped "
                                      "(or restarted)."),
+    on: str = typer.Option("cluster", "--on", help="cluster (kit's containers on the hosts of `kit up`) or slurm "
+                           "(submitted to Slurm as kit.yaml's slurm: section says)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="slurm: nodes of the job (default 1)."),
+    ntasks_per_node: Optional[int] = typer.Option(None, help="slurm: ranks (horovod), processes (torchrun) or "
+                                                  "workers (tf) on each node (default: --gpus-per-node, else 1)."),
+    gpus_per_node: Optional[int] = typer.Option(None, help="slurm: GPUs of each node for the job."),
+    partition: Optional[str] = typer.Option(None, help="slurm: the partition (default: slurm.partition, else "
+                                            "Slurm's default)."),
+    account: Optional[str] = typer.Option(None, help="slurm: the account (default: slurm.account)."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: the time limit, as sbatch --time reads "
+                                             "it (default: slurm.time, else the partition's)."),
 ) -> None:
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here.
 
@@ -92,9 +105,32 @@ def run(
       kit run -c kit.yaml train.py --config cfg.yaml   kit reads kit.yaml, the script gets --config cfg.yaml
       kit run train.py -- --np 5                       the script gets --np 5
     """
-    picked = parse_hosts(hosts) if hosts is not None else None
     if launcher not in LAUNCHERS:
         raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    slurm_flags = {"--nodes": nodes, "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node,
+                   "--partition": partition, "--account": account, "--time": time_limit}
+    if on not in ("cluster", "slurm"):
+        raise BadInput(f"--on: '{on}' is not where kit runs jobs", hint="use cluster (the default) or slurm")
+    if on == "slurm":
+        cluster_only = {"-H": hosts, "--nproc-per-node": nproc_per_node, "--restarts": restarts or None,
+                        "--min-np": min_np, "--fusion-threshold-mb": fusion_threshold_mb,
+                        "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
+                        "--verbose-horovod": verbose_horovod or None, "--fp16-allreduce": fp16_allreduce or None}
+        if given := [flag for flag, value in cluster_only.items() if value is not None]:
+            raise BadInput(f"{', '.join(given)}: not for --on slurm", hint="drop it: under Slurm, --nodes, --np or "
+                           "--ntasks-per-node and --gpus-per-node say where ranks run")
+        cfg_file = read_config(config)
+        settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
+        shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
+        variables = jobenv.parse(env or [], env_file or [], os.environ)
+        slurm_cli.run_on_slurm(cfg_file, settings, script, args or [], workdir, launcher, shape, variables, detach,
+                               cluster_settings(config, dict(name=name))[1].connect_timeout,
+                               slurm_cli.printer(launcher))
+        return
+    if given := [flag for flag, value in slurm_flags.items() if value is not None]:
+        raise BadInput(f"{', '.join(given)}: Slurm's, and this job runs on the cluster", hint="add --on slurm, or "
+                       "drop it (-np and -H place a job on the cluster's hosts)")
+    picked = parse_hosts(hosts) if hosts is not None else None
     if launcher != "horovod" and np is not None:
         raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
                        hint="drop --np" + ("; --nproc-per-node sets the processes of each host"
@@ -268,11 +304,15 @@ def logs(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Output of a job, kept on the primary; per rank with --rank."""
+    """Output of a job, kept on the primary (or, for a Slurm job, in its folder on the login host); per rank with
+    --rank."""
     ref = jobs.check_job_ref(job or "last")
     if tail is not None and tail < 0:
         raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
     cfg, identity, state = recorded(name, config)
+    if record := _slurm_job(ref, state):
+        slurm_cli.logs(record, rank, follow, tail, cfg.connect_timeout, slurm_cli.printer(record.launcher))
+        return
     state = need_state(cfg, identity, state)
     primary = state.primary
     (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
@@ -339,8 +379,17 @@ def jobs_(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost."""
+    """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost; and the jobs
+    kit submitted to Slurm, in the state Slurm gives them."""
     cfg, identity, state = recorded(name, config)
+    if slurm_rows := slurm_cli.rows(cfg.connect_timeout, read_config(config)):
+        if as_json:
+            for row in slurm_rows:
+                print(json.dumps({"on": "slurm", **row}))
+        else:
+            console.print(slurm_cli.table(slurm_rows))
+        if state is None:
+            return
     state = need_state(cfg, identity, state)
     (node,) = recorded_nodes([state.primary], connector(cfg.connect_timeout))
     try:
@@ -390,6 +439,13 @@ def _the_job(job: str, name: Optional[str], config: Optional[Path]):
             n.runner.close()
 
 
+def _slurm_job(ref: str, state: st.ClusterState | None) -> slurmjobs.SlurmRecord | None:
+    """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
+    if ref == "last" and state is not None:
+        return None
+    return slurmjobs.resolve(ref)
+
+
 JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "
                      "`kit jobs` lists them.")
 
@@ -408,7 +464,13 @@ def stop(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it."""
+    """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it. A Slurm
+    job: scancel, and kit waits until Slurm says it ended."""
+    jobs.check_job_ref(job)
+    cfg, _, state = recorded(name, config)
+    if slurm_record := _slurm_job(job, state):
+        console.print(slurm_cli.stop(slurm_record, cfg.connect_timeout))
+        return
     with _the_job(job, name, config) as (state, nodes, record):
         job = record.id
         if record.state not in jobs.ACTIVE:

@@ -1,0 +1,196 @@
+"""`kit run --on slurm`, and `kit jobs`, `kit logs`, `kit stop` for the jobs it submitted (kit.slurmjobs)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Optional
+
+from rich.markup import escape
+from rich.table import Table
+
+from kit import jobs, sbatch, slurmjobs
+from kit.config import ConfigFile, SlurmConfig, section_config
+from kit.errors import BadInput, KitError
+from kit.cli.common import console
+
+STOP_WAIT_S = 30
+
+
+def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
+                   time_limit: Optional[str]) -> SlurmConfig:
+    return section_config(cfg_file, "slurm", dict(partition=partition, account=account, time=time_limit))
+
+
+def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path],
+                 launcher: str, shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool,
+                 connect_timeout: int, show) -> None:
+    """Copy the job's folder to the login host, submit its sbatch script, and follow it to its end (or return,
+    with --detach)."""
+    folder = (workdir or script.parent).resolve()
+    rel = _script_in(script, folder)
+    job_id = jobs.new_job_id()
+    job = sbatch.SbatchJob(job_id, rel, tuple(args), launcher, shape, settings, bool(variables), submitted=True)
+    text = sbatch.render(job)
+    runner = slurmjobs.login_runner(settings, connect_timeout)
+    where = settings.login or "this machine"
+    try:
+        slurmjobs.check_environment(runner, settings, launcher)
+        remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
+        slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id)
+        slurm_id = slurmjobs.submit(runner, remote)
+        record = slurmjobs.SlurmRecord(job_id, slurm_id, settings.login, remote, launcher, rel, shape.ranks,
+                                       time.time())
+        slurmjobs.save(record)
+        console.print(f"kit: job {job_id} is Slurm job {slurm_id} on {escape(where)}: {escape(sbatch.describe(job))}; "
+                      f"its folder there: {escape(remote)}", highlight=False)
+        if detach:
+            console.print(f"kit logs {job_id} -f follows it; kit jobs lists it; kit stop {job_id} stops it",
+                          highlight=False)
+            return
+        try:
+            ending = slurmjobs.follow(runner, record, slurmjobs.Reader(launcher, shape.ranks, show))
+        except KeyboardInterrupt:
+            slurmjobs.cancel(runner, record)
+            state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+            raise KitError(f"job {job_id} interrupted: Slurm job {slurm_id} cancelled ({state})",
+                           hint=f"`kit logs {job_id}` shows what it printed") from None
+    finally:
+        runner.close()
+    _remember_end(record, ending)
+    report(job_id, record, ending)
+
+
+def _script_in(script: Path, folder: Path) -> str:
+    path = script.resolve()
+    if not path.is_file():
+        raise BadInput(f"{script}: no such file", hint="give the training script's path")
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        raise BadInput(f"{script} is not inside {folder} (--workdir)",
+                       hint="give a --workdir that holds the script, or leave it out") from None
+
+
+def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> None:
+    """What kit saw of the end (the first failure's own exit code, where Slurm's is the other tasks' SIGTERM)."""
+    if ending.state in slurmjobs.ENDED:
+        code = ending.failure.exit_code if ending.failure else ending.exit_code
+        slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__, "ended": {"state": ending.state, "exit": code}}))
+
+
+def printer(launcher: str):
+    """A Slurm job's line: a rank's with its node and rank, a node's torchrun with its node, srun's and the batch
+    script's own with [slurm]."""
+    def show(rank: int | None, node: str | None, text: str) -> None:
+        prefix = (f"[{node} rank {rank}] " if rank is not None else f"[{node} {launcher}] " if node else
+                  "" if text.startswith("kit: ") else "[slurm] ")
+        console.print(f"{prefix}{text}", markup=False, highlight=False)
+    return show
+
+
+def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> None:
+    """How a followed Slurm job ended; raises unless it succeeded, with the job's own exit code where it has one."""
+    slurm = f"Slurm job {record.slurm_id}"
+    if ending.state == "succeeded":
+        console.print(f"[green]✓[/] job {job_id} finished ({slurm})")
+        return
+    if f := ending.failure:
+        where = f" on {f.node}" if f.node else ""
+        alone = f"; `kit logs {job_id} --rank {f.rank}` shows it alone" if f.rank is not None else ""
+        failed = KitError(f"{f.who}{where} failed first (exit {f.exit_code}); Slurm stopped the job's other tasks "
+                          f"({slurm}: {ending.state})", hint=f"its output is above{alone}")
+        failed.exit_code = f.exit_code if 0 < f.exit_code < 255 else 1
+        raise failed
+    if ending.state == "stopped":
+        raise KitError(f"job {job_id} was cancelled ({slurm})", hint=f"`kit logs {job_id}` shows what it printed")
+    code = ending.exit_code
+    failed = KitError(f"job {job_id} {ending.state} ({slurm}" + (f", exit {code})" if code is not None else ")"),
+                      hint=f"its output is above (`kit logs {job_id}`); `scontrol show job {record.slurm_id}` or "
+                           "sacct on the login host says more")
+    failed.exit_code = code if code and 0 < code < 255 else 1
+    raise failed
+
+
+# ------------------------------------------------------------------------------------------------ jobs, logs, stop
+
+def rows(connect_timeout: int, cfg_file: ConfigFile) -> list[dict]:
+    """kit's Slurm jobs, with the state Slurm gives now (one look per login host); ended ones from kit's record."""
+    found = slurmjobs.records()
+    now = time.time()
+    out = []
+    by_login = collections.defaultdict(list)
+    for record in found:
+        by_login[record.login].append(record)
+    for login, records in by_login.items():
+        runner = None
+        try:
+            for record in records:
+                if record.ended:
+                    state, code = record.ended["state"], record.ended.get("exit")
+                else:
+                    runner = runner or slurmjobs.login_runner(SlurmConfig(login=login), connect_timeout)
+                    state, code = slurmjobs.job_state(runner, record.slurm_id)
+                    if state in slurmjobs.ENDED:
+                        slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__,
+                                                                "ended": {"state": state, "exit": code}}))
+                out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
+                                np=record.ranks, script=record.script, state=state, exit=code,
+                                submitted=int(record.submitted), seconds=int(now - record.submitted)))
+        finally:
+            if runner is not None:
+                runner.close()
+    return out
+
+
+def table(found: list[dict]) -> Table:
+    t = Table(box=None, pad_edge=False, title="Slurm", title_justify="left")
+    for column in ("job", "slurm id", "login", "launcher", "np", "script", "state", "submitted", "exit"):
+        t.add_column(column)
+    for row in found:
+        t.add_row(row["id"], row["slurm_id"], escape(row["login"]), row["launcher"], str(row["np"]),
+                  escape(row["script"]), row["state"],
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
+                  "" if row["exit"] is None else str(row["exit"]))
+    return t
+
+
+def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail: Optional[int], connect_timeout: int,
+         shown) -> None:
+    held: Optional[collections.deque] = collections.deque(maxlen=tail) if tail is not None else None
+
+    def show(r, node, text):
+        if rank is None or r == rank:
+            (held.append((r, node, text)) if held is not None else shown(r, node, text))
+    reader = slurmjobs.Reader(record.launcher, record.ranks, show)
+    runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
+    try:
+        poll = slurmjobs.parse_poll(runner.run(slurmjobs.poll_command(record, 0), timeout=60)
+                                    .check(f"cannot read job {record.id}").stdout)
+        for line in poll.lines:
+            reader.feed(line)
+        while held:
+            shown(*held.popleft())
+        held = None
+        if follow and poll.state not in (None, *slurmjobs.ENDED):
+            slurmjobs.follow(runner, record, reader, first=len(poll.lines))
+    finally:
+        runner.close()
+
+
+def stop(record: slurmjobs.SlurmRecord, connect_timeout: int) -> str:
+    runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
+    try:
+        state, _ = slurmjobs.job_state(runner, record.slurm_id)
+        if state in slurmjobs.ENDED or state == "lost":
+            return f"job {record.id} is not running ({state}); nothing to stop"
+        slurmjobs.cancel(runner, record)
+        after = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+    finally:
+        runner.close()
+    if after == "running":
+        raise KitError(f"job {record.id} (Slurm job {record.slurm_id}) has not ended {STOP_WAIT_S} s after scancel",
+                       hint=f"`squeue -j {record.slurm_id}` on the login host shows it; a node that does not answer "
+                            "keeps it COMPLETING until Slurm gives up on it")
+    return f"[green]✓[/] job {record.id} stopped: Slurm job {record.slurm_id} cancelled ({after})"

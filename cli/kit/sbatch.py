@@ -1,0 +1,113 @@
+"""The sbatch script of a kit job under Slurm: settings in, text out. Pure.
+
+It is what `kit export --to slurm` prints and what `kit run --on slurm` submits: kit's task (kit.slurmtask) and rank
+launcher are written into the job's folder by the script itself, so a script submitted by hand needs no kit on the
+cluster. Every value that reaches it is allow-listed (kit.config.SlurmConfig) or quoted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shlex
+from dataclasses import dataclass
+
+from kit import slurmtask
+from kit.commands.horovod import rank_launcher
+from kit.config import SlurmConfig
+from kit.errors import BadInput
+from kit.recipe import render_template
+from kit.supervisor import TORCHRUN_PREFIX
+
+SCRIPT_NAME = "kit-job.sbatch"
+ENV_DIR = ".kit/env"            # the job's variables, one JSON file a job, relative to the job's folder
+IMAGE_PYTHON = "/opt/venv/bin/python"  # the Python of kit's image (pyxis, apptainer)
+MAX_NODES = 1024
+MAX_TASKS = 256
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many nodes, and what runs on each: tasks (horovod: ranks, tf: workers) or torchrun's processes."""
+
+    nodes: int
+    tasks_per_node: int          # Slurm's tasks on each node (torchrun: 1)
+    nproc_per_node: int = 1      # torchrun: its processes on each node
+    gpus_per_node: int | None = None
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * (self.nproc_per_node if self.tasks_per_node == 1 else self.tasks_per_node)
+
+
+def shape(launcher: str, nodes: int | None, np: int | None, per_node: int | None, gpus: int | None) -> Shape:
+    """--nodes, --np, --ntasks-per-node and --gpus-per-node as the launcher reads them; bad input is refused."""
+    for flag, value, top in (("--nodes", nodes, MAX_NODES), ("--np", np, MAX_NODES * MAX_TASKS),
+                             ("--ntasks-per-node", per_node, MAX_TASKS), ("--gpus-per-node", gpus, 64)):
+        if value is not None and not 1 <= value <= top:
+            raise BadInput(f"{flag}: {value} is not from 1 to {top}", hint=f"give {flag} a number from 1 to {top}")
+    if np is not None and per_node is not None:
+        raise BadInput("--np and --ntasks-per-node both say how many ranks", hint="give one of them")
+    if np is not None and launcher != "horovod":
+        raise BadInput(f"--np is Horovod's; {launcher} runs " + ("torchrun on every node" if launcher == "torchrun"
+                                                                 else "one worker a task"),
+                       hint="drop --np; --ntasks-per-node sets " + ("the processes of each node" if launcher ==
+                                                                    "torchrun" else "the workers of each node"))
+    nodes = nodes or 1
+    if np is not None and np % nodes:
+        raise BadInput(f"--np {np} does not split evenly over --nodes {nodes}",
+                       hint=f"give --np a multiple of {nodes}, or --ntasks-per-node")
+    each = np // nodes if np is not None else per_node or gpus or 1
+    if launcher == "torchrun":
+        return Shape(nodes, 1, each, gpus)
+    return Shape(nodes, each, 1, gpus)
+
+
+@dataclass(frozen=True)
+class SbatchJob:
+    job_id: str
+    script: str                  # relative to the job's folder
+    args: tuple[str, ...]
+    launcher: str
+    shape: Shape
+    slurm: SlurmConfig
+    variables: bool = False      # the job has variables (-e, --env-file): in ENV_DIR/<job_id>, never in the script
+    submitted: bool = False      # kit run submits it (else: kit export wrote it for the user)
+
+    @property
+    def name(self) -> str:
+        stem = self.script.rsplit("/", 1)[-1].removesuffix(".py")
+        return "kit-" + "".join(c if c.isalnum() or c in "_.-" else "-" for c in stem)[:40]
+
+
+def runtime_parts(slurm: SlurmConfig, gpus: bool) -> tuple[str, str]:
+    """(srun's options for the runtime, the Python each task runs) as text for the script."""
+    if slurm.runtime == "pyxis":
+        image = shlex.quote(slurm.container_image)
+        return (f'--container-image={image} --container-mounts="$PWD:$PWD" --container-workdir="$PWD" ',
+                f"{IMAGE_PYTHON} -u")
+    if slurm.runtime == "apptainer":
+        nv = "--nv " if gpus else ""
+        return "", f'apptainer exec {nv}--bind "$PWD" --pwd "$PWD" {shlex.quote(slurm.container_image)} {IMAGE_PYTHON} -u'
+    return "", f"{shlex.quote(slurm.python_path)} -u"
+
+
+def describe(job: SbatchJob) -> str:
+    s = job.shape
+    each = (f"{s.nproc_per_node} process(es) a node" if job.launcher == "torchrun"
+            else f"{s.tasks_per_node} {'rank' if job.launcher == 'horovod' else 'worker'}(s) a node")
+    what = {"horovod": "Horovod (Gloo)", "torchrun": "torchrun (PyTorch DDP)",
+            "tf": "TensorFlow (MultiWorkerMirroredStrategy)"}[job.launcher]
+    return f"{what} on {s.nodes} node(s), {each}, {s.ranks} in all"
+
+
+def render(job: SbatchJob) -> str:
+    srun_runtime, python = runtime_parts(job.slurm, bool(job.shape.gpus_per_node))
+    return render_template(
+        "sbatch.j2", q=shlex.quote, script=job.script, what=describe(job), runtime=job.slurm.runtime,
+        submitted=job.submitted, filename=SCRIPT_NAME, job_name=job.name, nodes=job.shape.nodes,
+        tasks_per_node=job.shape.tasks_per_node, gpus_per_node=job.shape.gpus_per_node,
+        partition=job.slurm.partition, account=job.slurm.account, time=job.slurm.time,
+        task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
+        job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,
+        nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,
+        python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)))

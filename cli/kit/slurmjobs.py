@@ -1,0 +1,362 @@
+"""`kit run --on slurm` and what follows it: the job's folder copied to the login host's shared storage, its sbatch
+script (kit.sbatch) submitted, its output read back as kit shows a job's, its state, and scancel.
+
+kit talks to Slurm only through its commands on the login host (over the user's SSH, host keys checked), or on this
+machine where `slurm.login` is not set: sbatch, squeue, scontrol, sacct, scancel. What kit keeps of a job is a small
+record in kit's home (its Slurm id, the login host, its folder there), so `kit jobs`, `kit logs` and `kit stop` find
+it again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from kit.commands.horovod import exit_report, split_rank
+from kit.config import SlurmConfig
+from kit.errors import BadInput, KitError
+from kit.identity import state_root
+from kit.inventory import Host
+from kit.runners.base import Runner
+from kit.sbatch import ENV_DIR, SCRIPT_NAME
+from kit.steps.workspace import Ignore, scan
+
+POLL_S = 1.0                 # how often kit reads a followed job's state and output
+REMOTE_TIMEOUT_S = 60        # one Slurm command on the login host
+# What each launcher needs to import in the job's Python (runtime none), checked before a job is submitted.
+IMPORTS = {"horovod": "import torch, horovod.torch", "torchrun": "import torch.distributed.run",
+           "tf": "import tensorflow"}
+# Slurm's job states (squeue %T, scontrol JobState, sacct State) as kit's.
+STATES = {"PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "RESV_DEL_HOLD": "pending",
+          "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending", "SUSPENDED": "running", "RUNNING": "running",
+          "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running",
+          "COMPLETED": "succeeded", "FAILED": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed",
+          "OUT_OF_MEMORY": "failed", "TIMEOUT": "failed", "DEADLINE": "failed", "CANCELLED": "stopped",
+          "PREEMPTED": "stopped", "REVOKED": "stopped", "SPECIAL_EXIT": "failed"}
+ENDED = ("succeeded", "failed", "stopped")
+NODES_MARK = "@@kit-nodes"
+_LABEL = re.compile(r"^(\d+): ?(.*)$")
+_SRUN_FAILED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
+
+
+def login_runner(slurm: SlurmConfig, connect_timeout: int) -> Runner:
+    """The login host's runner (over SSH), or this machine's where slurm.login is not set."""
+    if slurm.login is None:
+        from kit.runners.local import LocalRunner
+        return LocalRunner("localhost")
+    from kit.runners.ssh import SshRunner
+    user, _, host = slurm.login.rpartition("@")
+    return SshRunner(Host(host, user=user or None), connect_timeout)
+
+
+def _run(runner: Runner, command: str, what: str, hint: str | None = None, **kw) -> str:
+    return runner.run(command, timeout=REMOTE_TIMEOUT_S, **kw).check(what, hint).stdout
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+@dataclass(frozen=True)
+class SlurmRecord:
+    """kit's note of a job it submitted: in kit's home, slurm/<id>.json."""
+
+    id: str
+    slurm_id: str
+    login: str | None       # slurm.login as it was (None: this machine)
+    folder: str             # the job's folder on the login host (absolute)
+    launcher: str
+    script: str
+    ranks: int
+    submitted: float
+    ended: dict = field(default_factory=dict)  # once seen ended: {"state": ..., "exit": ...}
+
+    @property
+    def output(self) -> str:
+        return f"{self.folder}/kit-{self.slurm_id}.out"
+
+
+def records_dir() -> Path:
+    return state_root() / "slurm"
+
+
+def save(record: SlurmRecord) -> None:
+    folder = records_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{record.id}.json"
+    path.with_suffix(".new").write_text(json.dumps(asdict(record)))
+    path.with_suffix(".new").replace(path)
+
+
+def records() -> list[SlurmRecord]:
+    found = []
+    for path in sorted(records_dir().glob("*.json")):
+        try:
+            found.append(SlurmRecord(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # not kit's, or half-written: never fatal to listing the others
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ submitting
+
+def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
+    """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is."""
+    path = f"{shlex.quote(workdir)}/{job_id}"
+    out = _run(runner, f"cd && mkdir -p {path} && cd {path} && pwd -P", f"cannot make the job's folder {workdir}/"
+               f"{job_id}", hint="slurm.workdir must be a folder the login user may write, on storage every node sees",
+               changes=True)
+    return out.strip().splitlines()[-1]
+
+
+def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]]) -> Iterator[bytes]:
+    """The job's folder (as a job's folder is copied: .kitignore and kit's defaults leave files out) and kit's files
+    (path -> (content, mode)) as one tar stream, built in a temporary file (a job's folder may be large)."""
+    found = scan(folder, Ignore.of(folder))
+    with tempfile.TemporaryFile() as buffer:
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel in found.files:
+                info = tar.gettarinfo(str(folder / rel), arcname=rel)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(folder / rel, "rb") as f:
+                    tar.addfile(info, f)
+            for rel, (data, mode) in extra.items():
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        buffer.seek(0)
+        while chunk := buffer.read(1 << 20):
+            yield chunk
+
+
+def stage(runner: Runner, folder: Path, remote: str, script: str, variables: dict[str, str], job_id: str) -> None:
+    """Copy the job's folder, its sbatch script and its variables (0600, in a 0700 folder) to `remote`."""
+    extra = {SCRIPT_NAME: (script.encode(), 0o644)}
+    if variables:
+        extra[f"{ENV_DIR}/{job_id}"] = (json.dumps(variables).encode(), 0o600)
+    q = shlex.quote(remote)
+    r = runner.stream_in(f"umask 077 && mkdir -p {q}/{ENV_DIR} && umask 022 && tar -x -C {q} -f - --no-same-owner",
+                         stage_archive(folder, extra), lambda n: None, timeout=300)
+    r.check(f"cannot copy the job's folder to {remote}", hint="the tail above says why (free space there?)")
+
+
+def check_environment(runner: Runner, slurm: SlurmConfig, launcher: str) -> None:
+    """Before submitting: the image file is there (pyxis, apptainer), or the nodes' Python imports what the
+    launcher needs (runtime none; read on the login host, which shares the nodes' software on a Slurm site)."""
+    if slurm.runtime != "none":
+        image = shlex.quote(slurm.container_image)
+        _run(runner, f"cd && test -r {image}", f"{slurm.container_image} is not there to read",
+             hint=f"make it with `kit export --to {'enroot' if slurm.runtime == 'pyxis' else 'docker-archive'}` and "
+                  "put it on storage every node sees, at the path slurm.container_image names")
+        return
+    python = shlex.quote(slurm.python_path)
+    _run(runner, f"cd / && {python} -I -c {shlex.quote(IMPORTS[launcher])}",
+         f"the job's Python ({slurm.python_path}) cannot run {launcher} jobs: `{IMPORTS[launcher]}` fails",
+         hint="set slurm.python_path to the nodes' Python that has it (e.g. a venv on shared storage), or use "
+              "runtime pyxis or apptainer with kit's image")
+
+
+def submit(runner: Runner, remote: str) -> str:
+    """sbatch in the job's folder; the Slurm job id."""
+    out = _run(runner, f"cd {shlex.quote(remote)} && sbatch --parsable {SCRIPT_NAME}", "sbatch refused the job",
+               hint="the tail above is sbatch's reason (a partition, account or time limit of slurm: in kit.yaml?)",
+               changes=True)
+    found = re.search(r"^(\d+)(?:;\S+)?$", out.strip(), re.M)
+    if not found:
+        raise KitError(f"sbatch gave no job id (it said: {out.strip()[:200]!r})", host=runner.host)
+    return found[1]
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+def parse_squeue(text: str) -> str | None:
+    """squeue -h -j ID -o %T -> kit's state, None when Slurm no longer lists the job."""
+    word = text.strip().split()[0] if text.strip() else ""
+    return STATES.get(word.split()[0].rstrip("+"), "running") if word else None
+
+
+def parse_scontrol(text: str) -> tuple[str, int | None] | None:
+    """`scontrol show job -o ID` -> (kit's state, exit code once ended)."""
+    state = re.search(r"\bJobState=(\S+)", text)
+    if not state:
+        return None
+    code = re.search(r"\bExitCode=(\d+):(\d+)", text)
+    mapped = STATES.get(state[1], "running")
+    exit_code = None if mapped not in ENDED or not code else (int(code[1]) or (128 + int(code[2]) if int(code[2])
+                                                                                else 0))
+    return mapped, exit_code
+
+
+def parse_sacct(text: str) -> tuple[str, int | None] | None:
+    """`sacct -n -P -X -o State,ExitCode` (or sacct -c's jobcomp lines) -> (kit's state, exit code)."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and re.fullmatch(r"\d+:\d+", parts[1]):
+            state = STATES.get(parts[0].split()[0], "failed")
+            code, signal = (int(x) for x in parts[1].split(":"))
+            return state, code or (128 + signal if signal else 0)
+    return None
+
+
+def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
+    """(kit's state, exit code) from scontrol while Slurm keeps the job, else from sacct (its database, or the
+    job completion file with -c); ("lost", None) when neither knows it."""
+    r = runner.run(f"scontrol show job -o {slurm_id}", timeout=REMOTE_TIMEOUT_S)
+    if r.ok and (found := parse_scontrol(r.stdout)):
+        return found
+    for flags in ("", "-c "):
+        r = runner.run(f"sacct {flags}-n -P -X -j {slurm_id} -o State,ExitCode", timeout=REMOTE_TIMEOUT_S)
+        if r.ok and (found := parse_sacct(r.stdout)):
+            return found
+    return "lost", None
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+@dataclass
+class Reader:
+    """A Slurm job's output (srun --label: `TASK: text`) read as kit shows a job's: each rank's line with its node
+    and rank, the launcher's own lines, and how the ranks ended (the rank launcher's exit lines, srun's errors)."""
+
+    launcher: str
+    ranks: int
+    show: Callable[[int | None, str | None, str], None]
+    nodes: list[str] = field(default_factory=list)
+    exits: dict[int, tuple[int, float]] = field(default_factory=dict)   # rank -> (code, time)
+    srun_errors: list[tuple[str, str, str]] = field(default_factory=list)  # (node, tasks, what)
+    seen_on: dict[int, str] = field(default_factory=dict)  # torchrun: the node each rank's lines came from
+
+    def node_of(self, rank: int) -> str | None:
+        if rank in self.seen_on or not self.nodes:
+            return self.seen_on.get(rank)
+        return self.nodes[min(rank * len(self.nodes) // max(self.ranks, 1), len(self.nodes) - 1)]
+
+    def feed(self, line: str) -> None:
+        labelled = _LABEL.match(line)
+        if not labelled:
+            self._own(line)
+            return
+        task, text = int(labelled[1]), labelled[2]
+        if self.launcher == "torchrun":  # one task a node: its ranks' lines carry torchrun's [rank] prefix
+            rank, text = split_rank(text)
+            node = self.nodes[task] if task < len(self.nodes) else None
+            if rank is not None and node is not None:
+                self.seen_on[rank] = node
+        else:
+            rank, node = task, self.node_of(task)
+        if rank is not None and (ended := exit_report(text)) is not None:
+            self.exits.setdefault(rank, ended)
+            return
+        self.show(rank, node, text)
+
+    def _own(self, line: str) -> None:
+        if line.startswith(NODES_MARK):
+            self.nodes = [pair.split("=", 1)[0] for pair in line[len(NODES_MARK):].split()]
+            return
+        if failed := _SRUN_FAILED.match(line):
+            self.srun_errors.append((failed[1], failed[2], failed[3]))
+        self.show(None, None, line)
+
+    def first_failure(self) -> Failure | None:
+        """The rank that failed first, by its own exit line; else the task srun says failed first."""
+        failed = [(when, rank, code) for rank, (code, when) in self.exits.items() if code != 0]
+        if failed:
+            _, rank, code = min(failed)
+            return Failure(f"rank {rank}", self.node_of(rank), code, rank)
+        for node, tasks, what in self.srun_errors:
+            code = re.search(r"exit code (\d+)", what)
+            if code or "signal" in what.lower() or "Killed" in what:
+                task = int(re.split(r"[,-]", tasks)[0])
+                who = "torchrun" if self.launcher == "torchrun" else f"rank {task}"
+                return Failure(who, node, int(code[1]) if code else 1, None if self.launcher == "torchrun" else task)
+        return None
+
+
+@dataclass(frozen=True)
+class Failure:
+    who: str                 # "rank 3", or "torchrun" (a node's torchrun, before any rank said how it ended)
+    node: str | None
+    exit_code: int
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class Poll:
+    state: str | None     # squeue's, as kit's; None: Slurm no longer lists it
+    lines: list[str]      # whole lines of the output file that were not read before
+
+
+def poll_command(record: SlurmRecord, read: int) -> str:
+    """One look at a job: squeue's state, then the output file's lines after the first `read`."""
+    return (f"squeue -h -j {record.slurm_id} -o %T 2>/dev/null; echo {NODES_MARK}-poll; "
+            f"tail -n +{read + 1} {shlex.quote(record.output)} 2>/dev/null || true")
+
+
+def parse_poll(text: str) -> Poll:
+    state_text, _, output = text.partition(f"{NODES_MARK}-poll\n")
+    lines = output.split("\n")
+    return Poll(parse_squeue(state_text), lines[:-1])  # the last one is cut, or empty: read again next time
+
+
+@dataclass(frozen=True)
+class Ending:
+    state: str
+    exit_code: int | None
+    failure: Failure | None
+
+
+def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
+           sleep: Callable[[float], None] = time.sleep) -> Ending:
+    """Show the job's output as it comes, until Slurm says it ended; then how it ended."""
+    read = first
+    while True:
+        r = runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S)
+        r.check(f"cannot read job {record.id} (Slurm job {record.slurm_id})")
+        poll = parse_poll(r.stdout)
+        for line in poll.lines:
+            reader.feed(line)
+        read += len(poll.lines)
+        if poll.state is None or poll.state in ENDED:
+            break
+        sleep(POLL_S)
+    for line in parse_poll(runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S).stdout).lines:
+        reader.feed(line)  # what was written as it ended
+    state, code = job_state(runner, record.slurm_id)
+    return Ending(state, code, reader.first_failure())
+
+
+def cancel(runner: Runner, record: SlurmRecord) -> None:
+    _run(runner, f"scancel {record.slurm_id}", f"scancel refused job {record.id} (Slurm job {record.slurm_id})",
+         changes=True)
+
+
+def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callable[[float], None] = time.sleep) -> str:
+    """After scancel: wait (bounded) until Slurm says the job ended; its state then."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        state = parse_squeue(runner.run(f"squeue -h -j {record.slurm_id} -o %T", timeout=REMOTE_TIMEOUT_S).stdout)
+        if state is None or state in ENDED:
+            return job_state(runner, record.slurm_id)[0]
+        sleep(0.5)
+    return "running"
+
+
+def resolve(ref: str) -> SlurmRecord | None:
+    """The Slurm job `ref` names (kit's job forms, or its Slurm id), None when it names none."""
+    from kit.jobs import JOB_ID, resolve_job
+    found = records()
+    if ref.isdigit() and (by_slurm := [r for r in found if r.slurm_id == ref]):
+        return by_slurm[-1]
+    ids = [r.id for r in found if JOB_ID.fullmatch(r.id)]
+    try:
+        job = resolve_job(ref, ids, "slurm")
+    except BadInput:
+        return None
+    return next(r for r in found if r.id == job)

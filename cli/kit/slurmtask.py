@@ -1,0 +1,134 @@
+"""One task of a kit job under Slurm: srun starts it on the nodes, in the job's folder, with the job's Python.
+
+The sbatch script (kit.sbatch) writes this file's source into the job's folder as .kit/kit_task.py and the rank
+launcher (kit.commands.horovod) beside it as .kit/kit_rank.py; no kit is installed on the nodes, so this file uses
+the standard library alone (and Horovod's runner, in the task that serves Horovod's rendezvous). No SSH between
+nodes: Slurm starts every task, and each derives its part from what Slurm says about the job:
+
+    kit_task.py rendezvous             Horovod's Gloo rendezvous, as horovodrun would serve it (on the first node)
+    kit_task.py horovod SCRIPT ARGS    one rank a task: HOROVOD_RANK... from SLURM_PROCID...
+    kit_task.py torchrun SCRIPT ARGS   one task a node: torchrun with a c10d rendezvous on the first node
+    kit_task.py tf SCRIPT ARGS         one worker a task: TF_CONFIG from the job's nodes
+
+The batch script gives every task KIT_NODES (`name=address` of each node of the job, in Slurm's order) and
+KIT_PORT (from the job id: two jobs on one node never share it); KIT_SUBNET, where kit.yaml names one, picks
+the ranks' network.
+"""
+
+import fcntl
+import ipaddress
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kit_rank.py")
+SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
+
+
+def job_nodes(text):
+    """KIT_NODES, "n1=10.0.0.1 n2=10.0.0.2" -> [("n1", "10.0.0.1"), ("n2", "10.0.0.2")]."""
+    return [tuple(pair.split("=", 1)) for pair in text.split()]
+
+
+def interfaces():
+    """(name, address, prefix length) of every interface with an IPv4 address."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                address = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24])
+                mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFNETMASK, request)[20:24])
+            except OSError:
+                continue
+            found.append((name, address, ipaddress.ip_network("0.0.0.0/" + mask).prefixlen))
+    return found
+
+
+def pick_interface(found, addresses, subnet=None):
+    """The interface the ranks talk over: the one on `subnet`, else the one whose subnet holds every node's
+    address (kit picks by subnet, never by name). Raises SystemExit with what it saw when none is."""
+    for name, address, prefix in found:
+        network = ipaddress.ip_network("%s/%d" % (address, prefix), strict=False)
+        if subnet and ipaddress.ip_address(address) in ipaddress.ip_network(subnet):
+            return name, address
+        if not subnet and not network.is_loopback and \
+                all(ipaddress.ip_address(a) in network for a in addresses):
+            return name, address
+    wanted = "on %s" % subnet if subnet else "whose subnet holds %s" % ", ".join(addresses)
+    seen = ", ".join("%s %s/%d" % f for f in found) or "none"
+    raise SystemExit("kit: no interface on %s is %s (it has: %s); set slurm.subnet in kit.yaml"
+                     % (socket.gethostname(), wanted, seen))
+
+
+def horovod_env(env, nodes):
+    """What horovodrun gives each rank it starts (its Gloo launch), from Slurm's numbering: block distribution,
+    the same number of tasks on every node."""
+    size, nnodes = int(env["SLURM_NTASKS"]), len(nodes)
+    local_size = size // nnodes
+    rank, node = int(env["SLURM_PROCID"]), int(env["SLURM_NODEID"])
+    return {"HOROVOD_HOSTNAME": nodes[node][0], "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(rank % local_size), "HOROVOD_LOCAL_SIZE": str(local_size),
+            "HOROVOD_CROSS_RANK": str(node), "HOROVOD_CROSS_SIZE": str(nnodes),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": nodes[0][1], "HOROVOD_GLOO_RENDEZVOUS_PORT": env["KIT_RENDEZVOUS_PORT"]}
+
+
+def torchrun_argv(env, nodes, address, command):
+    """torchrun on this node: a c10d rendezvous whose store the first node hosts, at the job's port."""
+    node = int(env["SLURM_NODEID"])
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
+            "--nproc-per-node=%s" % env["KIT_NPROC_PER_NODE"], "--rdzv-backend=c10d",
+            "--rdzv-endpoint=%s:%s" % (nodes[0][1], env["KIT_PORT"]), "--rdzv-id=%s" % env["SLURM_JOB_ID"],
+            *(["--rdzv-conf=is_host=1"] if node == 0 else []), "--local-addr=%s" % address, "--tee=3",
+            "--no-python", sys.executable, "-u", RANK, *command]
+
+
+def tf_config(env, nodes):
+    """TF_CONFIG of this task: every task a worker at its node's address, the job's port plus its local id."""
+    per_node = int(env["SLURM_NTASKS"]) // len(nodes)
+    workers = ["%s:%d" % (address, int(env["KIT_PORT"]) + i) for _, address in nodes for i in range(per_node)]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": int(env["SLURM_PROCID"])}},
+                      separators=(",", ":"))
+
+
+def rendezvous(env, nodes, ready, every=0.2):
+    """Serve Horovod's Gloo rendezvous for the job's ranks until the batch script says the ranks ended (the file
+    `ready`.done) or stops it; its port goes in `ready` once it listens."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    size = int(env["KIT_NTASKS"])
+    server = RendezvousServer(False)
+    port = server.start()
+    server.init(get_host_assignments(parse_hosts(",".join("%s:%d" % (n, size // len(nodes)) for n, _ in nodes)),
+                                     size))
+    with open(ready + ".new", "w") as f:
+        f.write(str(port))
+    os.replace(ready + ".new", ready)
+    while not os.path.exists(ready + ".done") and not signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, every):
+        pass
+    server.stop()
+
+
+def main(argv, env):
+    mode, command = argv[1], argv[2:]
+    nodes = job_nodes(env["KIT_NODES"])
+    if mode == "rendezvous":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        return rendezvous(env, nodes, command[0])
+    nic, address = pick_interface(interfaces(), [a for _, a in nodes], env.get("KIT_SUBNET"))
+    run = dict(env, GLOO_SOCKET_IFNAME=nic, NCCL_SOCKET_IFNAME=nic, PYTHONUNBUFFERED="1")
+    if mode == "horovod":
+        run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
+    elif mode == "tf":
+        run["TF_CONFIG"] = tf_config(env, nodes)
+    argv = torchrun_argv(env, nodes, address, command) if mode == "torchrun" else [sys.executable, "-u", RANK, *command]
+    os.execve(argv[0], argv, run)
+
+
+if __name__ == "__main__":
+    main(sys.argv, os.environ)
