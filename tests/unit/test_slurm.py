@@ -1,0 +1,241 @@
+"""kit under Slurm, the pure parts: the sbatch scripts (against reviewed golden files, and shellcheck), the shape of a
+job, what each task derives from Slurm's variables (kit.slurmtask), the job's folder as sent, and Slurm's output
+(captured from Debian 12's Slurm 22.05) read back. tests/lab/test_slurm.py runs all of it on a real Slurm."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kit import sbatch, slurmjobs, slurmtask
+from kit.config import SlurmConfig
+from kit.errors import BadInput
+
+DATA = Path(__file__).parent / "data" / "slurm"
+JOB_ID = "20261126-063000-ab12"
+RUNTIMES = {"none": SlurmConfig(python_path="/shared/envs/kit/bin/python"),
+            "pyxis": SlurmConfig(runtime="pyxis", container_image="/shared/images/kit-horovod-cpu.sqsh",
+                                 partition="gpu", account="lab", time="2:00:00"),
+            "apptainer": SlurmConfig(runtime="apptainer", container_image="/shared/images/kit.sif",
+                                     subnet="10.1.0.0/16")}
+SHAPES = {"horovod": (2, 4, None, 2), "torchrun": (2, None, 4, 4), "tf": (3, None, None, None)}
+
+
+def golden_job(launcher: str, runtime: str) -> sbatch.SbatchJob:
+    nodes, np, per_node, gpus = SHAPES[launcher]
+    return sbatch.SbatchJob(JOB_ID, "train.py", ("--epochs", "2", "--name", "it's mine"), launcher,
+                            sbatch.shape(launcher, nodes, np, per_node, gpus), RUNTIMES[runtime],
+                            variables=launcher == "horovod", submitted=runtime == "none")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("launcher", SHAPES)
+def test_each_sbatch_script_is_the_reviewed_one(launcher, runtime):
+    """KIT_UPDATE_GOLDEN=1 writes them again: then read the diff as a reviewer would."""
+    text = sbatch.render(golden_job(launcher, runtime))
+    golden = DATA / f"{launcher}-{runtime}.sbatch"
+    if os.environ.get("KIT_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed (tests/run installs it)")
+@pytest.mark.parametrize("golden", sorted(DATA.glob("*.sbatch")), ids=lambda p: p.name)
+def test_each_sbatch_script_passes_shellcheck(golden):
+    r = subprocess.run(["shellcheck", "--shell=bash", "--severity=info", str(golden)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_the_pyxis_script_runs_every_task_in_the_enroot_image():
+    text = (DATA / "horovod-pyxis.sbatch").read_text()
+    srun = [line for line in text.splitlines() if line.startswith("srun ")]
+    assert len(srun) == 2 and all("--container-image=/shared/images/kit-horovod-cpu.sqsh" in line and
+                                  '--container-mounts="$PWD:$PWD"' in line and "/opt/venv/bin/python" in line
+                                  for line in srun)
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --time=2:00:00",
+                 "#SBATCH --gpus-per-node=2", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2"):
+        assert line in text.splitlines()
+
+
+def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
+    text = sbatch.render(golden_job("tf", "none"))
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u .kit/kit_task.py " \
+           "tf train.py --epochs 2 --name 'it'\"'\"'s mine'" in text
+    task = text.split("<<'KIT_TASK'\n", 1)[1].split("KIT_TASK\n", 1)[0]
+    assert task == Path(slurmtask.__file__).read_text()
+
+
+def test_a_job_with_variables_names_only_their_file_and_removes_it():
+    job = golden_job("horovod", "none")
+    text = sbatch.render(job)
+    assert f"trap 'rm -f .kit/env/{JOB_ID}' EXIT" in text and "export KIT_ENV=1" in text
+    assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
+
+
+def test_the_job_folder_as_sent_holds_the_variables_only_in_a_0600_file(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / ".kitignore").write_text("data/\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_bytes(b"0" * 100)
+    script = sbatch.render(golden_job("horovod", "none"))
+    extra = {sbatch.SCRIPT_NAME: (script.encode(), 0o644),
+             f"{sbatch.ENV_DIR}/{JOB_ID}": (json.dumps({"TOKEN": "s3cr3t-value"}).encode(), 0o600)}
+    with tarfile.open(fileobj=io.BytesIO(b"".join(slurmjobs.stage_archive(tmp_path, extra)))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {"train.py", ".kitignore", sbatch.SCRIPT_NAME, f".kit/env/{JOB_ID}"}
+        assert members[f".kit/env/{JOB_ID}"].mode == 0o600
+        assert b"s3cr3t-value" not in tar.extractfile(sbatch.SCRIPT_NAME).read()
+    for golden in DATA.glob("*.sbatch"):
+        assert "s3cr3t" not in golden.read_text()
+
+
+# ---------------------------------------------------------------- the shape of a job
+
+def test_shapes_of_each_launcher():
+    assert sbatch.shape("horovod", 3, 6, None, None) == sbatch.Shape(3, 2, 1, None)
+    assert sbatch.shape("horovod", None, None, None, 4) == sbatch.Shape(1, 4, 1, 4)
+    assert sbatch.shape("torchrun", 2, None, 4, None) == sbatch.Shape(2, 1, 4, None)
+    assert sbatch.shape("torchrun", 2, None, None, 8).ranks == 16
+    assert sbatch.shape("tf", 3, None, None, None).ranks == 3
+
+
+@pytest.mark.parametrize("args, says", [
+    (("horovod", 3, 4, None, None), "--np 4 does not split evenly over --nodes 3"),
+    (("torchrun", 2, 4, None, None), "--np is Horovod's"),
+    (("horovod", 0, None, None, None), "--nodes: 0 is not from 1 to 1024"),
+    (("horovod", 2, 4, 2, None), "--np and --ntasks-per-node both"),
+    (("tf", 2, None, None, 65), "--gpus-per-node: 65 is not from 1 to 64"),
+])
+def test_bad_shapes_are_refused(args, says):
+    with pytest.raises(BadInput, match=says):
+        sbatch.shape(*args)
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(runtime="pyxis"), "runtime pyxis needs container_image"),
+    (dict(login="alice@host;rm"), "is not host or user@host"),
+    (dict(partition="gpu part"), "is not a Slurm name"),
+    (dict(time="2h"), "is not a time limit"),
+    (dict(workdir="../elsewhere"), "is not a path"),
+    (dict(python_path="$(id)"), "is not a path"),
+    (dict(subnet="10.1.0.0/99"), "is not a network"),
+])
+def test_bad_slurm_settings_are_refused(settings, says):
+    with pytest.raises(ValueError, match=says):
+        SlurmConfig(**settings)
+
+
+# ---------------------------------------------------------------- what each task derives
+
+NODES = [("n1", "10.1.0.11"), ("n2", "10.1.0.12")]
+ENV = {"SLURM_NTASKS": "4", "SLURM_JOB_ID": "4242", "KIT_PORT": "24242", "KIT_RENDEZVOUS_PORT": "40001",
+       "KIT_NPROC_PER_NODE": "2"}
+
+
+def test_nodes_and_ports_come_from_what_slurm_says(tmp_path):
+    """The script's own lines, run by bash with scontrol and sinfo answering as Slurm 22.05 does for n[1-2]."""
+    text = sbatch.render(golden_job("tf", "none"))
+    block = text[text.index('KIT_NODES=""'):text.index("export KIT_JOB=")]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$*" = "show hostnames n[1-2]" ] && printf "n1\\nn2\\n"\n')
+    (bin_dir / "sinfo").write_text('#!/bin/sh\n[ "$4" = n1 ] && echo 10.1.0.11 || echo 10.1.0.12\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    r = subprocess.run(["bash", "-c", block + 'echo "$KIT_NODES|$KIT_PORT"'], capture_output=True, text=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]",
+                            "SLURM_JOB_ID": "123457"})
+    assert r.stdout.strip() == "n1=10.1.0.11 n2=10.1.0.12 |23457", r.stderr
+    assert slurmtask.job_nodes("n1=10.1.0.11 n2=10.1.0.12 ") == NODES
+
+
+def test_horovod_ranks_get_what_horovodrun_would_give_them():
+    env = dict(ENV, SLURM_PROCID="3", SLURM_NODEID="1")
+    assert slurmtask.horovod_env(env, NODES) == {
+        "HOROVOD_HOSTNAME": "n2", "HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.1.0.11", "HOROVOD_GLOO_RENDEZVOUS_PORT": "40001"}
+
+
+def test_torchrun_hosts_its_store_on_the_first_node_at_the_jobs_port():
+    first = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="0"), NODES, "10.1.0.11", ["train.py", "--x"])
+    other = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="1"), NODES, "10.1.0.12", ["train.py", "--x"])
+    assert first[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                         "--rdzv-endpoint=10.1.0.11:24242", "--rdzv-id=4242", "--rdzv-conf=is_host=1",
+                         "--local-addr=10.1.0.11", "--tee=3", "--no-python", sys.executable, "-u", slurmtask.RANK,
+                         "train.py", "--x"]
+    assert "--rdzv-conf=is_host=1" not in other and "--local-addr=10.1.0.12" in other
+    assert not any("29500" in a or "localhost" in a or "127.0.0.1" in a for a in first + other)
+
+
+def test_tf_workers_are_every_task_at_its_nodes_address():
+    config = json.loads(slurmtask.tf_config(dict(ENV, SLURM_PROCID="2"), NODES))
+    assert config == {"cluster": {"worker": ["10.1.0.11:24242", "10.1.0.11:24243", "10.1.0.12:24242",
+                                             "10.1.0.12:24243"]}, "task": {"type": "worker", "index": 2}}
+
+
+def test_the_ranks_interface_is_picked_by_subnet():
+    found = [("lo", "127.0.0.1", 8), ("docker0", "172.17.0.1", 16), ("ib0", "10.2.0.11", 16),
+             ("eth0", "10.1.0.11", 24)]
+    assert slurmtask.pick_interface(found, ["10.1.0.11", "10.1.0.12"]) == ("eth0", "10.1.0.11")
+    assert slurmtask.pick_interface(found, ["10.1.0.11", "10.1.0.12"], "10.2.0.0/16") == ("ib0", "10.2.0.11")
+    with pytest.raises(SystemExit, match=r"no interface on \S+ is whose subnet holds 10.9.0.1 .*slurm.subnet"):
+        slurmtask.pick_interface(found, ["10.9.0.1"])
+    assert ("lo", "127.0.0.1", 8) in slurmtask.interfaces()  # read from this machine's kernel
+
+
+# ---------------------------------------------------------------- Slurm's answers, as kit reads them
+
+def test_states_and_exit_codes_from_scontrol_and_sacct():
+    assert slurmjobs.parse_scontrol((DATA / "scontrol_failed.txt").read_text()) == ("failed", 3)
+    assert slurmjobs.parse_scontrol((DATA / "scontrol_completed.txt").read_text()) == ("succeeded", 0)
+    assert slurmjobs.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+    assert slurmjobs.parse_sacct((DATA / "sacct_c_failed.txt").read_text()) == ("failed", 3)
+    assert slurmjobs.parse_sacct((DATA / "sacct_c_cancelled.txt").read_text()) == ("stopped", 0)
+    assert slurmjobs.parse_sacct("Slurm accounting storage is disabled\n") is None
+    assert [slurmjobs.parse_squeue(t) for t in ("PENDING\n", "RUNNING\n", "COMPLETING\n", "CANCELLED\n", "")] == [
+        "pending", "running", "running", "stopped", None]
+
+
+def test_a_poll_reads_only_whole_lines():
+    poll = slurmjobs.parse_poll("RUNNING\n@@kit-nodes-poll\n0: one\n1: two\n0: thr")
+    assert poll == slurmjobs.Poll("running", ["0: one", "1: two"])
+    assert slurmjobs.parse_poll("@@kit-nodes-poll\n") == slurmjobs.Poll(None, [])
+
+
+def read(name: str, launcher: str, ranks: int) -> tuple[slurmjobs.Reader, list]:
+    shown = []
+    reader = slurmjobs.Reader(launcher, ranks, lambda *line: shown.append(line))
+    for line in (DATA / name).read_text().splitlines():
+        reader.feed(line)
+    return reader, shown
+
+
+def test_a_failed_horovod_job_names_its_rank_and_node():
+    reader, shown = read("horovod_failed.out", "horovod", 3)
+    assert shown[:3] == [(0, "n1", "rank 0/3 local 0 sum 6.0 secret=-"), (1, "n2", "rank 1/3 local 0 sum 6.0 secret=-"),
+                         (2, "n3", "rank 2/3 local 0 sum 6.0 secret=-")]
+    assert (None, None, "srun: error: n3: task 2: Exited with exit code 3") in shown
+    assert not any("@@kit" in text for _, _, text in shown)
+    assert reader.first_failure() == slurmjobs.Failure("rank 2", "n3", 3, 2)
+
+
+def test_torchrun_lines_carry_the_rank_within_the_nodes_task():
+    reader, shown = read("torchrun_ok.out", "torchrun", 2)
+    assert (1, "n1", "rank 1/2 (local 1) on vm, device cpu") in shown
+    assert any(rank is None and node == "n1" for rank, node, _ in shown)  # torchrun's own lines, with their node
+    assert reader.first_failure() is None
+
+
+def test_srun_alone_names_a_task_that_died_without_its_exit_line():
+    reader = slurmjobs.Reader("torchrun", 4, lambda *a: None)
+    for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "srun: error: b: task 1: Killed"):
+        reader.feed(line)
+    assert reader.first_failure() == slurmjobs.Failure("torchrun", "b", 1, None)
