@@ -100,7 +100,13 @@ def describe(job: SbatchJob) -> str:
     return f"{what} on {s.nodes} node(s), {each}, {s.ranks} in all"
 
 
+EXPORTED_JOB_ID = "slurm-$SLURM_JOB_ID"  # a script submitted by hand: the job's id is Slurm's
+
+
 def render(job: SbatchJob) -> str:
+    if any(ord(c) < 32 or c == "\x7f" for c in job.script):
+        raise BadInput(f"{job.script!r}: a script's path with a control character (a line break?)",
+                       hint="rename the script")
     srun_runtime, python = runtime_parts(job.slurm, bool(job.shape.gpus_per_node))
     return render_template(
         "sbatch.j2", q=shlex.quote, script=job.script, what=describe(job), runtime=job.slurm.runtime,

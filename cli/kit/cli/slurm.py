@@ -62,6 +62,14 @@ def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args
     report(job_id, record, ending)
 
 
+def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
+                  partition: Optional[str], account: Optional[str], time_limit: Optional[str]) -> str:
+    """The sbatch script `kit run --on slurm` would submit, for a user who submits by hand: kit.yaml's slurm section
+    where there is one, else the defaults (runtime none). Contacts nothing."""
+    settings = slurm_settings(cfg_file, partition, account, time_limit)
+    return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings))
+
+
 def _script_in(script: Path, folder: Path) -> str:
     path = script.resolve()
     if not path.is_file():
@@ -132,7 +140,7 @@ def rows(connect_timeout: int, cfg_file: ConfigFile) -> list[dict]:
                 else:
                     runner = runner or slurmjobs.login_runner(SlurmConfig(login=login), connect_timeout)
                     state, code = slurmjobs.job_state(runner, record.slurm_id)
-                    if state in slurmjobs.ENDED:
+                    if state in slurmjobs.ENDED or state == "lost":  # neither Slurm nor its records knows it again
                         slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__,
                                                                 "ended": {"state": state, "exit": code}}))
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
