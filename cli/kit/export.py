@@ -176,7 +176,7 @@ def export_enroot(client, tag: str, output: Path, on_status: Callable[[str], Non
         rootfs = work / "rootfs"
         rootfs.mkdir()
         on_status(f"unpacking {tag}'s root filesystem")
-        _unpack(client, image, rootfs)
+        _unpack(client, image, tag, rootfs)
         for argv in fixperms_argvs(rootfs):
             _run(argv, check=False)  # as enroot: best effort (`|| :`)
         write_enroot_files(rootfs, image.attrs, f"dockerd://{tag}")
@@ -190,7 +190,7 @@ def export_enroot(client, tag: str, output: Path, on_status: Callable[[str], Non
     return Exported(output, image.id, False, time.monotonic() - started, output.stat().st_size)
 
 
-def _unpack(client, image, rootfs: Path) -> None:
+def _unpack(client, image, tag: str, rootfs: Path) -> None:
     """A created, never started container's filesystem, streamed from the engine into tar."""
     box = client.containers.create(image.id, network_disabled=True, labels={"io.kit.export": "1"})
     try:
@@ -204,7 +204,7 @@ def _unpack(client, image, rootfs: Path) -> None:
             err = tar.stderr.read().decode(errors="replace")
             tar.wait()
         if tar.returncode != 0:
-            raise KitError(f"unpacking image {image.id[:19]} failed (tar exit {tar.returncode})",
+            raise KitError(f"unpacking image {tag} failed (tar exit {tar.returncode})",
                            command=shlex.join(tar_argv(rootfs)), output_tail=err.strip()[-2000:],
                            hint="free disk space beside the output file if it says so")
     finally:

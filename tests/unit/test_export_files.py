@@ -170,3 +170,107 @@ def test_kit_export_without_mksquashfs_stops_before_touching_docker(tmp_path):
 def test_to_takes_only_the_formats_kit_writes(tmp_path):
     r = run_kit("export", "--to", "oci", cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert r.returncode == 2 and "enroot" in r.stderr and "docker-archive" in r.stderr
+
+
+def _tar_of(files: dict) -> bytes:
+    """A container export in miniature: a real tar stream with the given files (and /dev, /.dockerenv)."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        dev = tarfile.TarInfo("dev")
+        dev.type, dev.mode = tarfile.DIRTYPE, 0o755
+        t.addfile(dev)
+        for name, text in {**files, ".dockerenv": "", "dev/console": ""}.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.uid, info.gid, info.mode = len(text), 100, 101, 0o600
+            t.addfile(info, io.BytesIO(text.encode()))
+    return buf.getvalue()
+
+
+class _Box:
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def export(self, chunk_size):
+        self.log.append("export")
+        yield from self.stream()
+
+    def remove(self, force):
+        self.log.append("removed")
+
+
+class _StreamingEngine(_Engine):
+    """An engine whose container export is the given stream: tar, mksquashfs and the files are the real ones."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.log = []
+        engine = self
+
+        class Containers:
+            def create(self, image, **kw):
+                engine.log.append(("create", image, kw["network_disabled"]))
+                return _Box(stream, engine.log)
+        self.containers = Containers()
+
+
+needs_squashfs = pytest.mark.skipif(not (ex.shutil.which("mksquashfs") and ex.shutil.which("unsquashfs")),
+                                    reason="squashfs-tools is not installed (tests/run installs it)")
+
+
+@needs_squashfs
+def test_a_small_export_is_a_squashfs_with_enroots_files_and_no_dev(tmp_path):
+    tar = _tar_of({"bin/hello": "hi", "opt/kit/allreduce_check.py": "print(3)"})
+    engine = _StreamingEngine(lambda: iter([tar[:1000], tar[1000:]]))
+    out = tmp_path / "kit.sqsh"
+    done = ex.export_enroot(engine, "kit-horovod:cpu-0123456789ab", out)
+    assert (done.skipped, done.path, ex.marker(out).read_text()) == (False, out, KIT_CPU["Id"] + "\n")
+    assert engine.log == [("create", KIT_CPU["Id"], True), "export", "removed"]
+    listed = ex.subprocess.run(["unsquashfs", "-lls", str(out)], capture_output=True, text=True, check=True).stdout
+    names = sorted(line.split()[-1].removeprefix("squashfs-root") for line in listed.splitlines()
+                   if "squashfs-root" in line)
+    assert names == ["", "/bin", "/bin/hello", "/dev", "/etc", "/etc/environment", "/etc/fstab", "/etc/rc",
+                     "/etc/rc.local", "/opt", "/opt/kit", "/opt/kit/allreduce_check.py"]
+    assert all(" root/root " in line for line in listed.splitlines() if "squashfs-root" in line)  # -all-root
+    assert "-rw------- root/root" in next(line for line in listed.splitlines() if line.endswith("/bin/hello"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kit.sqsh", "kit.sqsh.id"]
+
+
+@needs_squashfs
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, docker.errors.APIError])
+def test_an_export_cut_short_leaves_no_scratch_no_container_and_no_file(tmp_path, stop):
+    tar = _tar_of({"bin/hello": "hi" * 5000})
+
+    def cut():
+        yield tar[:4096]
+        raise stop("cut")
+    engine = _StreamingEngine(cut)
+    out = tmp_path / "kit.sqsh"
+    out.write_bytes(b"an older image")
+    ex.marker(out).write_text("sha256:older\n")
+    with pytest.raises(stop):
+        ex.export_enroot(engine, "kit-horovod:cpu-0123456789ab", out)
+    assert engine.log[-1] == "removed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kit.sqsh"]  # the old file, no longer said to be current
+    assert not ex.is_current(out, "sha256:older")
+
+
+def test_a_failing_tar_is_reported_with_its_command_and_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(ex.shutil, "which", lambda name: f"/usr/bin/{name}")
+    engine = _StreamingEngine(lambda: iter([b"not a tar archive" * 64]))
+    with pytest.raises(ex.KitError) as e:
+        ex.export_enroot(engine, "kit-horovod:cpu-0123456789ab", tmp_path / "kit.sqsh")
+    assert str(e.value).startswith("unpacking image kit-horovod:cpu-0123456789ab failed (tar exit 2)")
+    assert e.value.command.startswith("tar -C ") and "This does not look like a tar archive" in e.value.output_tail
+    assert engine.log[-1] == "removed" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where, said", [("folder", "is a folder"), ("missing/x.sqsh", "cannot be written: folder")])
+def test_an_output_that_cannot_be_written_is_refused(tmp_path, where, said):
+    (tmp_path / "folder").mkdir()
+    r = run_kit("export", "--to", "docker-archive", "--image", "kit-horovod:cpu-0123456789ab", "-o", where,
+                cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith(f"error: -o {tmp_path / where}: {said}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from enum import Enum
 from pathlib import Path
@@ -42,11 +43,11 @@ def export(
     Apptainer. A second export of the same image to the same file does nothing."""
     if to is Target.enroot:
         check_tools("enroot")  # before any work: nothing is unpacked to be thrown away
+    if output is not None:
+        writable(output.absolute())
     client = connect()
     tag = image or default_image(client, config)
-    path = (output or default_output(tag, to.value)).absolute()
-    if not path.parent.is_dir():
-        raise BadInput(f"-o {output}: folder {path.parent} does not exist", hint="create it, or give another path")
+    path = writable((output or default_output(tag, to.value)).absolute())
     if to is Target.enroot:
         with console.status(f"exporting {tag}") as status:
             done = export_enroot(client, tag, path, on_status=status.update)
@@ -55,6 +56,13 @@ def export(
             done = export_docker_archive(client, tag, path)
     _print_done(done, tag)
     _print_use(to, path)
+
+
+def writable(path: Path) -> Path:
+    if path.is_dir() or not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        why = "is a folder" if path.is_dir() else f"cannot be written: folder {path.parent} is missing or read-only"
+        raise BadInput(f"-o {path}: {why}", hint="give -o the path of a file in a folder you can write")
+    return path
 
 
 def default_image(client, config: Optional[Path]) -> str:
