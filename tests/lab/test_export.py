@@ -64,7 +64,7 @@ def test_enroot_export_runs_the_images_allreduce_and_a_second_export_does_nothin
     r = run_kit("export", "--to", "enroot", "-o", str(out), cwd=project, timeout=1200)
     seconds = time.monotonic() - started
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    print(f"kit export --to enroot: {seconds:.1f} s, {out.stat().st_size / 1e9:.2f} GB")
+    print(f"kit export --to enroot: {seconds:.1f} s, {out.stat().st_size / 1e9:.2f} GB\n{r.stdout}")
     assert f"srun --container-image={out} " in r.stdout
     assert f"  slurm:\n    runtime: pyxis\n    container_image: {out}\n" in r.stdout
     assert sorted(p.name for p in work.iterdir()) == ["kit.sqsh", "kit.sqsh.id"]  # its scratch folder is gone
@@ -91,6 +91,7 @@ def test_enroot_export_runs_the_images_allreduce_and_a_second_export_does_nothin
     skipped_in = time.monotonic() - started
     print(f"the same export again: {skipped_in:.1f} s")
     assert skipped_in < 10
+    print(again.stdout)
     assert f"{out} (" in again.stdout and "already holds this image" in again.stdout and "nothing to do" in again.stdout
     assert out.stat().st_mtime_ns == before
 
@@ -100,7 +101,7 @@ def test_docker_archive_is_the_images_docker_save(project, client, work):
     started = time.monotonic()
     r = run_kit("export", "--to", "docker-archive", "-o", str(out), cwd=project, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    print(f"kit export --to docker-archive: {time.monotonic() - started:.1f} s, {out.stat().st_size / 1e9:.2f} GB")
+    print(f"kit export --to docker-archive: {time.monotonic() - started:.1f} s, {out.stat().st_size / 1e9:.2f} GB\n{r.stdout}")
     assert f"apptainer build {work / 'kit.sif'} docker-archive://{out}\n" in r.stdout
     assert out.stat().st_mode & 0o777 == 0o644
     names = subprocess.run(["tar", "-tf", str(out)], capture_output=True, text=True, check=True).stdout.split()
