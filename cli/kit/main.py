@@ -10,7 +10,8 @@ import sys
 # Each command, by the module of kit.cli that has it (tests/unit/test_cli_names.py checks it against kit.app).
 MODULES = {"run": "jobs", "logs": "jobs", "jobs": "jobs", "stop": "jobs", "attach": "jobs", "stacks": "jobs",
            "build": "build", "up": "cluster", "prepare": "cluster", "status": "cluster", "down": "cluster",
-           "exec": "cluster", "cp": "data", "demo": "demo", "doctor": "doctor", "bench": "bench"}
+           "exec": "cluster", "cp": "data", "demo": "demo", "doctor": "doctor", "bench": "bench",
+           "export": "export"}
 
 
 def main() -> None:

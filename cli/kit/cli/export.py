@@ -1,0 +1,103 @@
+"""`kit export`: kit's image as a file for a Slurm site's container runtime (enroot/pyxis, Apptainer)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from kit.build import connect, find_built
+from kit.config import build_config, cluster_config, read_config
+from kit.errors import BadInput
+from kit.export import check_tools, default_output, export_docker_archive, export_enroot
+from kit.recipe import make_recipe
+from kit.cli.common import app, console, reports_errors
+from kit.cli.flavor import build_flavor
+
+
+class Target(str, Enum):
+    enroot = "enroot"
+    docker_archive = "docker-archive"
+
+
+@app.command()
+@reports_errors
+def export(
+    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive",
+                              help="enroot: the image's root filesystem as one squashfs (.sqsh) for pyxis's srun "
+                                   "--container-image, made as `enroot import dockerd://` makes it; docker-archive: "
+                                   "the image as `docker save` writes it (.tar), for `apptainer build`."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
+                                          help="The file to write (default: named after the image, in this folder)."),
+    image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE:TAG",
+                                        help="The image to export (default: cluster.image_tag, else the image kit "
+                                             "build makes from kit.yaml's build settings)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
+) -> None:
+    """Write kit's image as one file a Slurm site runs: a squashfs for enroot/pyxis, or a docker-archive for
+    Apptainer. A second export of the same image to the same file does nothing."""
+    if to is Target.enroot:
+        check_tools("enroot")  # before any work: nothing is unpacked to be thrown away
+    if output is not None:
+        writable(output.absolute())
+    client = connect()
+    tag = image or default_image(client, config)
+    path = writable((output or default_output(tag, to.value)).absolute())
+    if to is Target.enroot:
+        with console.status(f"exporting {tag}") as status:
+            done = export_enroot(client, tag, path, on_status=status.update)
+    else:
+        with console.status(f"saving {tag}"):
+            done = export_docker_archive(client, tag, path)
+    _print_done(done, tag)
+    _print_use(to, path)
+
+
+def writable(path: Path) -> Path:
+    if path.is_dir() or not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        why = "is a folder" if path.is_dir() else f"cannot be written: folder {path.parent} is missing or read-only"
+        raise BadInput(f"-o {path}: {why}", hint="give -o the path of a file in a folder you can write")
+    return path
+
+
+def default_image(client, config: Optional[Path]) -> str:
+    """cluster.image_tag, else the image of kit.yaml's build settings that `kit build` made (its flavor decided as
+    kit build decides it); none built yet is bad input: nothing is built here."""
+    cfg_file = read_config(config)
+    cfg = cluster_config(cfg_file, {})
+    if cfg.image_tag:
+        return cfg.image_tag
+    flavor = build_flavor(cfg_file, cfg, None, None)
+    recipe = make_recipe(build_config(cfg_file, {"flavor": flavor}))
+    tag = find_built(client, recipe)
+    if tag is None:
+        raise BadInput(f"no {flavor} image of kit.yaml's build settings is built on this machine (key {recipe.key})",
+                       hint="run `kit build` first, or give the image with --image IMAGE:TAG")
+    return tag
+
+
+def _print_done(done, tag: str) -> None:
+    what = f"{escape(str(done.path))} ({done.size / 1e9:.2f} GB, image {escape(tag)}, id {done.image_id[7:19]})"
+    if done.skipped:
+        console.print(f"[green]✓[/] {what} already holds this image (its .id file says so): nothing to do")
+    else:
+        console.print(f"[green]✓[/] wrote {what} in {done.seconds:.0f} s")
+
+
+def _print_use(to: Target, path: Path) -> None:
+    if to is Target.enroot:
+        runtime, image = "pyxis", path
+        console.print("run it on a Slurm site with enroot and pyxis (neither is packaged here: not run by kit):")
+        console.print(f"  srun --container-image={shlex.quote(str(path))} python train.py", markup=False)
+    else:
+        runtime, image = "apptainer", path.with_suffix(".sif")
+        console.print("make the .sif on a machine with Apptainer (not packaged here: not run by kit):")
+        console.print(f"  apptainer build {shlex.quote(str(image))} docker-archive://{shlex.quote(str(path))}",
+                      markup=False)
+    console.print("kit.yaml, for kit run --on slurm (the file must be on storage every node reads):")
+    console.print(f"  slurm:\n    runtime: {runtime}\n    container_image: {image}", markup=False)
