@@ -72,6 +72,7 @@ class SbatchJob:
     slurm: SlurmConfig
     variables: bool = False      # the job has variables (-e, --env-file): in ENV_DIR/<job_id>, never in the script
     submitted: bool = False      # kit run submits it (else: kit export wrote it for the user)
+    filename: str = SCRIPT_NAME  # the script's own file name, as its first lines say to submit it
 
     @property
     def name(self) -> str:
@@ -110,7 +111,7 @@ def render(job: SbatchJob) -> str:
     srun_runtime, python = runtime_parts(job.slurm, bool(job.shape.gpus_per_node))
     return render_template(
         "sbatch.j2", q=shlex.quote, script=job.script, what=describe(job), runtime=job.slurm.runtime,
-        submitted=job.submitted, filename=SCRIPT_NAME, job_name=job.name, nodes=job.shape.nodes,
+        submitted=job.submitted, filename=job.filename, job_name=job.name, nodes=job.shape.nodes,
         tasks_per_node=job.shape.tasks_per_node, gpus_per_node=job.shape.gpus_per_node,
         partition=job.slurm.partition, account=job.slurm.account, time=job.slurm.time,
         task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),

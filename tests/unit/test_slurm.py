@@ -239,3 +239,30 @@ def test_srun_alone_names_a_task_that_died_without_its_exit_line():
     for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "srun: error: b: task 1: Killed"):
         reader.feed(line)
     assert reader.first_failure() == slurmjobs.Failure("torchrun", "b", 1, None)
+
+
+# ---------------------------------------------------------------- kit export --to slurm
+
+def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
+    from helpers import run_kit
+    r = run_kit("export", "--to", "slurm", "--nodes", "2", "--ntasks-per-node", "2", "train.py", "--epochs", "2",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in r.stdout
+    assert "python3 -u .kit/kit_task.py horovod train.py --epochs 2 || code=$?" in r.stdout
+    assert "export KIT_JOB=slurm-$SLURM_JOB_ID" in r.stdout and "sbatch THIS_FILE" in r.stdout
+    written = run_kit("export", "--to", "slurm", "--launcher", "tf", "-o", "job.sbatch", "train.py", cwd=tmp_path)
+    assert written.returncode == 0 and "sbatch job.sbatch" in (tmp_path / "job.sbatch").read_text()
+    assert list(tmp_path.iterdir()) == [tmp_path / "job.sbatch"]  # nothing else made, here or anywhere
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--to", "slurm"], "error: --to slurm needs the training script"),
+    (["--to", "slurm", "--launcher", "mpi", "t.py"], "error: --launcher: 'mpi' is not a launcher"),
+    (["--to", "slurm", "-e", "X", "t.py"], "error: -e is not an option of kit export"),
+    (["--to", "enroot", "--nodes", "2"], "error: --nodes: a job's, for --to slurm"),
+])
+def test_export_refuses_what_is_not_a_job_of_its_target(tmp_path, args, says):
+    from helpers import run_kit
+    r = run_kit("export", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(says), r.stderr

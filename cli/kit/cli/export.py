@@ -6,7 +6,7 @@ import os
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -16,31 +16,66 @@ from kit.config import build_config, cluster_config, read_config
 from kit.errors import BadInput
 from kit.export import check_tools, default_output, export_docker_archive, export_enroot
 from kit.recipe import make_recipe
+from kit import sbatch
+from kit.cli import slurm as slurm_cli
 from kit.cli.common import app, console, reports_errors
+from kit.cli.runargs import RunCommand
+from kit.commands.launchers import LAUNCHERS
 from kit.cli.flavor import build_flavor
 
 
 class Target(str, Enum):
     enroot = "enroot"
     docker_archive = "docker-archive"
+    slurm = "slurm"
 
 
-@app.command()
+@app.command(cls=RunCommand)
 @reports_errors
 def export(
-    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive",
+    script: Optional[Path] = typer.Argument(None, help="--to slurm: the training script, in the job's folder."),
+    args: Optional[List[str]] = typer.Argument(None, help="--to slurm: the script's arguments (as kit run takes "
+                                               "them)."),
+    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive|slurm",
                               help="enroot: the image's root filesystem as one squashfs (.sqsh) for pyxis's srun "
                                    "--container-image, made as `enroot import dockerd://` makes it; docker-archive: "
-                                   "the image as `docker save` writes it (.tar), for `apptainer build`."),
+                                   "the image as `docker save` writes it (.tar), for `apptainer build`; slurm: the "
+                                   "sbatch script `kit run --on slurm` would submit, to stdout or -o."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="The file to write (default: named after the image, in this folder)."),
     image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE:TAG",
                                         help="The image to export (default: cluster.image_tag, else the image kit "
                                              "build makes from kit.yaml's build settings)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
+    launcher: str = typer.Option("horovod", help="--to slurm: horovod, torchrun or tf."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="--to slurm: nodes of the job (default 1)."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", help="--to slurm, horovod: ranks in all."),
+    ntasks_per_node: Optional[int] = typer.Option(None, help="--to slurm: ranks, processes (torchrun) or workers "
+                                                  "(tf) on each node."),
+    gpus_per_node: Optional[int] = typer.Option(None, help="--to slurm: GPUs of each node for the job."),
+    partition: Optional[str] = typer.Option(None, help="--to slurm: the partition."),
+    account: Optional[str] = typer.Option(None, help="--to slurm: the account."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
 ) -> None:
     """Write kit's image as one file a Slurm site runs: a squashfs for enroot/pyxis, or a docker-archive for
-    Apptainer. A second export of the same image to the same file does nothing."""
+    Apptainer (a second export of the same image to the same file does nothing); or, with --to slurm SCRIPT, the
+    sbatch script kit run --on slurm would submit, commented, for submitting by hand: it needs no kit.yaml (then
+    runtime none) and contacts nothing.
+
+    \b
+      kit export --to enroot -o /shared/images/kit.sqsh
+      kit export --to slurm train.py --epochs 2 --nodes 3 -o train.sbatch
+    """
+    job = {"SCRIPT": script, "--launcher": None if launcher == "horovod" else launcher, "--nodes": nodes, "--np": np,
+           "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node, "--partition": partition,
+           "--account": account, "--time": time_limit}
+    if to is Target.slurm:
+        _export_slurm(script, args or [], launcher, nodes, np, ntasks_per_node, gpus_per_node, partition, account,
+                      time_limit, output, config)
+        return
+    if given := [name for name, value in job.items() if value is not None]:
+        raise BadInput(f"{', '.join(given)}: a job's, for --to slurm", hint=f"drop it to export the image --to "
+                       f"{to.value}, or write the job's sbatch script with --to slurm")
     if to is Target.enroot:
         check_tools("enroot")  # before any work: nothing is unpacked to be thrown away
     if output is not None:
@@ -56,6 +91,24 @@ def export(
             done = export_docker_archive(client, tag, path)
     _print_done(done, tag)
     _print_use(to, path)
+
+
+def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes, np, ntasks_per_node, gpus_per_node,
+                  partition, account, time_limit, output: Optional[Path], config: Optional[Path]) -> None:
+    if script is None:
+        raise BadInput("--to slurm needs the training script", hint="kit export --to slurm train.py [ARGS] [--nodes N]")
+    if launcher not in LAUNCHERS:
+        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
+    text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
+                                   time_limit, output.name if output else "THIS_FILE")
+    if output is None:
+        print(text, end="")
+        return
+    path = writable(output.absolute())
+    path.write_text(text)
+    console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder of {escape(script.as_posix())} "
+                  f"(on storage every node sees): sbatch {escape(path.name)}", highlight=False)
 
 
 def writable(path: Path) -> Path:

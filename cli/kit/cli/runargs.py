@@ -41,8 +41,9 @@ def options_of(params) -> dict[str, bool]:
     return found
 
 
-def split(argv: list[str], options: dict[str, bool]) -> Split:
-    """kit run's arguments -> (kit's options, the script, the script's arguments). options: options_of()."""
+def split(argv: list[str], options: dict[str, bool], command: str = "kit run") -> Split:
+    """kit run's (or kit export --to slurm's) arguments -> (kit's options, the script, the script's arguments).
+    options: options_of()."""
     kit: list[str] = []
     script: str | None = None
     args: list[str] = []
@@ -64,7 +65,7 @@ def split(argv: list[str], options: dict[str, bool]) -> Split:
                 kit.append(arg)
                 i += 1
                 continue
-            raise _unknown(arg, argv[i + 1:])
+            raise _unknown(arg, argv[i + 1:], command)
         if script is None:
             script = arg
         else:
@@ -73,19 +74,20 @@ def split(argv: list[str], options: dict[str, bool]) -> Split:
     return Split(kit, script, args)
 
 
-def _unknown(arg: str, after: list[str]) -> BadInput:
+def _unknown(arg: str, after: list[str], command: str) -> BadInput:
     script = next((a for a in after if a.endswith(".py")), "SCRIPT")
-    return BadInput(f"{arg} is not an option of kit run; before the script, only kit's options go",
-                    hint=f"put the script's arguments after it: kit run [OPTIONS] {script} {arg} ...")
+    return BadInput(f"{arg} is not an option of {command}; before the script, only kit's options go",
+                    hint=f"put the script's arguments after it: {command} [OPTIONS] {script} {arg} ...")
 
 
 class RunCommand(TyperCommand):
-    """kit run, whose arguments split() sorts out before click reads them."""
+    """kit run (and kit export, whose --to slurm takes a script as kit run does), whose arguments split() sorts out
+    before click reads them."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:  # (shell completion reads a line as it is)
             try:
-                args = split(args, options_of(self.get_params(ctx))).argv()
+                args = split(args, options_of(self.get_params(ctx)), f"kit {ctx.info_name}").argv()
             except KitError as e:
                 _report(e)
         return super().parse_args(ctx, args)

@@ -63,11 +63,12 @@ def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args
 
 
 def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
-                  partition: Optional[str], account: Optional[str], time_limit: Optional[str]) -> str:
+                  partition: Optional[str], account: Optional[str], time_limit: Optional[str], filename: str) -> str:
     """The sbatch script `kit run --on slurm` would submit, for a user who submits by hand: kit.yaml's slurm section
     where there is one, else the defaults (runtime none). Contacts nothing."""
     settings = slurm_settings(cfg_file, partition, account, time_limit)
-    return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings))
+    return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings,
+                                          filename=filename))
 
 
 def _script_in(script: Path, folder: Path) -> str:
