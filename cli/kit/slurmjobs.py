@@ -163,9 +163,11 @@ def check_environment(runner: Runner, slurm: SlurmConfig, launcher: str) -> None
               "runtime pyxis or apptainer with kit's image")
 
 
-def submit(runner: Runner, remote: str) -> str:
-    """sbatch in the job's folder; the Slurm job id."""
-    out = _run(runner, f"cd {shlex.quote(remote)} && sbatch --parsable {SCRIPT_NAME}", "sbatch refused the job",
+def submit(runner: Runner, remote: str, unset: list[str]) -> str:
+    """sbatch in the job's folder; the Slurm job id. sbatch gives the job the environment it runs in: the job's own
+    variables (`unset`, which a user may have in this shell's) are taken out of it, so Slurm never records them."""
+    env = "env " + "".join(f"-u {name} " for name in unset) if unset else ""
+    out = _run(runner, f"cd {shlex.quote(remote)} && {env}sbatch --parsable {SCRIPT_NAME}", "sbatch refused the job",
                hint="the tail above is sbatch's reason (a partition, account or time limit of slurm: in kit.yaml?)",
                changes=True)
     found = re.search(r"^(\d+)(?:;\S+)?$", out.strip(), re.M)
@@ -177,9 +179,9 @@ def submit(runner: Runner, remote: str) -> str:
 # ------------------------------------------------------------------------------------------------ state
 
 def parse_squeue(text: str) -> str | None:
-    """squeue -h -j ID -o %T -> kit's state, None when Slurm no longer lists the job."""
-    word = text.strip().split()[0] if text.strip() else ""
-    return STATES.get(word.split()[0].rstrip("+"), "running") if word else None
+    """squeue -h -j ID -o %T (and more after it) -> kit's state, None when Slurm no longer lists the job."""
+    word = text.split()[0] if text.strip() else ""
+    return STATES.get(word.rstrip("+"), "running") if word else None
 
 
 def parse_scontrol(text: str) -> tuple[str, int | None] | None:
@@ -291,18 +293,20 @@ class Failure:
 class Poll:
     state: str | None     # squeue's, as kit's; None: Slurm no longer lists it
     lines: list[str]      # whole lines of the output file that were not read before
+    reason: str = ""      # squeue's reason (a pending job's: Resources, Priority, ...)
 
 
 def poll_command(record: SlurmRecord, read: int) -> str:
-    """One look at a job: squeue's state, then the output file's lines after the first `read`."""
-    return (f"squeue -h -j {record.slurm_id} -o %T 2>/dev/null; echo {NODES_MARK}-poll; "
+    """One look at a job: squeue's state and reason, then the output file's lines after the first `read`."""
+    return (f"squeue -h -j {record.slurm_id} -o '%T %r' 2>/dev/null; echo {NODES_MARK}-poll; "
             f"tail -n +{read + 1} {shlex.quote(record.output)} 2>/dev/null || true")
 
 
 def parse_poll(text: str) -> Poll:
     state_text, _, output = text.partition(f"{NODES_MARK}-poll\n")
     lines = output.split("\n")
-    return Poll(parse_squeue(state_text), lines[:-1])  # the last one is cut, or empty: read again next time
+    reason = state_text.strip().split(" ", 1)[1] if " " in state_text.strip() else ""
+    return Poll(parse_squeue(state_text), lines[:-1], reason)  # the last line is cut, or empty: read again next time
 
 
 @dataclass(frozen=True)
@@ -315,11 +319,15 @@ class Ending:
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
            sleep: Callable[[float], None] = time.sleep) -> Ending:
     """Show the job's output as it comes, until Slurm says it ended; then how it ended."""
-    read = first
+    read, queued = first, False
     while True:
         r = runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S)
         r.check(f"cannot read job {record.id} (Slurm job {record.slurm_id})")
         poll = parse_poll(r.stdout)
+        if poll.state == "pending" and not queued:
+            queued = True
+            why = f" ({poll.reason})" if poll.reason not in ("", "None") else ""
+            reader.show(None, None, f"kit: Slurm job {record.slurm_id} waits in the queue{why}")
         for line in poll.lines:
             reader.feed(line)
         read += len(poll.lines)

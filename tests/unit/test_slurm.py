@@ -205,8 +205,9 @@ def test_states_and_exit_codes_from_scontrol_and_sacct():
 
 
 def test_a_poll_reads_only_whole_lines():
-    poll = slurmjobs.parse_poll("RUNNING\n@@kit-nodes-poll\n0: one\n1: two\n0: thr")
-    assert poll == slurmjobs.Poll("running", ["0: one", "1: two"])
+    poll = slurmjobs.parse_poll("RUNNING None\n@@kit-nodes-poll\n0: one\n1: two\n0: thr")
+    assert poll == slurmjobs.Poll("running", ["0: one", "1: two"], "None")
+    assert slurmjobs.parse_poll("PENDING Resources\n@@kit-nodes-poll\n") == slurmjobs.Poll("pending", [], "Resources")
     assert slurmjobs.parse_poll("@@kit-nodes-poll\n") == slurmjobs.Poll(None, [])
 
 

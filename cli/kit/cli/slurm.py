@@ -39,7 +39,7 @@ def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args
         slurmjobs.check_environment(runner, settings, launcher)
         remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
         slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id)
-        slurm_id = slurmjobs.submit(runner, remote)
+        slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
         record = slurmjobs.SlurmRecord(job_id, slurm_id, settings.login, remote, launcher, rel, shape.ranks,
                                        time.time())
         slurmjobs.save(record)
