@@ -32,14 +32,16 @@ class SlurmNode:
     reason: str = ""    # why it is down or drained, as whoever set it said
 
 
-def primary_script() -> str:
+def primary_script(hosts: int) -> str:
+    """One credential per host: munged refuses to decode one credential twice (a replay), and hosts that share a
+    munged (the test lab's) would."""
     t = f"timeout {SLURM_TIMEOUT_S}"
     return "\n".join([
         f"echo '{MARK}conf'; [ -f {SLURM_CONF} ] && echo present",
         f"echo '{MARK}ping'; {t} scontrol ping 2>&1",
         f"echo '{MARK}port'; {t} scontrol show config 2>/dev/null | sed -n 's/^SlurmdPort *= *//p'",
         f"echo '{MARK}nodes'; {t} sinfo -h -N -o '%N|%o|%T|%E' 2>&1",
-        f"echo '{MARK}cred'; {t} munge -n 2>&1",
+        f"echo '{MARK}cred'; for i in $(seq {hosts}); do {t} munge -n 2>&1; done",
         f"echo '{MARK}end'",
     ])
 
@@ -136,8 +138,11 @@ def judge_munge(host: str, decoded: bool | None, said: str) -> Finding:
     if "socket" in said.lower() or "not found" in said.lower():
         return Finding(host, "munge", FAIL, f"munge does not answer here ({said})", f"`{PREPARE}` installs and "
                        "starts munged")
-    return Finding(host, "munge", FAIL, f"the primary's credential does not decode here ({said}): this host's munge "
-                   "key differs", f"`{PREPARE}` puts the cluster's key on every host and restarts munged")
+    if "invalid credential" in said.lower():
+        return Finding(host, "munge", FAIL, f"the primary's credential does not decode here ({said}): this host's "
+                       "munge key differs", f"`{PREPARE}` puts the cluster's key on every host and restarts munged")
+    return Finding(host, "munge", FAIL, f"the primary's credential is refused here ({said})",
+                   f"see munged's log here (/var/log/munge/munged.log); `{PREPARE}` restarts munged")
 
 
 # ---------------------------------------------------------------- the whole section
@@ -150,7 +155,7 @@ def examine(nodes: list[Node], readings: list[Reading], configured: bool) -> lis
     if primary is None:
         return []
     try:
-        s = sections(primary.runner.run(primary_script(), timeout=SLURM_TIMEOUT_S * 5).stdout)
+        s = sections(primary.runner.run(primary_script(len(seen)), timeout=SLURM_TIMEOUT_S * 5).stdout)
     except (KitError, OSError):
         s = {}
     if "end" not in s:
@@ -162,8 +167,10 @@ def examine(nodes: list[Node], readings: list[Reading], configured: bool) -> lis
             f"make these hosts a Slurm cluster (`{PREPARE}`), or check the site's Slurm from its login host")]
     answers, said = parse_ping(s.get("ping", ""))
     findings = [judge_controller(primary.name, answers, said)]
-    cred = s.get("cred", "")
-    read = fan_out("Slurm on the hosts", [n for n, _ in seen], lambda n: _read_host(n, cred), lambda n: n.name)
+    creds = s.get("cred", "").splitlines()
+    made = len(creds) == len(seen) and all(c.startswith("MUNGE:") for c in creds)
+    read = fan_out("Slurm on the hosts", list(zip([n for n, _ in seen], creds if made else [""] * len(seen))),
+                   lambda item: _read_host(*item), lambda item: item[0].name)
     listed = parse_sinfo(s.get("nodes", "")) if answers else None
     port = int(s["port"]) if s.get("port", "").isdigit() else SLURMD_PORT
     for (node, reading), (hostname, decoded, unmunged) in zip(seen, read):
@@ -171,8 +178,9 @@ def examine(nodes: list[Node], readings: list[Reading], configured: bool) -> lis
             mine = listed.get(hostname) or next((x for x in listed.values() if x.address == reading.address), None)
             findings.append(judge_node(node.name, mine, port in reading.facts.listening if reading.facts else None,
                                        port, sorted(listed)))
-        findings.append(judge_munge(node.name, decoded, unmunged) if cred.startswith("MUNGE:") else
-                        Finding(node.name, "munge", FAIL, f"the primary cannot make a munge credential ({cred or '?'})",
+        findings.append(judge_munge(node.name, decoded, unmunged) if made else
+                        Finding(node.name, "munge", FAIL, "the primary cannot make a munge credential "
+                                f"({creds[-1] if creds else 'munge -n printed nothing'})",
                                 f"`{PREPARE}` installs and starts munged on every host"))
     return findings
 

@@ -197,7 +197,7 @@ def test_doctor_shows_the_slurm_section_all_ok(slurm):
     found = {(f["host"], f["check"]): f for f in report["findings"] if f["check"] in SLURM_CHECKS}
     assert set(found) == {(h.address, c) for h in slurm.hosts for c in ("slurm node", "munge")} | \
         {(slurm.primary.address, "slurmctld")}, report
-    assert all(f["level"] == "ok" for f in found.values()), found
+    assert [f for f in found.values() if f["level"] != "ok"] == []
     assert r.returncode == 0, [f for f in report["findings"] if f["level"] != "ok"]
     text = slurm.kit("doctor", "--hosts", "hosts.txt", timeout=300)
     assert f"{slurm.nodes[slurm.hosts[2].address]} is idle" in text.stdout, text.stdout

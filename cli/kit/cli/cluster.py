@@ -174,7 +174,8 @@ def prepare(
                                        munge_key=key)
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
-        code = subprocess.run(argv, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+        code = subprocess.run(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
+                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
     if code != 0:
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
