@@ -542,10 +542,11 @@ class Report:
 
 
 def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.ClusterState | None, flavor: str,
-            owner, *, cuda: str | None = None, where: str = "build.flavor") -> Report:
+            owner, *, cuda: str | None = None, where: str = "build.flavor", slurm: bool = False) -> Report:
     """Read every host at once, then judge. `state`: the cluster as `up` recorded it (None: hosts before `up`);
     `flavor`: the image's, or auto / tf (decided from the hosts' GPUs, as `where` asks); `cuda`: the gpu flavor's
-    CUDA line."""
+    CUDA line; `slurm`: kit.yaml has a slurm section (the Slurm section runs then, and wherever the primary has
+    slurm.conf)."""
     readings = fan_out("reading the hosts", nodes, lambda n: read_host(n, cfg, image), lambda n: n.name)
     findings = [Finding(r.name, "ssh", FAIL, f"cannot reach or read the host: {r.error}",
                         "check that the host is up and that `ssh` to it works as in hosts.txt")
@@ -576,6 +577,8 @@ def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.Cluster
         reachable = [n for n, r in zip(nodes, readings) if not r.error and not r.container_error
                      and r.facts.container and r.facts.container.status == "running"]
         findings += _mesh(reachable, cfg.ssh_port) + _workspace(reachable, state, cfg)
+    from kit import doctor_slurm  # (it builds on this module's Finding and Reading)
+    findings += doctor_slurm.examine(nodes, readings, slurm)
     order = {n.name: i for i, n in enumerate(nodes)}
     findings.sort(key=lambda f: order.get(f.host, len(order)))  # stable: each host's checks in the order made
     return Report(findings, [n.name for n in nodes])

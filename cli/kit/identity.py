@@ -79,6 +79,11 @@ def new_key(comment: str) -> KeyPair:
     return KeyPair(private, f"{public.decode()} {comment}")
 
 
+def new_munge_key() -> bytes:
+    """As many random bytes as munge's own `mungekey` makes (1024 bits)."""
+    return secrets.token_bytes(128)
+
+
 def write_secret(path: Path, data: bytes) -> None:
     """Create or replace a file that only its owner can read, without a moment of wider modes."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,6 +132,19 @@ class Identity:
     def remove(self) -> None:
         """Forget the cluster: its keys and state (after `kit down`)."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    def munge_key(self) -> Path:
+        """The cluster's munge key, which `kit prepare --slurm` puts on every host: made once (random bytes, 0600),
+        then read. Not persisting (--dry-run), a key not made yet stays unmade: the path then does not exist."""
+        path = self.folder / "slurm" / "munge.key"
+        if path.exists():
+            if path.stat().st_mode & 0o077:
+                raise KitError(f"{path} can be read by others (mode {path.stat().st_mode & 0o777:o})",
+                               hint=f"chmod 600 {path}")
+        elif self.persist:
+            self.ensure_folder()
+            write_secret(path, new_munge_key())
+        return path
 
     def host_key(self, host: str) -> KeyPair:
         self.ensure_folder()

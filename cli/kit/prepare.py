@@ -31,8 +31,10 @@ def resolve(host: Host, ssh_hostname: str) -> str:
                        hint="use the host's address, or a name that DNS, /etc/hosts or ~/.ssh/config knows") from None
 
 
-def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, *, gpu: bool) -> dict:
-    """The YAML inventory ansible-playbook reads. Pure."""
+def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, *, gpu: bool,
+              munge_key: Path | None = None) -> dict:
+    """The YAML inventory ansible-playbook reads. Pure. With munge_key (the cluster's key on this machine), the
+    hosts become a Slurm cluster too (the slurm role)."""
     def entry(h: Host) -> dict:
         e = {"ansible_host": h.name, "kit_address": addresses[h.name]}
         if h.user:
@@ -43,7 +45,8 @@ def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, 
     return {"all": {
         "vars": {"kit_cluster": cfg.name, "kit_ssh_port": cfg.ssh_port, "kit_gpu": gpu, "kit_storage": cfg.storage,
                  "kit_workspace": cfg.workspace_path, "kit_nfs_server": cfg.nfs_server or "",
-                 "kit_addresses": [addresses[h.name] for h in hosts]},
+                 "kit_addresses": [addresses[h.name] for h in hosts],
+                 **({"kit_slurm": True, "kit_munge_key": str(munge_key)} if munge_key else {})},
         "children": {
             "kit_primary": {"hosts": {h.name: entry(h) for h in hosts if h.primary}},
             "kit_workers": {"hosts": {h.name: entry(h) for h in hosts if not h.primary}},

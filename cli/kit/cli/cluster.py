@@ -22,7 +22,7 @@ from kit.cluster import (HostStatus, ImageChoice, Up, kept_settings, down as dow
 from kit.config import ClusterConfig, ConfigFile, requested_flavor
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
-from kit.identity import Identity, state_root
+from kit.identity import Identity, new_munge_key, state_root, write_secret
 from kit.inventory import Host, read_hosts
 from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
@@ -153,21 +153,29 @@ def prepare(
     storage: Optional[str] = typer.Option(None, help="copy, sshfs or nfs (default: cluster.storage in kit.yaml)."),
     nfs_server: Optional[str] = typer.Option(None, help="An existing NFS export, server:/path (default: "
                                                         "cluster.nfs_server; without one the primary exports)."),
+    slurm: bool = typer.Option(False, "--slurm", help="Also make the hosts a Slurm cluster: munge with one key, "
+                                                     "slurmctld on the primary, slurmd on every host."),
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
     """Prepare the hosts with Ansible: Docker, NVIDIA Container Toolkit (hosts with NVIDIA GPUs), firewall, NFS or
-    sshfs."""
+    sshfs; with --slurm, Slurm and munge from the distribution's packages, configured from the hosts' facts."""
     check = check or dry_run
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
-    data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=requested_flavor(cfg_file)[0] in ("gpu", "tf-gpu"))
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
+        key = Identity(cfg.name, persist=not check).munge_key() if slurm else None
+        if key and not key.exists():  # --dry-run before the cluster's key was made: a stand-in, never kept
+            key = Path(folder) / "munge.key"
+            write_secret(key, new_munge_key())
+        data = prepare_hosts.inventory(inventory, addresses, cfg, gpu=requested_flavor(cfg_file)[0] in ("gpu", "tf-gpu"),
+                                       munge_key=key)
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
-        code = subprocess.run(argv, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+        code = subprocess.run(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
+                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
     if code != 0:
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")

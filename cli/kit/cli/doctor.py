@@ -29,7 +29,8 @@ def doctor(
     name: Optional[str] = NAME,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of lines."),
 ) -> None:
-    """Check the cluster: SSH, Docker, image, ports, NICs, clocks, disk, /dev/shm, the shared workspace, GPUs.
+    """Check the cluster: SSH, Docker, image, ports, NICs, clocks, disk, /dev/shm, the shared workspace, GPUs;
+    Slurm (controller, nodes, munge keys) where kit.yaml has a slurm section or the primary has slurm.conf.
 
     One line per check per host (ok, warn, fail), each warn and fail with its fix; exit 1 when a check fails.
     Changes nothing on the hosts (the workspace check writes a file of its own there, and removes it)."""
@@ -49,7 +50,8 @@ def doctor(
         nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in state.hosts]
         cfg, image, flavor, cuda, where = state_cfg(state), state.image, state.flavor, state.cuda or None, ""
     try:
-        report = dr.examine(nodes, cfg, image, state, flavor, identity.owner, cuda=cuda, where=where)
+        report = dr.examine(nodes, cfg, image, state, flavor, identity.owner, cuda=cuda, where=where,
+                            slurm="slurm" in cfg_file.sections)
     finally:
         for n in nodes:
             n.runner.close()
