@@ -7,12 +7,14 @@ address, and the primary runs slurmctld. The fixture removes all of it afterward
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import Lab, LabHost
+from harness import Lab, LabHost, wait_for
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
@@ -221,3 +223,184 @@ def test_doctor_names_the_host_whose_slurmd_stopped_and_prepare_brings_it_back(s
     assert slurm.wait_idle()[node] == (broken.address, "idle")
     back = slurm.kit("doctor", "--json", "--hosts", "hosts.txt", timeout=300)
     assert back.returncode == 0, back.stdout
+
+
+# ---------------------------------------------------------------- jobs on the lab's Slurm: kit run --on slurm
+#
+# Two users of the lab (kitlab-alice, kitlab-bob: Unix users of the machine, so of every lab host, whose homes are on
+# the shared filesystem) submit over SSH to the primary, the login host; the nodes' own Python (runtime none) is
+# kit's images' /opt/venv, copied onto storage every node sees, as a site keeps a shared environment.
+
+USERS = ("kitlab-alice", "kitlab-bob")
+SHARED = Path("/var/lib/kitlab/slurm-shared")   # the lab's filesystem: every host sees it
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOBS = Path(__file__).resolve().parent / "jobs"
+SECRET = "kitlab-slurm-Sup3rSecret-value"
+
+
+def _image_tag(project: Path, *args: str, pattern: str) -> str:
+    r = run_kit("build", "--no-verify", *args, cwd=project, timeout=40 * 60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return re.search(pattern, r.stdout)[1]
+
+
+def _copy_venv(tag: str, dest: Path) -> str:
+    import subprocess
+    made = subprocess.run(["docker", "create", tag, "true"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        subprocess.run(["docker", "cp", f"{made}:/opt/venv", str(dest)], check=True, capture_output=True, timeout=600)
+    finally:
+        subprocess.run(["docker", "rm", made], capture_output=True)
+    return str(dest / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def envs(slurm, project, tmp_path_factory):
+    """launcher -> the nodes' Python for it: kit's cpu image's venv (torch, Horovod) and its tf-cpu image's."""
+    shutil.rmtree(SHARED, ignore_errors=True)
+    SHARED.mkdir(parents=True)
+    SHARED.chmod(0o755)
+    try:
+        torch = _copy_venv(_image_tag(project, pattern=r"(kit-horovod:cpu-[0-9a-f]{12})"), SHARED / "torch")
+        tf_folder = tmp_path_factory.mktemp("tf-build")
+        tf = _copy_venv(_image_tag(tf_folder, "--flavor", "tf-cpu", pattern=r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})"),
+                        SHARED / "tf")
+        yield {"horovod": torch, "torchrun": torch, "tf": tf}
+    finally:
+        shutil.rmtree(SHARED, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def users(slurm):
+    import subprocess
+    made = []
+    try:
+        for user in USERS:
+            subprocess.run(["userdel", "-r", user], capture_output=True)
+            subprocess.run(["useradd", "-m", "-d", str(SHARED.parent / "home" / user), "-s", "/bin/bash", user],
+                           check=True, capture_output=True)
+            made.append(user)
+        yield list(USERS)
+    finally:
+        for user in made:
+            subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
+            subprocess.run(["userdel", "-r", user], capture_output=True)
+
+
+def user_project(slurm, folder: Path, user: str, python: str) -> Path:
+    """A user's folder with kit.yaml's slurm section: the primary as login host, the nodes' Python."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kit.yaml").write_text(yaml.safe_dump({"slurm": {"login": f"{user}@{slurm.primary.address}",
+                                                               "python_path": python}}))
+    return folder
+
+
+def kit_as(slurm, folder: Path, *args: str, timeout: int = 600):
+    return run_kit(*args, cwd=folder, env=slurm.lab.env, timeout=timeout)
+
+
+def ranks_by_node(out: str) -> dict[int, str]:
+    return {int(rank): node for node, rank in re.findall(r"^\[(\S+) rank (\d+)\] ", out, re.M)}
+
+
+LAUNCHES = {
+    "horovod": ([], EXAMPLES / "cifar10_cnn_horovod.py", ["--epochs", "2", "--samples", "1536"],
+                r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)"),
+    "torchrun": (["--launcher", "torchrun"], EXAMPLES / "ddp_train.py", ["--epochs", "3"],
+                 r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)"),
+    "tf": (["--launcher", "tf"], EXAMPLES / "tf_multiworker.py", ["--epochs", "2", "--samples", "1536"],
+           r"^\[\S+ rank 0\] epoch \d: loss ([\d.]+)"),
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHES)
+def test_each_launcher_trains_across_three_nodes(slurm, envs, users, tmp_path, launcher):
+    flags, script, args, loss = LAUNCHES[launcher]
+    folder = user_project(slurm, tmp_path / "project", users[0], envs[launcher])
+    shutil.copy(script, folder / script.name)
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "3", *flags, script.name, *args)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    submitted = re.search(r"^kit: job (\S+) is Slurm job (\d+) on (\S+): ", r.stdout, re.M)
+    assert submitted and submitted[3] == f"{users[0]}@{slurm.primary.address}", out[-3000:]
+    nodes = ranks_by_node(r.stdout)
+    assert set(nodes.values()) == set(slurm.nodes.values()), nodes  # ranks on all three nodes, named by node
+    losses = [float(x) for x in re.findall(loss, r.stdout, re.M)]
+    assert len(losses) >= 2 and losses[-1] < losses[0], losses
+    assert re.search(rf"✓ job {submitted[1]} finished \(Slurm job {submitted[2]}\)", r.stdout)
+
+    listed = [json.loads(line) for line in kit_as(slurm, folder, "jobs", "--json").stdout.splitlines()]
+    mine = next(row for row in listed if row["id"] == submitted[1])
+    assert (mine["slurm_id"], mine["state"], mine["exit"], mine["launcher"]) == (submitted[2], "succeeded", 0, launcher)
+    log = kit_as(slurm, folder, "logs", submitted[1], "--rank", "1")
+    lines = log.stdout.splitlines()
+    assert lines and all(line.startswith(f"[{nodes[1]} rank 1] ") for line in lines), lines[:5]
+
+
+def test_a_failing_rank_names_itself_and_its_node(slurm, envs, users, tmp_path):
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
+    (folder / "fail.py").write_text("import sys, time\nimport horovod.torch as hvd\nhvd.init()\n"
+                                    "print('up', hvd.rank(), flush=True)\n"
+                                    "sys.exit(3) if hvd.rank() == 1 else time.sleep(120)\n")
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "3", "fail.py")
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-2000:]
+    node = slurm.nodes[slurm.hosts[1].address]
+    assert re.search(rf"error: rank 1 on {node} failed first \(exit 3\); Slurm stopped the job's other tasks", r.stderr)
+    wait_for("the other ranks to end", lambda: not any(h.processes("fail.py") for h in slurm.hosts), timeout=30)
+
+
+def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm, envs, users, tmp_path):
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
+    shutil.copy(JOBS / "print_env.py", folder / "print_env.py")
+    r = run_kit("run", "--on", "slurm", "--nodes", "2", "-e", "WANDB_API_KEY", "print_env.py", cwd=folder,
+                env={**slurm.lab.env, "WANDB_API_KEY": SECRET})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    assert r.stdout.count(digest) == 2  # both ranks had it
+    slurm_id = re.search(r"is Slurm job (\d+)", r.stdout)[1]
+    seen = slurm.run(f"scontrol show job -dd {slurm_id}; squeue -a -o %all; sacct -c -a -P; "
+                     f"cat ~{users[0]}/kit-jobs/*/kit-job.sbatch; ls -a ~{users[0]}/kit-jobs/*/.kit/env").stdout
+    assert f"JobId={slurm_id}" in seen and "#SBATCH --nodes=2" in seen
+    assert SECRET not in seen and SECRET not in r.stdout + r.stderr
+    assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
+
+
+def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_path):
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
+    (folder / "long_job.py").write_text("import time\nimport horovod.torch as hvd\nhvd.init()\n"
+                                        "print('up', hvd.rank(), flush=True)\ntime.sleep(600)\n")
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--detach", "--nodes", "3", "long_job.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = re.search(r"^kit: job (\S+) is Slurm job", r.stdout, re.M)[1]
+    wait_for("the job's three ranks", lambda: len([h for h in slurm.hosts if h.processes("long_job.py")]) >= 1
+             and kit_as(slurm, folder, "logs", job).stdout.count(" up ") == 3, timeout=120)
+    started = time.monotonic()
+    stop = kit_as(slurm, folder, "stop", job)
+    assert stop.returncode == 0 and f"job {job} stopped" in stop.stdout, stop.stdout + stop.stderr
+    wait_for("no process of the job", lambda: not any(h.processes("long_job.py") for h in slurm.hosts), timeout=30)
+    assert time.monotonic() - started < 30
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert rows[job]["state"] == "stopped"
+
+
+def test_two_users_jobs_queue_and_both_finish(slurm, envs, users, tmp_path):
+    """Each takes every core of the three nodes: the second waits in Slurm's queue for the first."""
+    import subprocess
+    runs = []
+    for user in users:
+        folder = user_project(slurm, tmp_path / user, user, envs["horovod"])
+        shutil.copy(JOBS / "noop.py", folder / "noop.py")
+        runs.append(subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3",
+                                      "--ntasks-per-node", "2", "noop.py"], cwd=folder, text=True,
+                                     env={**os.environ, **slurm.lab.env, "COLUMNS": "200"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [p.communicate(timeout=600) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], outs
+    ids = [re.search(r"is Slurm job (\d+)", out)[1] for out, _ in outs]
+    jobs = {}
+    for user, slurm_id in zip(users, ids):
+        shown = slurm.run(f"scontrol show job -o {slurm_id}").stdout
+        assert f"UserId={user}(" in shown and "JobState=COMPLETED" in shown, shown
+        jobs[slurm_id] = dict(re.findall(r"(StartTime|EndTime)=(\S+)", shown))
+    first, second = sorted(jobs.values(), key=lambda j: j["StartTime"])
+    assert second["StartTime"] >= first["EndTime"], jobs  # queued, not sharing the cores
