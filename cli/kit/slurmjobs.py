@@ -44,6 +44,9 @@ STATES = {"PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending",
 ENDED = ("succeeded", "failed", "stopped")
 NODES_MARK = "@@kit-nodes"
 _LABEL = re.compile(r"^(\d+): ?(.*)$")
+# How srun words a task's death by a signal (strsignal's names), and the signal's number.
+SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7,
+           "Floating point exception": 8, "Illegal instruction": 4, "Hangup": 1, "Interrupt": 2}
 _SRUN_FAILED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
 
 
@@ -272,12 +275,14 @@ class Reader:
         if failed:
             _, rank, code = min(failed)
             return Failure(f"rank {rank}", self.node_of(rank), code, rank)
-        for node, tasks, what in self.srun_errors:
+        for node, tasks, what in self.srun_errors:  # the first is the first that failed; Slurm then ended the others
             code = re.search(r"exit code (\d+)", what)
-            if code or "signal" in what.lower() or "Killed" in what:
+            signal = next((number for name, number in SIGNALS.items() if name in what), None)
+            if code or signal:
                 task = int(re.split(r"[,-]", tasks)[0])
                 who = "torchrun" if self.launcher == "torchrun" else f"rank {task}"
-                return Failure(who, node, int(code[1]) if code else 1, None if self.launcher == "torchrun" else task)
+                return Failure(who, node, int(code[1]) if code else 128 + signal,
+                               None if self.launcher == "torchrun" else task)
         return None
 
 

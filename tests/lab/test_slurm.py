@@ -277,7 +277,7 @@ def users(slurm):
     try:
         for user in USERS:
             subprocess.run(["userdel", "-r", user], capture_output=True)
-            subprocess.run(["useradd", "-m", "-d", str(SHARED.parent / "home" / user), "-s", "/bin/bash", user],
+            subprocess.run(["useradd", "-m", "-d", str(SHARED.parent / "home" / user), "-s", "/bin/bash", "-p", "*", user],
                            check=True, capture_output=True)
             made.append(user)
         yield list(USERS)
@@ -404,3 +404,4 @@ def test_two_users_jobs_queue_and_both_finish(slurm, envs, users, tmp_path):
         jobs[slurm_id] = dict(re.findall(r"(StartTime|EndTime)=(\S+)", shown))
     first, second = sorted(jobs.values(), key=lambda j: j["StartTime"])
     assert second["StartTime"] >= first["EndTime"], jobs  # queued, not sharing the cores
+

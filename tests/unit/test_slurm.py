@@ -237,9 +237,10 @@ def test_torchrun_lines_carry_the_rank_within_the_nodes_task():
 
 def test_srun_alone_names_a_task_that_died_without_its_exit_line():
     reader = slurmjobs.Reader("torchrun", 4, lambda *a: None)
-    for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "srun: error: b: task 1: Killed"):
+    for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "srun: error: b: task 1: Segmentation fault (core dumped)",
+                 "srun: error: a: task 0: Terminated"):
         reader.feed(line)
-    assert reader.first_failure() == slurmjobs.Failure("torchrun", "b", 1, None)
+    assert reader.first_failure() == slurmjobs.Failure("torchrun", "b", 139, None)
 
 
 # ---------------------------------------------------------------- kit export --to slurm
