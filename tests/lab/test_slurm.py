@@ -139,9 +139,13 @@ def slurm(lab, tmp_path_factory):
         s.prepared = s.kit(*PREPARE)
         yield s
     finally:
+        cancel_jobs(s)
         for p in pid_files(nodes.values()):
             if p not in running and (pid := live(p)):
                 stop(pid)
+        for h in lab.hosts:  # a job step's slurmstepd outlives its slurmd
+            for pid in h.processes(r"^slurmstepd"):
+                stop(pid, timeout=5)
         for p in WRITTEN + [f"/run/slurmd-{n}.pid{e}" for n in nodes.values() for e in ("", ".kit")] \
                 + [f"/var/log/slurm/slurmd-{n}.log" for n in nodes.values()]:
             if p not in there:
@@ -158,6 +162,16 @@ def slurm(lab, tmp_path_factory):
             for tool, rule in firewall_rules(h, f"kit-{CLUSTER}"):
                 h.run_in(tool, *shlex.split(rule.replace("-A", "-D", 1)), check=False)
         shutil.rmtree(lab.home / ".kit" / CLUSTER, ignore_errors=True)
+
+
+def cancel_jobs(s: SlurmLab, timeout: float = 30) -> None:
+    """Every job of the tests cancelled, and gone from the queue (bounded), while the controller still runs."""
+    if not live(Path("/run/slurmctld.pid")):
+        return
+    s.run("scancel --user=root", check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and s.run("squeue -h -o %i", check=False).stdout.strip():
+        time.sleep(0.5)
 
 
 def test_check_mode_shows_the_plan_and_changes_nothing(slurm):
@@ -183,6 +197,13 @@ def test_prepare_makes_the_three_lab_hosts_idle_slurm_nodes(slurm):
     key = slurm.lab.home / ".kit" / CLUSTER / "slurm" / "munge.key"
     assert key.stat().st_mode & 0o777 == 0o600 and MUNGE_KEY.read_bytes() == key.read_bytes()
     assert MUNGE_KEY.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_job_step_runs_on_every_node(slurm):
+    """The nodes take work: munge credentials, slurmd on every host and the controller agree."""
+    r = slurm.run("timeout 60 srun --nodes=3 --ntasks-per-node=1 hostname -s", check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.split()) == sorted(slurm.nodes.values())
 
 
 def test_a_second_prepare_changes_nothing(slurm):

@@ -1,6 +1,8 @@
 """`kit doctor`'s Slurm section: parsing what scontrol, sinfo and unmunge print (captured from Debian 12's Slurm 22.05
 and munge 0.5.15), and the findings judged from it."""
 
+import subprocess
+
 from kit.doctor import FAIL, OK, WARN
 from kit.doctor_slurm import (HOST_SCRIPT, PREPARE, SlurmNode, judge_controller, judge_munge, judge_node,
                               parse_ping, parse_sinfo, parse_unmunge, primary_script)
@@ -110,6 +112,85 @@ def test_the_scripts_sections():
     for command in ("scontrol ping", "sinfo -h -N -o '%N|%o|%T|%E'", "for i in $(seq 3); do timeout 20 munge -n",
                     "[ -f /etc/slurm/slurm.conf ]"):
         assert command in script
+    assert sections(subprocess.run(["sh", "-c", script.replace("/etc/slurm/slurm.conf", "/nonexistent/slurm.conf")],
+                                   capture_output=True, text=True, timeout=30).stdout) == {"conf": "", "end": ""}
     assert set(sections("@@kit hostname\nkitlab-h2\n@@kit unmunge\nSTATUS: Success (0)\n@@kit end\n")) == \
         {"hostname", "unmunge", "end"}
     assert "unmunge" in HOST_SCRIPT and "hostname -s" in HOST_SCRIPT
+
+
+# ---------------------------------------------------------------- the section, end to end on scripted hosts
+
+class Scripted:
+    """A host that answers kit's two Slurm scripts as a real one did (the primary's, and every host's with the
+    credential it is given on stdin), and records what it was given."""
+
+    def __init__(self, name: str, hostname: str, primary_out: str = "", decodes: str = "STATUS: Success (0)"):
+        self.name, self.hostname, self.primary_out, self.decodes, self.given = name, hostname, primary_out, decodes, []
+
+    def run(self, command, *, stdin=None, timeout=None, changes=False):
+        from kit.runners.base import Result
+        if command == HOST_SCRIPT:
+            self.given.append(stdin)
+            out = f"@@kit hostname\n{self.hostname}\n@@kit unmunge\n{self.decodes}\n@@kit end\n"
+        else:
+            out = self.primary_out
+        return Result(self.name, command, 0, out)
+
+
+PRIMARY_OUT = f"""@@kit conf
+present
+@@kit ping
+{PING_UP}@@kit port
+6818
+@@kit nodes
+kitlab-h1|10.231.77.11|idle|none
+kitlab-h2|10.231.77.12|idle|none
+kitlab-h3|10.231.77.13|idle|none
+@@kit cred
+MUNGE:AAA1:
+MUNGE:AAA2:
+MUNGE:AAA3:
+@@kit end
+"""
+
+
+def scripted_cluster(**third):
+    from kit.doctor import Reading
+    from kit.inventory import Host
+    from kit.steps.facts import HostFacts
+    from kit.steps.node import Node
+    runners = [Scripted("10.231.77.11", "kitlab-h1", PRIMARY_OUT), Scripted("10.231.77.12", "kitlab-h2"),
+               Scripted("10.231.77.13", "kitlab-h3", **third)]
+    nodes = [Node(Host(r.name, primary=i == 0), r, None) for i, r in enumerate(runners)]
+    readings = [Reading(r.name, address=r.name, facts=HostFacts(uid=0, docker_version="27.1", listening=frozenset({22, 6818})))
+                for r in runners]
+    return runners, nodes, readings
+
+
+def test_the_section_gives_each_host_a_credential_of_its_own_and_finds_its_node_by_hostname():
+    from kit.doctor_slurm import examine
+    runners, nodes, readings = scripted_cluster()
+    found = [(f.host, f.check, f.level) for f in examine(nodes, readings, configured=False)]
+    assert found == [("10.231.77.11", "slurmctld", OK)] + [
+        (r.name, check, OK) for r in runners for check in ("slurm node", "munge")]
+    assert [r.given for r in runners] == [[b"MUNGE:AAA1:\n"], [b"MUNGE:AAA2:\n"], [b"MUNGE:AAA3:\n"]]
+
+
+def test_the_section_names_the_host_whose_key_differs_and_the_one_whose_slurmd_is_gone():
+    from kit.doctor_slurm import examine
+    runners, nodes, readings = scripted_cluster(decodes="unmunge: Error: Invalid credential")
+    readings[1].facts = readings[1].facts.__class__(uid=0, docker_version="27.1", listening=frozenset({22}))
+    bad = {(f.host, f.check): f.text for f in examine(nodes, readings, configured=False) if f.level == FAIL}
+    assert set(bad) == {("10.231.77.12", "slurm node"), ("10.231.77.13", "munge")}
+    assert "slurmd of node kitlab-h2 does not run here" in bad["10.231.77.12", "slurm node"]
+
+
+def test_no_slurm_conf_on_the_primary_is_no_section_unless_kit_yaml_has_one():
+    from kit.doctor_slurm import examine
+    runners, nodes, readings = scripted_cluster()
+    runners[0].primary_out = "@@kit conf\n@@kit end\n"
+    assert examine(nodes, readings, configured=False) == []
+    [f] = examine(nodes, readings, configured=True)
+    assert (f.host, f.check, f.level) == ("10.231.77.11", "slurmctld", WARN) and PREPARE in f.fix
+    assert runners[1].given == []  # nothing was asked of the other hosts
