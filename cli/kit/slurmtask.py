@@ -64,6 +64,17 @@ def pick_interface(found, addresses, subnet=None):
                      % (socket.gethostname(), wanted, seen))
 
 
+def check_hostname():
+    """Horovod 0.28's Gloo finds this node's address by its hostname where it makes a process set's device (it reads
+    HOROVOD_GLOO_IFACE only for the first): a hostname that does not resolve crashes every rank in hvd.init()."""
+    name = socket.gethostname()
+    try:
+        socket.getaddrinfo(name, None, socket.AF_INET)
+    except OSError:
+        raise SystemExit("kit: this node's hostname, %s, does not resolve here; Horovod's Gloo needs it to (put the "
+                         "nodes' names in DNS or in /etc/hosts on every node)" % name) from None
+
+
 def horovod_env(env, nodes):
     """What horovodrun gives each rank it starts (its Gloo launch), from Slurm's numbering: block distribution,
     the same number of tasks on every node."""
@@ -123,6 +134,7 @@ def main(argv, env):
     nic, address = pick_interface(interfaces(), [a for _, a in nodes], env.get("KIT_SUBNET"))
     run = dict(env, GLOO_SOCKET_IFNAME=nic, NCCL_SOCKET_IFNAME=nic, PYTHONUNBUFFERED="1")
     if mode == "horovod":
+        check_hostname()
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
     elif mode == "tf":
         run["TF_CONFIG"] = tf_config(env, nodes)

@@ -1,9 +1,6 @@
 """`kit prepare --slurm`: the lab's three hosts become a Slurm cluster (Debian's slurm-wlm and munge, one slurmd per
-host), and `kit doctor`'s Slurm section reads it.
-
-The lab's hosts are namespaces of one machine: they share /etc, /var and /run, so they share one slurm.conf, one
-munge key and one munged (its socket is a file); each runs its own slurmd (`slurmd -N <its hostname>`) at its own
-address, and the primary runs slurmctld. The fixture removes all of it afterwards, whatever the tests did."""
+host), `kit doctor`'s Slurm section reads it, and `kit run --on slurm` runs jobs on it (tests/lab/slurmlab.py makes
+and removes it)."""
 
 from __future__ import annotations
 
@@ -11,167 +8,25 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
-import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
 
-from harness import Lab, LabHost, wait_for
+from harness import wait_for
 from helpers import run_kit
+from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, lab_users, live, node_pythons, pid_files, recap, slurm_cluster,
+                      stop, user_project)
 
 pytestmark = pytest.mark.lab
-
-CLUSTER = "slurmlab"
-PREPARE = ("prepare", "--slurm", "--hosts", "hosts.txt")
-MUNGE_KEY = Path("/etc/munge/munge.key")
-# What kit prepare --slurm writes on the lab's (shared) filesystem; the fixture removes what was not there before.
-WRITTEN = ["/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/var/spool/slurmctld", "/var/spool/slurmd",
-           "/var/log/slurm/slurmctld.log", "/var/log/slurm/jobcomp.txt", "/run/munge", "/run/munge/munged.pid.kit",
-           "/run/slurmctld.pid", "/run/slurmctld.pid.kit", "/var/log/munge/munged.log"]
-RECAP = re.compile(r"^(\S+) +: ok=\d+ +changed=(\d+) +unreachable=(\d+) +failed=(\d+)", re.M)
-
-
-@dataclass
-class SlurmLab:
-    """What the tests of this module share: the lab, the project folder (kit.yaml, hosts.txt), its hosts, their
-    Slurm node names (host -> node), the outputs of the fixture's `kit prepare --slurm --check` and
-    `kit prepare --slurm`, and what check mode left (`after_check`)."""
-
-    lab: Lab
-    project: Path
-    hosts: list[LabHost]
-    nodes: dict[str, str]
-    check: object = None
-    prepared: object = None
-    after_check: dict = field(default_factory=dict)
-
-    @property
-    def primary(self) -> LabHost:
-        return self.hosts[0]
-
-    def run(self, command: str, check: bool = True):
-        """A Slurm command (sinfo, sbatch ...) on the primary, over the lab user's ssh."""
-        return self.lab.ssh(self.primary, command, check=check)
-
-    def kit(self, *args: str, timeout: int = 600):
-        return run_kit(*args, cwd=self.project, env=self.lab.ansible_env, timeout=timeout)
-
-    def node_states(self) -> dict[str, tuple[str, str]]:
-        """node -> (its address, its state) as sinfo says."""
-        out = self.run("sinfo -h -N -o '%N %o %T'").stdout
-        return {name: (address, state) for name, address, state in (line.split() for line in out.splitlines())}
-
-    def wait_idle(self, timeout: float = 30) -> dict[str, tuple[str, str]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            states = self.node_states()
-            if all(s == "idle" for _, s in states.values()) and len(states) == len(self.hosts) \
-                    or time.monotonic() > deadline:
-                return states
-            time.sleep(0.5)
-
-
-def recap(output: str) -> dict[str, tuple[int, int, int]]:
-    """host -> (changed, unreachable, failed) from ansible-playbook's recap."""
-    return {h: (int(c), int(u), int(f)) for h, c, u, f in RECAP.findall(output)}
-
-
-def pid_files(nodes) -> list[Path]:
-    return [Path("/run/munge/munged.pid"), Path("/run/slurmctld.pid"),
-            *(Path(f"/run/slurmd-{n}.pid") for n in nodes)]
-
-
-def live(pid_file: Path) -> int | None:
-    try:
-        pid = int(pid_file.read_text())
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError):
-        return None
-
-
-def stop(pid: int, timeout: float = 20) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def firewall_rules(h: LabHost, comment: str) -> list[tuple[str, str]]:
-    """(iptables or ip6tables, rule) of the host's INPUT chain that carry the comment."""
-    return [(tool, line) for tool in ("iptables", "ip6tables")
-            for line in h.run_in(tool, "-S", "INPUT", check=False).stdout.splitlines() if comment in line]
 
 
 @pytest.fixture(scope="module")
 def slurm(lab, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("slurm")
-    (folder / "kit.yaml").write_text(yaml.safe_dump({"cluster": {"name": CLUSTER}}))
-    lab.hosts_file(folder / "hosts.txt")
-    nodes = {h.address: h.run_in("hostname", "-s").stdout.strip() for h in lab.hosts}
-    s = SlurmLab(lab, folder, lab.hosts, nodes)
-    there = {p for p in WRITTEN if Path(p).exists()}
-    running = {p for p in pid_files(nodes.values()) if live(p)}
-    key = (MUNGE_KEY.read_bytes(), MUNGE_KEY.stat()) if MUNGE_KEY.exists() else None
-    try:
-        s.check = s.kit(*PREPARE, "--check")
-        s.after_check = {"conf": Path("/etc/slurm/slurm.conf").exists(),
-                         "daemons": [str(p) for p in pid_files(nodes.values()) if live(p) and p not in running],
-                         "key": MUNGE_KEY.read_bytes() == key[0] if key else not MUNGE_KEY.exists(),
-                         "kept key": (lab.home / ".kit" / CLUSTER / "slurm" / "munge.key").exists()}
-        s.prepared = s.kit(*PREPARE)
+    with slurm_cluster(lab, tmp_path_factory.mktemp("slurm")) as s:
         yield s
-    finally:
-        cancel_jobs(s)
-        for p in pid_files(nodes.values()):
-            if p not in running and (pid := live(p)):
-                stop(pid)
-        for h in lab.hosts:  # a job step's slurmstepd outlives its slurmd
-            for pid in h.processes(r"^slurmstepd"):
-                stop(pid, timeout=5)
-        for p in WRITTEN + [f"/run/slurmd-{n}.pid{e}" for n in nodes.values() for e in ("", ".kit")] \
-                + [f"/var/log/slurm/slurmd-{n}.log" for n in nodes.values()]:
-            if p not in there:
-                path = Path(p)
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-        if key:
-            MUNGE_KEY.write_bytes(key[0])
-            os.chown(MUNGE_KEY, key[1].st_uid, key[1].st_gid)
-            os.chmod(MUNGE_KEY, key[1].st_mode & 0o7777)
-        for h in lab.hosts:  # kit prepare's firewall role: the cluster's rules on every host
-            for tool, rule in firewall_rules(h, f"kit-{CLUSTER}"):
-                h.run_in(tool, *shlex.split(rule.replace("-A", "-D", 1)), check=False)
-        shutil.rmtree(lab.home / ".kit" / CLUSTER, ignore_errors=True)
-
-
-def cancel_jobs(s: SlurmLab, timeout: float = 30) -> None:
-    """Every job of the tests cancelled, and gone from the queue (bounded), while the controller still runs."""
-    if not live(Path("/run/slurmctld.pid")):
-        return
-    s.run("scancel --user=root", check=False)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and s.run("squeue -h -o %i", check=False).stdout.strip():
-        time.sleep(0.5)
 
 
 def test_check_mode_shows_the_plan_and_changes_nothing(slurm):
@@ -248,72 +103,23 @@ def test_doctor_names_the_host_whose_slurmd_stopped_and_prepare_brings_it_back(s
 
 # ---------------------------------------------------------------- jobs on the lab's Slurm: kit run --on slurm
 #
-# Two users of the lab (kitlab-alice, kitlab-bob: Unix users of the machine, so of every lab host, whose homes are on
-# the shared filesystem) submit over SSH to the primary, the login host; the nodes' own Python (runtime none) is
-# kit's images' /opt/venv, copied onto storage every node sees, as a site keeps a shared environment.
+# Two users submit over SSH to the primary, the login host; the nodes' Python is kit's images' venv (slurmlab.py).
 
-USERS = ("kitlab-alice", "kitlab-bob")
-SHARED = Path("/var/lib/kitlab/slurm-shared")   # the lab's filesystem: every host sees it
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOBS = Path(__file__).resolve().parent / "jobs"
 SECRET = "kitlab-slurm-Sup3rSecret-value"
 
 
-def _image_tag(project: Path, *args: str, pattern: str) -> str:
-    r = run_kit("build", "--no-verify", *args, cwd=project, timeout=40 * 60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return re.search(pattern, r.stdout)[1]
-
-
-def _copy_venv(tag: str, dest: Path) -> str:
-    import subprocess
-    made = subprocess.run(["docker", "create", tag, "true"], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        subprocess.run(["docker", "cp", f"{made}:/opt/venv", str(dest)], check=True, capture_output=True, timeout=600)
-    finally:
-        subprocess.run(["docker", "rm", made], capture_output=True)
-    return str(dest / "bin" / "python")
-
-
 @pytest.fixture(scope="module")
 def envs(slurm, project, tmp_path_factory):
-    """launcher -> the nodes' Python for it: kit's cpu image's venv (torch, Horovod) and its tf-cpu image's."""
-    shutil.rmtree(SHARED, ignore_errors=True)
-    SHARED.mkdir(parents=True)
-    SHARED.chmod(0o755)
-    try:
-        torch = _copy_venv(_image_tag(project, pattern=r"(kit-horovod:cpu-[0-9a-f]{12})"), SHARED / "torch")
-        tf_folder = tmp_path_factory.mktemp("tf-build")
-        tf = _copy_venv(_image_tag(tf_folder, "--flavor", "tf-cpu", pattern=r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})"),
-                        SHARED / "tf")
-        yield {"horovod": torch, "torchrun": torch, "tf": tf}
-    finally:
-        shutil.rmtree(SHARED, ignore_errors=True)
+    with node_pythons(project, tmp_path_factory.mktemp("tf-build")) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
 def users(slurm):
-    import subprocess
-    made = []
-    try:
-        for user in USERS:
-            subprocess.run(["userdel", "-r", user], capture_output=True)
-            subprocess.run(["useradd", "-m", "-d", str(SHARED.parent / "home" / user), "-s", "/bin/bash", "-p", "*", user],
-                           check=True, capture_output=True)
-            made.append(user)
-        yield list(USERS)
-    finally:
-        for user in made:
-            subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
-            subprocess.run(["userdel", "-r", user], capture_output=True)
-
-
-def user_project(slurm, folder: Path, user: str, python: str) -> Path:
-    """A user's folder with kit.yaml's slurm section: the primary as login host, the nodes' Python."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "kit.yaml").write_text(yaml.safe_dump({"slurm": {"login": f"{user}@{slurm.primary.address}",
-                                                               "python_path": python}}))
-    return folder
+    with lab_users() as names:
+        yield names
 
 
 def kit_as(slurm, folder: Path, *args: str, timeout: int = 600):

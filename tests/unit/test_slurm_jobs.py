@@ -268,3 +268,11 @@ def test_export_refuses_what_is_not_a_job_of_its_target(tmp_path, args, says):
     from helpers import run_kit
     r = run_kit("export", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith(says), r.stderr
+
+
+def test_a_horovod_rank_on_a_node_whose_name_does_not_resolve_says_so(monkeypatch):
+    monkeypatch.setattr(slurmtask.socket, "gethostname", lambda: "kit-no-such-node.invalid")
+    with pytest.raises(SystemExit, match="kit-no-such-node.invalid, does not resolve here; Horovod's Gloo needs it"):
+        slurmtask.check_hostname()
+    monkeypatch.setattr(slurmtask.socket, "gethostname", lambda: "localhost")
+    slurmtask.check_hostname()
