@@ -71,6 +71,17 @@ def test_enroot_export_runs_the_images_allreduce_and_a_second_export_does_nothin
     assert not client.containers.list(all=True, filters={"label": "io.kit.export"})
     assert out.stat().st_mode & 0o777 == 0o644
 
+    # The kit.yaml lines it printed, and the sbatch script of a job that runs in that image under pyxis
+    job = work / "job"
+    job.mkdir()
+    (job / "kit.yaml").write_text(r.stdout[r.stdout.index("  slurm:\n"):])
+    script = run_kit("export", "--to", "slurm", "--nodes", "2", "-o", "job.sbatch", "train.py", cwd=job)
+    assert script.returncode == 0, script.stdout + script.stderr
+    text = (job / "job.sbatch").read_text()
+    assert text.count(f"--container-image={out} ") == 2  # the rendezvous task and the ranks
+    checked = subprocess.run(["shellcheck", "--shell=bash", str(job / "job.sbatch")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
+
     root = work / "root"
     subprocess.run(["unsquashfs", "-no-progress", "-d", str(root), str(out)], check=True, capture_output=True,
                    timeout=600)
