@@ -627,9 +627,9 @@ class SlurmConfig(BaseModel):
         if v is None:
             return v
         try:
-            return str(ipaddress.ip_network(v, strict=False))
+            return str(ipaddress.IPv4Network(v, strict=False))  # the ranks talk IPv4
         except ValueError:
-            raise ValueError(f"'{v}' is not a network such as 10.1.0.0/16") from None
+            raise ValueError(f"'{v}' is not an IPv4 network such as 10.1.0.0/16") from None
 
     @model_validator(mode="after")
     def _image(self) -> "SlurmConfig":

@@ -23,6 +23,10 @@ ENV_DIR = ".kit/env"            # the job's variables, one JSON file a job, rela
 IMAGE_PYTHON = "/opt/venv/bin/python"  # the Python of kit's image (pyxis, apptainer)
 MAX_NODES = 1024
 MAX_TASKS = 256
+# The job's ports: JOB_PORT_BASE + the job id % JOB_PORT_SPAN (torchrun's store; TF's workers from there up, one a task
+# on the node). `kit prepare --slurm`'s firewall closes them to every address but the cluster's.
+JOB_PORT_BASE, JOB_PORT_SPAN = 20000, 20000
+JOB_PORTS = f"{JOB_PORT_BASE}:{JOB_PORT_BASE + JOB_PORT_SPAN + MAX_TASKS - 1}"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ def shape(launcher: str, nodes: int | None, np: int | None, per_node: int | None
         raise BadInput(f"--np {np} does not split evenly over --nodes {nodes}",
                        hint=f"give --np a multiple of {nodes}, or --ntasks-per-node")
     each = np // nodes if np is not None else per_node or gpus or 1
+    if each > MAX_TASKS:
+        raise BadInput(f"--np {np} over --nodes {nodes} is {each} ranks a node, more than {MAX_TASKS}",
+                       hint="give more --nodes, or fewer ranks")
     if launcher == "torchrun":
         return Shape(nodes, 1, each, gpus)
     return Shape(nodes, each, 1, gpus)
@@ -117,4 +124,5 @@ def render(job: SbatchJob) -> str:
         task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
         job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,
         nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,
-        python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)))
+        python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)), port_base=JOB_PORT_BASE,
+        port_span=JOB_PORT_SPAN)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from kit.commands.horovod import exit_report, split_rank
 from kit.config import SlurmConfig
-from kit.errors import BadInput, KitError
+from kit.errors import KitError
 from kit.identity import state_root
 from kit.inventory import Host
 from kit.runners.base import Runner
@@ -43,7 +43,7 @@ STATES = {"PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending",
           "PREEMPTED": "stopped", "REVOKED": "stopped", "SPECIAL_EXIT": "failed"}
 ENDED = ("succeeded", "failed", "stopped")
 NODES_MARK = "@@kit-nodes"
-_LABEL = re.compile(r"^(\d+): ?(.*)$")
+_LABEL = re.compile(r"^ *(\d+): ?(.*)$")  # srun pads the task number to the width of the largest
 # How srun words a task's death by a signal (strsignal's names), and the signal's number.
 SIGNALS = {"Killed": 9, "Terminated": 15, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7,
            "Floating point exception": 8, "Illegal instruction": 4, "Hangup": 1, "Interrupt": 2}
@@ -101,9 +101,11 @@ def records() -> list[SlurmRecord]:
     found = []
     for path in sorted(records_dir().glob("*.json")):
         try:
-            found.append(SlurmRecord(**json.loads(path.read_text())))
+            record = SlurmRecord(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue  # not kit's, or half-written: never fatal to listing the others
+        if re.fullmatch(r"\d{1,12}", record.slurm_id):  # it reaches the login host's shell
+            found.append(record)
     return found
 
 
@@ -112,9 +114,11 @@ def records() -> list[SlurmRecord]:
 def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
     """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is."""
     path = f"{shlex.quote(workdir)}/{job_id}"
-    out = _run(runner, f"cd && mkdir -p {path} && cd {path} && pwd -P", f"cannot make the job's folder {workdir}/"
-               f"{job_id}", hint="slurm.workdir must be a folder the login user may write, on storage every node sees",
-               changes=True)
+    # The job's own folder is new and the login user's alone: not one that someone who may write in a shared
+    # workdir made (or linked) first, and swaps between the copy and sbatch.
+    out = _run(runner, f"cd && mkdir -p {shlex.quote(workdir)} && mkdir -m 700 {path} && cd {path} && pwd -P",
+               f"cannot make the job's folder {workdir}/{job_id}",
+               hint="slurm.workdir must be a folder the login user may write, on storage every node sees", changes=True)
     return out.strip().splitlines()[-1]
 
 
@@ -210,17 +214,25 @@ def parse_sacct(text: str) -> tuple[str, int | None] | None:
     return None
 
 
+GONE = "Invalid job id"  # what squeue and scontrol say of a job Slurm no longer keeps
+
+
 def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
     """(kit's state, exit code) from scontrol while Slurm keeps the job, else from sacct (its database, or the
-    job completion file with -c); ("lost", None) when neither knows it."""
+    job completion file with -c); ("lost", None) when Slurm answers and none knows it; ("unknown", None) when Slurm
+    did not answer (a busy controller: ask again later)."""
     r = runner.run(f"scontrol show job -o {slurm_id}", timeout=REMOTE_TIMEOUT_S)
     if r.ok and (found := parse_scontrol(r.stdout)):
         return found
+    if GONE not in r.stdout + r.stderr:
+        return "unknown", None
+    answered = False
     for flags in ("", "-c "):
         r = runner.run(f"sacct {flags}-n -P -X -j {slurm_id} -o State,ExitCode", timeout=REMOTE_TIMEOUT_S)
         if r.ok and (found := parse_sacct(r.stdout)):
             return found
-    return "lost", None
+        answered = answered or r.ok
+    return ("lost" if answered else "unknown"), None
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -257,12 +269,12 @@ class Reader:
         else:
             rank, node = task, self.node_of(task)
         if rank is not None and (ended := exit_report(text)) is not None:
-            self.exits.setdefault(rank, ended)
+            self.exits[rank] = ended  # the last one is the rank launcher's: a line the script printed came before
             return
         self.show(rank, node, text)
 
     def _own(self, line: str) -> None:
-        if line.startswith(NODES_MARK):
+        if line.startswith(NODES_MARK) and not self.nodes:  # the batch script's first line; any later one is not
             self.nodes = [pair.split("=", 1)[0] for pair in line[len(NODES_MARK):].split()]
             return
         if failed := _SRUN_FAILED.match(line):
@@ -296,22 +308,31 @@ class Failure:
 
 @dataclass(frozen=True)
 class Poll:
-    state: str | None     # squeue's, as kit's; None: Slurm no longer lists it
+    state: str | None     # squeue's, as kit's; None: Slurm no longer lists it; "unknown": squeue failed (error)
     lines: list[str]      # whole lines of the output file that were not read before
     reason: str = ""      # squeue's reason (a pending job's: Resources, Priority, ...)
+    error: str = ""       # what squeue said when it failed
+
+
+POLL_MARK = "@@kit-poll"
+UNANSWERED_S = 120        # squeue failing this long, in a row, ends kit's following (the job goes on)
 
 
 def poll_command(record: SlurmRecord, read: int) -> str:
-    """One look at a job: squeue's state and reason, then the output file's lines after the first `read`."""
-    return (f"squeue -h -j {record.slurm_id} -o '%T %r' 2>/dev/null; echo {NODES_MARK}-poll; "
+    """One look at a job: squeue's state and reason, its exit status, then the output file's lines after the first
+    `read`."""
+    return (f"squeue -h -j {record.slurm_id} -o '%T %r' 2>&1; echo {POLL_MARK} $?; "
             f"tail -n +{read + 1} {shlex.quote(record.output)} 2>/dev/null || true")
 
 
 def parse_poll(text: str) -> Poll:
-    state_text, _, output = text.partition(f"{NODES_MARK}-poll\n")
-    lines = output.split("\n")
-    reason = state_text.strip().split(" ", 1)[1] if " " in state_text.strip() else ""
-    return Poll(parse_squeue(state_text), lines[:-1], reason)  # the last line is cut, or empty: read again next time
+    said, _, rest = text.partition(f"{POLL_MARK} ")
+    status, _, output = rest.partition("\n")
+    lines = output.split("\n")[:-1]  # the last line is cut, or empty: read again next time
+    if status.strip() != "0":
+        return Poll(None, lines) if GONE in said else Poll("unknown", lines, error=said.strip()[-300:])
+    reason = said.strip().split(" ", 1)[1] if " " in said.strip() else ""
+    return Poll(parse_squeue(said), lines, reason)
 
 
 @dataclass(frozen=True)
@@ -324,11 +345,17 @@ class Ending:
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
            sleep: Callable[[float], None] = time.sleep) -> Ending:
     """Show the job's output as it comes, until Slurm says it ended; then how it ended."""
-    read, queued = first, False
+    read, queued, answered = first, False, time.monotonic()
     while True:
         r = runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S)
         r.check(f"cannot read job {record.id} (Slurm job {record.slurm_id})")
         poll = parse_poll(r.stdout)
+        if poll.state != "unknown":
+            answered = time.monotonic()
+        elif time.monotonic() - answered > UNANSWERED_S:
+            raise KitError(f"squeue has not answered for {UNANSWERED_S} s about job {record.id} (Slurm job "
+                           f"{record.slurm_id}): it said {poll.error!r}", host=runner.host,
+                           hint=f"the job goes on; `kit logs {record.id} -f` follows it again once Slurm answers")
         if poll.state == "pending" and not queued:
             queued = True
             why = f" ({poll.reason})" if poll.reason not in ("", "None") else ""
@@ -341,13 +368,29 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
         sleep(POLL_S)
     for line in parse_poll(runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S).stdout).lines:
         reader.feed(line)  # what was written as it ended
+    forget_variables(runner, record)
     state, code = job_state(runner, record.slurm_id)
     return Ending(state, code, reader.first_failure())
 
 
 def cancel(runner: Runner, record: SlurmRecord) -> None:
+    """scancel, once Slurm's job of that id is this one (its folder): Slurm numbers jobs anew after a reset."""
+    shown = runner.run(f"scontrol show job -o {record.slurm_id}", timeout=REMOTE_TIMEOUT_S).stdout
+    workdir = re.search(r"\bWorkDir=(\S+)", shown)
+    if workdir and workdir[1] != record.folder:
+        raise KitError(f"Slurm job {record.slurm_id} is no longer kit's job {record.id}: it runs in {workdir[1]}, "
+                       f"not {record.folder}", host=runner.host, hint="nothing was cancelled; `squeue --me` on the "
+                       "login host lists your jobs")
     _run(runner, f"scancel {record.slurm_id}", f"scancel refused job {record.id} (Slurm job {record.slurm_id})",
          changes=True)
+    forget_variables(runner, record)
+
+
+def forget_variables(runner: Runner, record: SlurmRecord) -> None:
+    """The job's variables' file, removed by kit too: the batch script removes it when it ends, but a job refused,
+    cancelled while it waits, or killed never runs that."""
+    runner.run(f"rm -f {shlex.quote(f'{record.folder}/{ENV_DIR}/{record.id}')}", timeout=REMOTE_TIMEOUT_S,
+               changes=True)
 
 
 def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callable[[float], None] = time.sleep) -> str:
@@ -362,14 +405,11 @@ def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callab
 
 
 def resolve(ref: str) -> SlurmRecord | None:
-    """The Slurm job `ref` names (kit's job forms, or its Slurm id), None when it names none."""
+    """The Slurm job `ref` names (kit's forms of a job id: kit.jobs.JOB_FORMS), None when it names none; a ref that
+    fits several is refused with them."""
     from kit.jobs import JOB_ID, resolve_job
-    found = records()
-    if ref.isdigit() and (by_slurm := [r for r in found if r.slurm_id == ref]):
-        return by_slurm[-1]
-    ids = [r.id for r in found if JOB_ID.fullmatch(r.id)]
-    try:
-        job = resolve_job(ref, ids, "slurm")
-    except BadInput:
+    found = {r.id: r for r in records() if JOB_ID.fullmatch(r.id)}
+    ids = list(found)
+    if ref != "last" and ref not in ids and not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
         return None
-    return next(r for r in found if r.id == job)
+    return found[resolve_job(ref, ids, "Slurm")]

@@ -29,8 +29,21 @@ SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
 
 
 def job_nodes(text):
-    """KIT_NODES, "n1=10.0.0.1 n2=10.0.0.2" -> [("n1", "10.0.0.1"), ("n2", "10.0.0.2")]."""
-    return [tuple(pair.split("=", 1)) for pair in text.split()]
+    """KIT_NODES, "n1=10.0.0.1 n2=node2" -> [("n1", "10.0.0.1"), ("n2", <node2's IPv4 address>)]: a node whose
+    NodeAddr is not set in slurm.conf has its name there, which is then looked up."""
+    return [(name, ipv4(address)) for name, address in (pair.split("=", 1) for pair in text.split())]
+
+
+def ipv4(address):
+    try:
+        return str(ipaddress.IPv4Address(address))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        raise SystemExit("kit: node address %s does not resolve on %s (set NodeAddr in slurm.conf, or put the "
+                         "nodes' names in DNS or /etc/hosts)" % (address, socket.gethostname())) from None
 
 
 def interfaces():

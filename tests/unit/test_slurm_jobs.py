@@ -15,7 +15,7 @@ import pytest
 
 from kit import sbatch, slurmjobs, slurmtask
 from kit.config import SlurmConfig
-from kit.errors import BadInput
+from kit.errors import BadInput, KitError
 
 DATA = Path(__file__).parent / "data" / "slurm"
 JOB_ID = "20261126-063000-ab12"
@@ -124,7 +124,8 @@ def test_bad_shapes_are_refused(args, says):
     (dict(time="2h"), "is not a time limit"),
     (dict(workdir="../elsewhere"), "is not a path"),
     (dict(python_path="$(id)"), "is not a path"),
-    (dict(subnet="10.1.0.0/99"), "is not a network"),
+    (dict(subnet="10.1.0.0/99"), "is not an IPv4 network"),
+    (dict(subnet="fd00::/64"), "is not an IPv4 network"),  # the ranks talk IPv4
 ])
 def test_bad_slurm_settings_are_refused(settings, says):
     with pytest.raises(ValueError, match=says):
@@ -204,11 +205,61 @@ def test_states_and_exit_codes_from_scontrol_and_sacct():
         "pending", "running", "running", "stopped", None]
 
 
-def test_a_poll_reads_only_whole_lines():
-    poll = slurmjobs.parse_poll("RUNNING None\n@@kit-nodes-poll\n0: one\n1: two\n0: thr")
+def test_a_poll_reads_only_whole_lines_and_tells_a_gone_job_from_a_silent_controller():
+    poll = slurmjobs.parse_poll("RUNNING None\n@@kit-poll 0\n0: one\n1: two\n0: thr")
     assert poll == slurmjobs.Poll("running", ["0: one", "1: two"], "None")
-    assert slurmjobs.parse_poll("PENDING Resources\n@@kit-nodes-poll\n") == slurmjobs.Poll("pending", [], "Resources")
-    assert slurmjobs.parse_poll("@@kit-nodes-poll\n") == slurmjobs.Poll(None, [])
+    assert slurmjobs.parse_poll("PENDING Resources\n@@kit-poll 0\n") == slurmjobs.Poll("pending", [], "Resources")
+    assert slurmjobs.parse_poll("@@kit-poll 0\n") == slurmjobs.Poll(None, [])
+    gone = "slurm_load_jobs error: Invalid job id specified\n@@kit-poll 1\n"  # as squeue 22.05 says it
+    assert slurmjobs.parse_poll(gone) == slurmjobs.Poll(None, [])
+    busy = "squeue: error: Socket timed out on send/recv operation\n@@kit-poll 1\n0: a\n"
+    assert slurmjobs.parse_poll(busy) == slurmjobs.Poll("unknown", ["0: a"], error="squeue: error: Socket timed out "
+                                                                                  "on send/recv operation")
+
+
+class Answers:
+    """A login host that answers each command by the first key it contains (a unit test's runner)."""
+
+    host = "login"
+
+    def __init__(self, answers):
+        self.answers, self.ran = answers, []
+
+    def run(self, command, timeout=None, changes=False, stdin=None):
+        from kit.runners.base import Result
+        self.ran.append(command)
+        key = next(k for k in self.answers if k in command)
+        code, out = self.answers[key]
+        return Result(self.host, command, code, out)
+
+
+def test_a_job_slurm_no_longer_knows_is_lost_only_when_slurm_says_so():
+    gone = "slurm_load_jobs error: Invalid job id specified"
+    assert slurmjobs.job_state(Answers({"scontrol": (1, gone), "sacct -c": (0, ""), "sacct": (1, "disabled")}),
+                               "7") == ("lost", None)
+    assert slurmjobs.job_state(Answers({"scontrol": (1, "Socket timed out"), "sacct": (0, "")}), "7") == \
+        ("unknown", None)
+    assert slurmjobs.job_state(Answers({"scontrol": (1, gone), "sacct": (1, "Connection refused")}), "7") == \
+        ("unknown", None)
+
+
+def test_kit_stop_cancels_only_the_slurm_job_that_runs_in_the_jobs_folder():
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
+                                   "train.py", 3, 0.0)
+    other = Answers({"scontrol": (0, "JobId=42 JobState=RUNNING WorkDir=/home/bob/x"), "scancel": (0, "")})
+    with pytest.raises(KitError, match="Slurm job 42 is no longer kit's job"):
+        slurmjobs.cancel(other, record)
+    assert not any("scancel" in c for c in other.ran)
+    mine = Answers({"scontrol": (0, f"JobId=42 JobState=RUNNING WorkDir={record.folder}"), "scancel": (0, ""),
+                    "rm -f": (0, "")})
+    slurmjobs.cancel(mine, record)
+    assert mine.ran[1:] == ["scancel 42", f"rm -f {record.folder}/.kit/env/{JOB_ID}"]
+
+
+def test_a_node_named_by_its_name_is_looked_up():
+    assert slurmtask.job_nodes("n1=localhost n2=10.1.0.12") == [("n1", "127.0.0.1"), ("n2", "10.1.0.12")]
+    with pytest.raises(SystemExit, match="node address kit-no-such-node.invalid does not resolve"):
+        slurmtask.job_nodes("n1=kit-no-such-node.invalid")
 
 
 def read(name: str, launcher: str, ranks: int) -> tuple[slurmjobs.Reader, list]:
@@ -233,6 +284,17 @@ def test_torchrun_lines_carry_the_rank_within_the_nodes_task():
     assert (1, "n1", "rank 1/2 (local 1) on vm, device cpu") in shown
     assert any(rank is None and node == "n1" for rank, node, _ in shown)  # torchrun's own lines, with their node
     assert reader.first_failure() is None
+
+
+def test_labels_of_ten_tasks_and_more_and_exit_lines_a_rank_printed_itself():
+    """srun pads task numbers to the widest (` 3: `); a rank's own `@@kit-exit` line comes before the launcher's."""
+    reader = slurmjobs.Reader("horovod", 12, lambda *a: None)
+    reader.feed("@@kit-nodes a=10.0.0.1 b=10.0.0.2 c=10.0.0.3")
+    reader.feed("@@kit-nodes x=10.6.6.6")  # printed by a rank into the output: not the batch script's
+    for line in (" 3: @@kit-exit 0 1.0", " 3: @@kit-exit 7 5.0", "11: @@kit-exit 143 6.0", " 0: @@kit-exit 143 6.1"):
+        reader.feed(line)
+    assert reader.nodes == ["a", "b", "c"]
+    assert reader.first_failure() == slurmjobs.Failure("rank 3", "a", 7, 3)
 
 
 def test_srun_alone_names_a_task_that_died_without_its_exit_line():

@@ -28,7 +28,8 @@ def test_the_inventory_asks_for_slurm_only_with_the_clusters_munge_key(tmp_path)
     assert "kit_slurm" not in plain["all"]["vars"] and "kit_munge_key" not in plain["all"]["vars"]
     key = tmp_path / "munge.key"
     slurm = inventory(hosts, addresses, ClusterConfig(name="lab"), gpu=False, munge_key=key)
-    assert slurm["all"]["vars"] == {**plain["all"]["vars"], "kit_slurm": True, "kit_munge_key": str(key)}
+    assert slurm["all"]["vars"] == {**plain["all"]["vars"], "kit_slurm": True, "kit_munge_key": str(key),
+                                    "kit_job_ports": "20000:40255"}  # closed to all but the cluster
     assert slurm["all"]["children"] == plain["all"]["children"]
 
 

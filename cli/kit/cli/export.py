@@ -107,8 +107,8 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
         return
     path = writable(output.absolute())
     path.write_text(text)
-    console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder of {escape(script.as_posix())} "
-                  f"(on storage every node sees): sbatch {escape(path.name)}", highlight=False)
+    console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where {escape(script.as_posix())} "
+                  f"leads to the script, on storage every node sees: sbatch {escape(path.name)}", highlight=False)
 
 
 def writable(path: Path) -> Path:

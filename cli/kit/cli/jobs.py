@@ -115,7 +115,9 @@ def run(
         cluster_only = {"-H": hosts, "--nproc-per-node": nproc_per_node, "--restarts": restarts or None,
                         "--min-np": min_np, "--fusion-threshold-mb": fusion_threshold_mb,
                         "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
-                        "--verbose-horovod": verbose_horovod or None, "--fp16-allreduce": fp16_allreduce or None}
+                        "--verbose-horovod": verbose_horovod or None, "--fp16-allreduce": fp16_allreduce or None,
+                        "--hang-timeout": None if hang_timeout == "10m" else hang_timeout,
+                        "--start-timeout": None if start_timeout == 60 else start_timeout}
         if given := [flag for flag, value in cluster_only.items() if value is not None]:
             raise BadInput(f"{', '.join(given)}: not for --on slurm", hint="drop it: under Slurm, --nodes, --np or "
                            "--ntasks-per-node and --gpus-per-node say where ranks run")

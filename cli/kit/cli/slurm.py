@@ -39,9 +39,13 @@ def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args
         slurmjobs.check_environment(runner, settings, launcher)
         remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
         slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id)
-        slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
-        record = slurmjobs.SlurmRecord(job_id, slurm_id, settings.login, remote, launcher, rel, shape.ranks,
-                                       time.time())
+        record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time())
+        try:
+            slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
+        except KitError:
+            slurmjobs.forget_variables(runner, record)  # refused: no batch script will remove them
+            raise
+        record = slurmjobs.SlurmRecord(**{**record.__dict__, "slurm_id": slurm_id})
         slurmjobs.save(record)
         console.print(f"kit: job {job_id} is Slurm job {slurm_id} on {escape(where)}: {escape(sbatch.describe(job))}; "
                       f"its folder there: {escape(remote)}", highlight=False)
@@ -133,14 +137,21 @@ def rows(connect_timeout: int, cfg_file: ConfigFile) -> list[dict]:
     for record in found:
         by_login[record.login].append(record)
     for login, records in by_login.items():
-        runner = None
+        runner, unreachable = None, None
         try:
             for record in records:
                 if record.ended:
                     state, code = record.ended["state"], record.ended.get("exit")
+                elif unreachable:
+                    state, code = "unknown", None
                 else:
-                    runner = runner or slurmjobs.login_runner(SlurmConfig(login=login), connect_timeout)
-                    state, code = slurmjobs.job_state(runner, record.slurm_id)
+                    try:
+                        runner = runner or slurmjobs.login_runner(SlurmConfig(login=login), connect_timeout)
+                        state, code = slurmjobs.job_state(runner, record.slurm_id)
+                    except KitError as e:  # the other login hosts' jobs, and the cluster's, are still listed
+                        unreachable, state, code = e, "unknown", None
+                        console.print(f"[yellow]warning[/] cannot ask Slurm on {escape(login or 'this machine')} "
+                                      f"(slurm.login): {escape(str(e))}", highlight=False)
                     if state in slurmjobs.ENDED or state == "lost":  # neither Slurm nor its records knows it again
                         slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__,
                                                                 "ended": {"state": state, "exit": code}}))
@@ -183,7 +194,10 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
             shown(*held.popleft())
         held = None
         if follow and poll.state not in (None, *slurmjobs.ENDED):
-            slurmjobs.follow(runner, record, reader, first=len(poll.lines))
+            ending = slurmjobs.follow(runner, record, reader, first=len(poll.lines))
+            code = ending.failure.exit_code if ending.failure else ending.exit_code
+            console.print(f"kit: job {record.id} {ending.state}" + (f" (exit {code})" if code is not None else ""),
+                          highlight=False)
     finally:
         runner.close()
 
