@@ -410,6 +410,7 @@ def resolve(ref: str) -> SlurmRecord | None:
     from kit.jobs import JOB_ID, resolve_job
     found = {r.id: r for r in records() if JOB_ID.fullmatch(r.id)}
     ids = list(found)
-    if ref != "last" and ref not in ids and not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
+    if not ids or ref != "last" and ref not in ids and \
+            not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
         return None
     return found[resolve_job(ref, ids, "Slurm")]

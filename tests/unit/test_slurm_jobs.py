@@ -338,3 +338,15 @@ def test_a_horovod_rank_on_a_node_whose_name_does_not_resolve_says_so(monkeypatc
         slurmtask.check_hostname()
     monkeypatch.setattr(slurmtask.socket, "gethostname", lambda: "localhost")
     slurmtask.check_hostname()
+
+
+def test_a_ref_names_a_slurm_job_by_kits_forms_alone_and_none_when_there_is_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_HOME", str(tmp_path))
+    assert slurmjobs.resolve("last") is None  # no Slurm job: the cluster's jobs are asked
+    for job_id, slurm_id in (("20261126-070000-1234", "5"), ("20261126-080000-ab12", "1234")):
+        slurmjobs.save(slurmjobs.SlurmRecord(job_id, slurm_id, None, f"/j/{job_id}", "horovod", "t.py", 2, 0.0))
+    assert slurmjobs.resolve("1234").slurm_id == "5"  # the tail of kit's id, not Slurm's id 1234
+    assert slurmjobs.resolve("last").id == "20261126-080000-ab12"
+    assert slurmjobs.resolve("20261125") is None
+    with pytest.raises(BadInput, match="ambiguous"):
+        slurmjobs.resolve("20261126")
