@@ -36,7 +36,7 @@ RECAP = re.compile(r"^(\S+) +: ok=\d+ +changed=(\d+) +unreachable=(\d+) +failed=
 
 @dataclass
 class SlurmLab:
-    """What the tests of this module share: the lab, the project folder (kit.yaml, hosts.txt), its hosts, their
+    """The lab's Slurm as tests and benches use it: the lab, the project folder (kit.yaml, hosts.txt), its hosts, their
     Slurm node names (host -> node), the outputs of the fixture's `kit prepare --slurm --check` and
     `kit prepare --slurm`, and what check mode left (`after_check`)."""
 

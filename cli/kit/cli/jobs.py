@@ -121,11 +121,10 @@ def run(
         if given := [flag for flag, value in cluster_only.items() if value is not None]:
             raise BadInput(f"{', '.join(given)}: not for --on slurm", hint="drop it: under Slurm, --nodes, --np or "
                            "--ntasks-per-node and --gpus-per-node say where ranks run")
-        cfg_file = read_config(config)
-        settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
+        settings = slurm_cli.slurm_settings(read_config(config), partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
-        slurm_cli.run_on_slurm(cfg_file, settings, script, args or [], workdir, launcher, shape, variables, detach,
+        slurm_cli.run_on_slurm(settings, script, args or [], workdir, launcher, shape, variables, detach,
                                cluster_settings(config, dict(name=name))[1].connect_timeout,
                                slurm_cli.printer(launcher))
         return
@@ -384,7 +383,7 @@ def jobs_(
     """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost; and the jobs
     kit submitted to Slurm, in the state Slurm gives them."""
     cfg, identity, state = recorded(name, config)
-    if slurm_rows := slurm_cli.rows(cfg.connect_timeout, read_config(config)):
+    if slurm_rows := slurm_cli.rows(cfg.connect_timeout):
         if as_json:
             for row in slurm_rows:
                 print(json.dumps({"on": "slurm", **row}))

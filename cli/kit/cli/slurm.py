@@ -23,9 +23,9 @@ def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Opti
     return section_config(cfg_file, "slurm", dict(partition=partition, account=account, time=time_limit))
 
 
-def run_on_slurm(cfg_file: ConfigFile, settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path],
-                 launcher: str, shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool,
-                 connect_timeout: int, show) -> None:
+def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
+                 shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool, connect_timeout: int,
+                 show) -> None:
     """Copy the job's folder to the login host, submit its sbatch script, and follow it to its end (or return,
     with --detach)."""
     folder = (workdir or script.parent).resolve()
@@ -128,7 +128,7 @@ def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending)
 
 # ------------------------------------------------------------------------------------------------ jobs, logs, stop
 
-def rows(connect_timeout: int, cfg_file: ConfigFile) -> list[dict]:
+def rows(connect_timeout: int) -> list[dict]:
     """kit's Slurm jobs, with the state Slurm gives now (one look per login host); ended ones from kit's record."""
     found = slurmjobs.records()
     now = time.time()
