@@ -20,7 +20,7 @@ from kit import sbatch
 from kit.cli import slurm as slurm_cli
 from kit.cli.common import app, console, reports_errors
 from kit.cli.runargs import RunCommand
-from kit.commands.launchers import LAUNCHERS
+from kit.commands.launchers import check_launcher
 from kit.cli.flavor import build_flavor
 
 
@@ -97,8 +97,7 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
                   partition, account, time_limit, output: Optional[Path], config: Optional[Path]) -> None:
     if script is None:
         raise BadInput("--to slurm needs the training script", hint="kit export --to slurm train.py [ARGS] [--nodes N]")
-    if launcher not in LAUNCHERS:
-        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    check_launcher(launcher)
     shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
     text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
                                    time_limit, output.name if output else "THIS_FILE")

@@ -18,10 +18,10 @@ from rich.table import Table
 
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
-from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework, read_config
+from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
 from kit import jobenv, jobs, sbatch, slurmjobs
 from kit.commands.docker import command, exec_argv
-from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS
+from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
                                   exit_report, parse_hosts, pick_hosts, rank_command, split_rank)
 from kit.errors import BadInput, KitError
@@ -105,8 +105,7 @@ def run(
       kit run -c kit.yaml train.py --config cfg.yaml   kit reads kit.yaml, the script gets --config cfg.yaml
       kit run train.py -- --np 5                       the script gets --np 5
     """
-    if launcher not in LAUNCHERS:
-        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    check_launcher(launcher)
     slurm_flags = {"--nodes": nodes, "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node,
                    "--partition": partition, "--account": account, "--time": time_limit}
     if on not in ("cluster", "slurm"):
@@ -121,12 +120,12 @@ def run(
         if given := [flag for flag, value in cluster_only.items() if value is not None]:
             raise BadInput(f"{', '.join(given)}: not for --on slurm", hint="drop it: under Slurm, --nodes, --np or "
                            "--ntasks-per-node and --gpus-per-node say where ranks run")
-        settings = slurm_cli.slurm_settings(read_config(config), partition, account, time_limit)
+        cfg_file, cfg = cluster_settings(config, dict(name=name))
+        settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
         slurm_cli.run_on_slurm(settings, script, args or [], workdir, launcher, shape, variables, detach,
-                               cluster_settings(config, dict(name=name))[1].connect_timeout,
-                               slurm_cli.printer(launcher))
+                               cfg.connect_timeout, slurm_cli.printer(launcher))
         return
     if given := [flag for flag, value in slurm_flags.items() if value is not None]:
         raise BadInput(f"{', '.join(given)}: Slurm's, and this job runs on the cluster", hint="add --on slurm, or "

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import json
 
+from kit.errors import BadInput
+
 LAUNCHERS = ("horovod", "torchrun", "tf")
 # What each image framework can run: torch + Horovod images horovodrun and torchrun; TensorFlow images tf.
 FRAMEWORK_LAUNCHERS = {"horovod": ("horovod", "torchrun"), "tensorflow": ("tf",)}
+
+
+def check_launcher(launcher: str) -> str:
+    if launcher not in LAUNCHERS:
+        raise BadInput(f"--launcher: '{launcher}' is not a launcher", hint=f"use one of: {', '.join(LAUNCHERS)}")
+    return launcher
 
 
 def tf_config(workers: list[str], index: int) -> str:
