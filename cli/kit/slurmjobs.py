@@ -16,7 +16,7 @@ import shlex
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -28,6 +28,7 @@ from kit.inventory import Host
 from kit.runners.base import Runner
 from kit.sbatch import ENV_DIR, SCRIPT_NAME
 from kit.steps.workspace import Ignore, scan
+from kit.transfer import tar_member
 
 POLL_S = 1.0                 # how often kit reads a followed job's state and output
 REMOTE_TIMEOUT_S = 60        # one Slurm command on the login host
@@ -129,11 +130,7 @@ def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]]) -> Iterator
     with tempfile.TemporaryFile() as buffer:
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel in found.files:
-                info = tar.gettarinfo(str(folder / rel), arcname=rel)
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                with open(folder / rel, "rb") as f:
-                    tar.addfile(info, f)
+                tar.add(folder / rel, arcname=rel, recursive=False, filter=tar_member)
             for rel, (data, mode) in extra.items():
                 info = tarfile.TarInfo(rel)
                 info.size, info.mode, info.mtime = len(data), mode, int(time.time())
@@ -340,6 +337,18 @@ class Ending:
     state: str
     exit_code: int | None
     failure: Failure | None
+
+    @property
+    def code(self) -> int | None:
+        """The job's exit code as kit reports it: the first failure's own (Slurm's is then the other tasks' SIGTERM)."""
+        return self.failure.exit_code if self.failure else self.exit_code
+
+
+def ended(record: SlurmRecord, state: str, code: int | None) -> SlurmRecord:
+    """The record, saved with how the job ended."""
+    done = replace(record, ended={"state": state, "exit": code})
+    save(done)
+    return done
 
 
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,

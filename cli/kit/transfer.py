@@ -454,7 +454,7 @@ def remote_target(kind: str, dest: Remote, source: Local) -> tuple[str, str]:
     return posixpath.dirname(dest.path), posixpath.basename(dest.path)
 
 
-def _keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+def tar_member(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     """Files, folders and links only, owned by nobody in particular."""
     if not (info.isreg() or info.isdir() or info.issym() or info.islnk()):
         return None
@@ -483,7 +483,7 @@ def tar_chunks(source: Path, name: str) -> Iterator[bytes]:
             with tarfile.open(fileobj=Sink(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 members = [(source, name)] if name else [(c, c.name) for c in sorted(source.iterdir())]
                 for path, arcname in members:
-                    tar.add(path, arcname=arcname, filter=_keep)
+                    tar.add(path, arcname=arcname, filter=tar_member)
             chunks.put(None)
         except BaseException as e:  # noqa: BLE001 - raised where the chunks are taken
             chunks.put(e)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from pathlib import Path
 from typing import Optional
@@ -45,7 +46,7 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
         except KitError:
             slurmjobs.forget_variables(runner, record)  # refused: no batch script will remove them
             raise
-        record = slurmjobs.SlurmRecord(**{**record.__dict__, "slurm_id": slurm_id})
+        record = dataclasses.replace(record, slurm_id=slurm_id)
         slurmjobs.save(record)
         console.print(f"kit: job {job_id} is Slurm job {slurm_id} on {escape(where)}: {escape(sbatch.describe(job))}; "
                       f"its folder there: {escape(remote)}", highlight=False)
@@ -87,10 +88,8 @@ def _script_in(script: Path, folder: Path) -> str:
 
 
 def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> None:
-    """What kit saw of the end (the first failure's own exit code, where Slurm's is the other tasks' SIGTERM)."""
     if ending.state in slurmjobs.ENDED:
-        code = ending.failure.exit_code if ending.failure else ending.exit_code
-        slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__, "ended": {"state": ending.state, "exit": code}}))
+        slurmjobs.ended(record, ending.state, ending.code)
 
 
 def printer(launcher: str):
@@ -153,8 +152,7 @@ def rows(connect_timeout: int) -> list[dict]:
                         console.print(f"[yellow]warning[/] cannot ask Slurm on {escape(login or 'this machine')} "
                                       f"(slurm.login): {escape(str(e))}", highlight=False)
                     if state in slurmjobs.ENDED or state == "lost":  # neither Slurm nor its records knows it again
-                        slurmjobs.save(slurmjobs.SlurmRecord(**{**record.__dict__,
-                                                                "ended": {"state": state, "exit": code}}))
+                        slurmjobs.ended(record, state, code)
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
                                 np=record.ranks, script=record.script, state=state, exit=code,
                                 submitted=int(record.submitted), seconds=int(now - record.submitted)))
@@ -186,7 +184,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
     reader = slurmjobs.Reader(record.launcher, record.ranks, show)
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
-        poll = slurmjobs.parse_poll(runner.run(slurmjobs.poll_command(record, 0), timeout=60)
+        poll = slurmjobs.parse_poll(runner.run(slurmjobs.poll_command(record, 0), timeout=slurmjobs.REMOTE_TIMEOUT_S)
                                     .check(f"cannot read job {record.id}").stdout)
         for line in poll.lines:
             reader.feed(line)
@@ -195,9 +193,8 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
         held = None
         if follow and poll.state not in (None, *slurmjobs.ENDED):
             ending = slurmjobs.follow(runner, record, reader, first=len(poll.lines))
-            code = ending.failure.exit_code if ending.failure else ending.exit_code
-            console.print(f"kit: job {record.id} {ending.state}" + (f" (exit {code})" if code is not None else ""),
-                          highlight=False)
+            console.print(f"kit: job {record.id} {ending.state}" +
+                          (f" (exit {ending.code})" if ending.code is not None else ""), highlight=False)
     finally:
         runner.close()
 
