@@ -1,6 +1,7 @@
 """`kit run`: a job across the cluster, started in the primary's container under its supervisor (kit.supervisor),
 apart from kit's session: horovodrun, or (torchrun, tf) a script that starts each host's command over the cluster
-SSH. kit follows its output, lists the cluster's jobs from their folders and stops them.
+SSH. kit follows its output (to the job's end here; kit.jobcontrol: the follower, stop), lists the cluster's jobs from
+their folders (kit.jobrecords) and stops them.
 
 Every process of a job carries KIT_JOB=<id> in its environment (horovodrun passes its environment to the ranks it
 starts), so when the job ends, fails or is interrupted, kit finds and stops whatever is left of it on every host.
@@ -10,31 +11,31 @@ copied to every host.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import secrets
-import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kit import jobenv, state as st, supervisor
+from kit import jobenv, state as st
 from kit.commands.docker import command, exec_argv
 from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
 from kit.commands.launchers import tf_config
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
+from kit.jobcontrol import (AFTER, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
+                            parse_ending, parse_reaped, reap, stop)
+from kit.jobrecords import _int
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
-from kit.supervisor import (FREE_PORT, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, RANKS_MARK,
-                            TORCHRUN_PREFIX, NodeCommand, Plan, Slot, placement, reap_script, torch_ranks,
-                            torchrun_argv)
-
-STOP_WAIT_S = 20
+from kit.supervisor import shipped, starter
+from kit.supervisor.launch import (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX, NodeCommand, Plan,
+                                   Slot, placement, torch_ranks, torchrun_argv)
+from kit.supervisor.supervise import FREE_PORT
 
 
 def new_job_id() -> str:
@@ -119,57 +120,9 @@ class Job:
                            "job_files": files or {}, "copy": files is not None}).encode() + b"\n"
 
 
-# What the supervisor records at the end, which the follower prints after END_MARK (each existing file after a line
-# `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
-# (supervisor.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
-# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
-ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
-AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
-AFTER_MAX = 64 << 20
-# The most of what follows END_MARK that kit keeps: what ending_script prints (each small file up to 4000 bytes)
-ENDING_MAX = AFTER_MAX + len(ENDING) * 4200
-
-
-def ending_script(d: str) -> str:
-    """sh, for the job's folder d (quoted): each file of ENDING and AFTER that is there, after a line `@@NAME`."""
-    small = f"for f in {' '.join(ENDING)}; do [ -f {d}/$f ] && {{ echo \"@@$f\"; head -c 4000 {d}/$f; echo; }}; done; "
-    return small + f"[ -f {d}/{AFTER} ] && {{ echo '@@{AFTER}'; head -c {AFTER_MAX} {d}/{AFTER}; echo; }}; true"
-
-
-def parse_ending(lines: list[str]) -> dict[str, str]:
-    found: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        if line.startswith("@@") and line[2:] in (*ENDING, AFTER):
-            current = found.setdefault(line[2:], [])
-        elif current is not None:
-            current.append(line)
-    return {name: "\n".join(lines).strip() for name, lines in found.items()}
-
-
-def parse_reaped(text: str) -> dict[str, int]:
-    """host -> processes the supervisor stopped, from its `reaped` file (which a rank could write: read strictly)."""
-    found = {}
-    for line in text.splitlines():
-        host, _, count = line.rpartition(" ")
-        if host and count.isascii() and count.isdigit():
-            found[host[:200]] = int(count)
-    return found
-
-
-def parse_after(text: str) -> dict[str, dict[str, str]] | None:
-    """host -> its workspace's manifest at the end, from AFTER; None when it is not whole (kit reads them then)."""
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-        return None
-    return {host: workspace.parse_manifest(text) for host, text in raw.items()}
-
-
-# What the primary's container runs as a job's supervisor: the module's own source (the standard library only).
-SUPERVISOR = inspect.getsource(supervisor)
+# What the primary's container runs as a job's supervisor: kit.supervisor's modules as one script (the standard
+# library only).
+SUPERVISOR = shipped.source()
 
 
 def free_port(node: Node) -> int:
@@ -198,11 +151,6 @@ def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list
     commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
-
-
-def reap_command(container: str, job_id: str) -> str:
-    """Kill every process in the container that belongs to the job; print how many."""
-    return command(["docker", "exec", container, "sh", "-c", reap_script(job_id)])
 
 
 @dataclass
@@ -257,7 +205,7 @@ class Starting:
     def here(self, folder: Path, local: dict[str, str]) -> tuple[int, dict[str, str]]:
         """The primary's workspace given the job's files, in this conversation: its manifest as the starter read it,
         and what it lacks sent on; (files sent, its workspace then)."""
-        remote = workspace.parse_manifest("\n".join(self.answer(supervisor.MANIFEST_END)[:-1]))
+        remote = workspace.parse_manifest("\n".join(self.answer(starter.MANIFEST_END)[:-1]))
         names = workspace.changed(local, remote)
         if names:
             with tempfile.TemporaryDirectory(prefix="kit-job-") as tmp:
@@ -265,10 +213,10 @@ class Starting:
                 self.send({"tar": path.stat().st_size})
                 for block in chunks(path):
                     self.talk.send(block)
-            said = self.answer(supervisor.COPIED)[-1]
-            if said != supervisor.COPIED:
+            said = self.answer(starter.COPIED)[-1]
+            if said != starter.COPIED:
                 raise KitError(f"cannot copy the job's files to {self.job.state.workspace}: "
-                               f"{said.removeprefix(supervisor.COPIED + ' failed: ')}", host=self.primary.name,
+                               f"{said.removeprefix(starter.COPIED + ' failed: ')}", host=self.primary.name,
                                hint="check free disk space on the host")
         return len(names), {**remote, **local}
 
@@ -277,7 +225,7 @@ class Starting:
         then); HostsFailed naming each host that failed."""
         self.send({"others": True})
         try:
-            done = json.loads(self.answer(supervisor.HOSTS)[-1][len(supervisor.HOSTS):])
+            done = json.loads(self.answer(starter.HOSTS)[-1][len(starter.HOSTS):])
         except ValueError:
             done = None
         if not isinstance(done, dict):
@@ -346,26 +294,9 @@ def spread_outputs(nodes: list[Node], state: st.ClusterState, before: dict[str, 
     return sum(fan_out("copying what the job wrote", list(plan), one))
 
 
-def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
-    """(host, rank) -> the rank's Python stack now, on every host at once."""
-    def one(n: Node) -> dict[int, str]:
-        r = n.runner.run(command(exec_argv(n.place.container, supervisor.stacks_argv(job_id))), timeout=120)
-        return supervisor.parse_stacks(r.check(f"cannot read the stacks of job {job_id}").stdout)
-    found = fan_out("reading every rank's stack", nodes, one, lambda n: n.name)
-    return {(n.name, rank): text for n, by_rank in zip(nodes, found) for rank, text in by_rank.items()}
-
-
-def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
-    def one(n: Node) -> int:
-        r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
-        return int(r.stdout.strip() or 0) if r.ok else 0
-    counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
-    return {n.name: c for n, c in zip(nodes, counts) if c}
-
-
 def start(starting: Starting) -> None:
     """A detached job: started once its supervisor runs (copy_and_start began it)."""
-    starting.answer(supervisor.STARTED)
+    starting.answer(starter.STARTED)
     r = starting.talk.result()
     r.check(f"cannot start job {starting.job.id} on {starting.primary.name}")
 
@@ -417,225 +348,3 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
                    [a for a in end.get("env_kept", "").split() if a in addresses], ranks,
                    _int(end.get("restarts")) or 0, end.get("hang", ""), sorted(left_out),
                    parse_after(end[AFTER]) if AFTER in end else None)
-
-
-class Interrupted(KitError):
-    exit_code = 130
-
-    def __init__(self, job_id: str, leftovers: dict[str, int]) -> None:
-        stopped = ", ".join(f"{n} on {h}" for h, n in leftovers.items()) or "none left"
-        super().__init__(f"interrupted: job {job_id} was stopped on every host (processes kit stopped: {stopped})",
-                         hint=f"`kit logs {job_id}` shows its output")
-
-
-# ---------------------------------------------------------------- the jobs of a cluster, as their folders record them
-
-JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
-STATES = ("pending", "running", "restarting", "stopping", "succeeded", "failed", "stopped", "lost")
-ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job can be stopped, its stacks read
-END_MARK = "@@kit-job-end"
-
-
-@dataclass
-class End:
-    """The follower's END_MARK line (the job's exit code, or none when its supervisor never came or left none) and
-    what follows it (the ending, ending_script), up to ENDING_MAX. A job can write END_MARK into its own log: the
-    follower's own comes last, so each mark starts the ending anew, and what follows one is never kept unbounded."""
-
-    code: int | None = None
-    seen: bool = False
-    rest: list[str] = field(default_factory=list)
-    kept: int = 0  # the characters in rest
-
-    def feed(self, line: str) -> bool:
-        if line.startswith(END_MARK):
-            value = line[len(END_MARK):].strip()
-            self.code, self.seen = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None, True
-            self.rest, self.kept = [], 0
-            return True
-        if self.seen and self.kept + len(line) < ENDING_MAX:
-            self.rest.append(line)
-            self.kept += len(line) + 1
-        return self.seen
-
-
-def launch_ranks(line: str) -> list[str] | None:
-    """The supervisor's line at each launch: the host of each rank."""
-    return line.split()[1:] if line.startswith(RANKS_MARK + " ") or line == RANKS_MARK else None
-
-
-# A pid a job's file names, read as digits only; it is the job's while that process carries the mark.
-_PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0-9]*) return 1;; esac; "
-        "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
-
-
-def follow_script(folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
-    """sh for the primary's container: the job's output from its line `first` (1: its start) while it runs, then
-    END_MARK and its exit code (none when it left none), and with `ending` what the supervisor recorded at the end
-    (ending_script). Ctrl-C or a dropped session ends the following, never the job."""
-    d, first = shlex.quote(folder), int(first)
-    return (_PID.format(folder=d) +
-            f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
-            f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
-            f"tail -n +{first} -s 0.05 -F --pid=$sup {d}/output.log; "  # running: to its end
-            f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
-            f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\"" +
-            (f"; {ending_script(d)}" if ending else ""))
-
-
-def follow_command(container: str, folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
-    return command(exec_argv(container, ["sh", "-c", follow_script(folder, job_id, first, ending)]))
-
-
-def interrupt_command(container: str, folder: str, job_id: str) -> str:
-    """The job marked as stopped by its user, and SIGINT to its launcher (horovodrun, or the fanout script),
-    which stops its ranks as for Ctrl-C; to that process only if it is still the job's."""
-    d = shlex.quote(folder)
-    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
-        f"date +%s > {d}/stopped; p=$(pid_of pid KIT_JOB={job_id}) && kill -INT $p; true"]))
-
-
-# Runs in the primary's container (the job's own realm: what a rank wrote there is read there, as text, with no
-# link followed): one JSON line a job folder.
-RECORDS_SCRIPT = r"""
-import json, os, stat, sys
-root = sys.argv[1]
-def read(folder, name):
-    try:
-        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(4096).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
-def carries(pid, mark):
-    try:
-        with open("/proc/%d/environ" % int(pid), "rb") as f:
-            return mark.encode() in f.read().split(b"\0")
-    except (OSError, ValueError):
-        return False
-for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-    folder = os.path.join(root, name)
-    if os.path.islink(folder) or not os.path.isdir(folder):
-        continue
-    record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment", "restarts",
-                                           "left_out", "hang", "phase")}
-    record.update(id=name, stopped=read(folder, "stopped") is not None, planned=read(folder, "plan.json") is not None,
-                  alive=carries(read(folder, "supervisor") or "", "KIT_SUPERVISOR=" + name))
-    print(json.dumps(record))
-"""
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and re.fullmatch(r"-?\d{1,12}", text) else None
-
-
-@dataclass(frozen=True)
-class Record:
-    """What a job's folder on the primary says of it."""
-
-    id: str
-    launcher: str
-    hosts: tuple[str, ...]   # the host of each rank
-    started: int | None      # epoch seconds
-    ended: int | None
-    exit_code: int | None
-    stopped: bool            # kit stop (or Ctrl-C) asked it to stop
-    alive: bool              # its supervisor (the shell that records its end) is there, and still the job's
-    environment: str = ""    # what kit showed of its variables
-    restarts: int = 0        # how often it was started again
-    left_out: tuple[str, ...] = ()  # the hosts a restart left out
-    hang: str = ""           # what the supervisor found when no rank made progress
-    restarting: bool = False  # between two launches
-    planned: bool = False    # kit wrote its plan (the supervisor may not have started yet)
-
-    @classmethod
-    def parse(cls, line: str) -> "Record":
-        raw = json.loads(line)
-        return cls(raw["id"], raw.get("launcher") or "horovod", tuple((raw.get("ranks") or "").split()),
-                   _int(raw.get("started")), _int(raw.get("ended")), _int(raw.get("exit")), bool(raw.get("stopped")),
-                   bool(raw.get("alive")), raw.get("environment") or "", _int(raw.get("restarts")) or 0,
-                   tuple((raw.get("left_out") or "").split()), raw.get("hang") or "", raw.get("phase") == "restarting",
-                   bool(raw.get("planned")))
-
-    @property
-    def state(self) -> str:
-        """pending -> running (-> restarting -> running ...) (-> stopping) -> succeeded | failed | stopped; lost when
-        neither its supervisor nor its end is there (its container was removed or restarted under it)."""
-        if self.exit_code is not None:
-            if self.stopped:
-                return "stopped"
-            return "succeeded" if self.exit_code == 0 else "failed"
-        if self.alive:
-            return "stopping" if self.stopped else "restarting" if self.restarting else "running"
-        if self.stopped:
-            return "stopped"
-        return "pending" if self.planned and self.started is None else "lost"
-
-    def seconds(self, now: float) -> int | None:
-        if self.started is None:
-            return None
-        return int((self.ended if self.ended is not None else now) - self.started)
-
-
-def records_command(container: str, jobs_dir: str) -> str:
-    return command(exec_argv(container, ["python", "-c", RECORDS_SCRIPT, jobs_dir]))
-
-
-def read_records(primary: Node) -> list[Record]:
-    """Every job of the cluster, oldest first."""
-    r = primary.runner.run(records_command(primary.place.container, primary.place.jobs_dir), timeout=60)
-    r.check(f"cannot read the jobs of {primary.name}")
-    found = [rec for line in r.stdout.splitlines() if line.startswith("{")
-             if JOB_ID.fullmatch((rec := Record.parse(line)).id)]  # kit's jobs, not what else is in the folder
-    return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
-
-
-JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
-
-
-def check_job_ref(text: str) -> str:
-    """How a user may name a job (checked before any host is asked): `last`, a whole id, the start of one, or the
-    4-hex tail after its last dash, as people read it off the screen."""
-    if text != "last" and not re.fullmatch(r"[0-9a-f-]{1,20}", text):
-        raise BadInput(f"'{text}' is not a job id", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
-    return text
-
-
-def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
-    """The job `ref` names among the cluster's job ids (check_job_ref's forms). Ids start with their time, so the
-    newest is the greatest; a start or tail that fits several is refused with them listed."""
-    check_job_ref(ref)
-    if not ids:
-        raise BadInput(f"no jobs on cluster {cluster} yet", hint="`kit run train.py` starts one")
-    if ref == "last" or ref in ids:
-        return max(ids) if ref == "last" else ref
-    found = sorted(i for i in ids if i.startswith(ref) or i.rsplit("-", 1)[-1] == ref)
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
-    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
-    tails = all(i.rsplit("-", 1)[-1] == ref for i in found)  # then the last 4 characters are what fits several
-    raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
-                   hint=f"give more of the id: its start, e.g. {found[-1]}" if tails else
-                   "give more of the id, or its last 4 characters")
-
-
-@dataclass
-class Stopped:
-    ended_by_itself: bool                 # the launcher ended on SIGINT within the bound
-    killed: dict[str, int]                # host -> processes kit had to kill
-
-
-def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
-    """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then whatever is left
-    of it on any host, killed; its supervisor, untouched, records the end. nodes[0] is the primary."""
-    primary = nodes[0]
-    folder, container = primary.place.job_dir(job_id), primary.place.container
-    primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
-    d = shlex.quote(folder)
-    gone = command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
-                                         f"for i in $(seq {int(wait * 4)}); do "
-                                         f"pid_of pid KIT_JOB={job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
-    ended = primary.runner.run(gone, timeout=wait + 60).ok
-    return Stopped(ended, reap(nodes, job_id))

@@ -33,7 +33,7 @@ class Place:
         return f"{self.kit_dir}/jobs"
 
     def job_dir(self, job_id: str) -> str:
-        """A job's folder: its output and its record (kit.jobs)."""
+        """A job's folder: its output and its record (kit.jobrecords)."""
         return f"{self.jobs_dir}/{job_id}"
 
     @property

@@ -16,7 +16,7 @@ from kit.commands.horovod import rank_launcher
 from kit.config import SlurmConfig
 from kit.errors import BadInput
 from kit.recipe import render_template
-from kit.supervisor import TORCHRUN_PREFIX
+from kit.supervisor.launch import TORCHRUN_PREFIX
 
 SCRIPT_NAME = "kit-job.sbatch"
 ENV_DIR = ".kit/env"            # the job's variables, one JSON file a job, relative to the job's folder

@@ -414,9 +414,9 @@ def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callab
 
 
 def resolve(ref: str) -> SlurmRecord | None:
-    """The Slurm job `ref` names (kit's forms of a job id: kit.jobs.JOB_FORMS), None when it names none; a ref that
+    """The Slurm job `ref` names (kit's forms of a job id: jobrecords.JOB_FORMS), None when it names none; a ref that
     fits several is refused with them."""
-    from kit.jobs import JOB_ID, resolve_job
+    from kit.jobrecords import JOB_ID, resolve_job
     found = {r.id: r for r in records() if JOB_ID.fullmatch(r.id)}
     ids = list(found)
     if not ids or ref != "last" and ref not in ids and \

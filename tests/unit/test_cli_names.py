@@ -11,7 +11,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from helpers import run_kit
-from kit import jobs
+from kit import jobcontrol, jobrecords
 from kit import state as st
 from kit.app import app
 from kit.cli import cluster as cli_cluster
@@ -24,10 +24,10 @@ IDS = ["20261122-005727-b862", "20261122-010002-0c1d", "20261123-094501-b862", "
 
 
 def test_a_job_is_named_by_its_id_a_unique_start_its_tail_or_last():
-    assert [jobs.resolve_job(ref, IDS, "lab") for ref in (
+    assert [jobrecords.resolve_job(ref, IDS, "lab") for ref in (
         "20261122-010002-0c1d", "20261122-01", "0c1d", "20261123-10", "20261123-1", "77aa", "last")] == [
         IDS[1], IDS[1], IDS[1], IDS[3], IDS[3], IDS[3], IDS[3]]
-    assert jobs.resolve_job("last", list(reversed(IDS)), "lab") == IDS[3]  # the newest, whatever the order
+    assert jobrecords.resolve_job("last", list(reversed(IDS)), "lab") == IDS[3]  # the newest, whatever the order
 
 
 @pytest.mark.parametrize("ref, said", [
@@ -38,7 +38,7 @@ def test_a_job_is_named_by_its_id_a_unique_start_its_tail_or_last():
 ])
 def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
     with pytest.raises(BadInput) as e:
-        jobs.resolve_job(ref, IDS, "lab")
+        jobrecords.resolve_job(ref, IDS, "lab")
     assert (str(e.value), e.value.exit_code) == (said, 2)
     assert ("give more of the id" if "ambiguous" in said else "`kit jobs` lists them") in e.value.hint
     if ref == "b862":  # the last 4 characters were given: the fix names the start of one, not them again
@@ -48,9 +48,9 @@ def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
 def test_a_job_name_is_checked_before_any_host_is_asked():
     for bad in ("../../etc", "20261123-194512-ab12/..", "x", "", "LAST", "2026 1"):
         with pytest.raises(BadInput, match="is not a job id"):
-            jobs.check_job_ref(bad)
+            jobrecords.check_job_ref(bad)
     with pytest.raises(BadInput, match="no jobs on cluster lab yet"):
-        jobs.resolve_job("last", [], "lab")
+        jobrecords.resolve_job("last", [], "lab")
 
 
 def record(home: Path, name: str, hosts: int, local: bool = False) -> None:
@@ -156,7 +156,7 @@ def test_logs_tail_shows_the_last_lines_as_kit_logs_shows_them():
     shown = []
     lines = _LogLines(lambda rank, host, text: shown.append((rank, host, text)), [], None, 2)
     for line in ("kit: job j1: t.py; 2 processes on 2 hosts", "@@kit-ranks h1 h2", "[0]<stdout>:one",
-                 "[1]<stdout>:two", "[1]<stdout>:@@kit-exit 0 1.5", "[0]<stdout>:three", f"{jobs.END_MARK} 0"):
+                 "[1]<stdout>:two", "[1]<stdout>:@@kit-exit 0 1.5", "[0]<stdout>:three", f"{jobcontrol.END_MARK} 0"):
         lines.add(line)
     assert shown == []
     lines.flush()
@@ -176,9 +176,9 @@ def test_following_from_a_line_skips_what_was_shown(tmp_path):
     folder.mkdir()
     (folder / "output.log").write_text("".join(f"line {i}\n" for i in range(1, 6)))
     (folder / "exit").write_text("0\n")
-    script = shlex.split(jobs.follow_command("kit-lab", str(folder), "20261122-005727-b862", first=4))[-1]
+    script = shlex.split(jobcontrol.follow_command("kit-lab", str(folder), "20261122-005727-b862", first=4))[-1]
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60).stdout.splitlines()
-    assert out == ["line 4", "line 5", f"{jobs.END_MARK} 0"]
+    assert out == ["line 4", "line 5", f"{jobcontrol.END_MARK} 0"]
 
 
 def test_the_entry_point_knows_the_module_of_every_command():

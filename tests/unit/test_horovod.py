@@ -7,7 +7,7 @@ import pytest
 
 from kit.commands.horovod import (Failures, HorovodOptions, check_np, common_interfaces, exit_report, horovodrun_argv,
                                   rank_command, split_rank)
-from kit.supervisor import Slot, placement
+from kit.supervisor.launch import Slot, placement
 from kit.errors import BadInput
 
 SLOTS = [Slot("gpu-1", "10.0.0.1", 2), Slot("gpu-2", "10.0.0.2", 1), Slot("gpu-3", "10.0.0.3", 1)]

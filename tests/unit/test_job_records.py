@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kit import jobs
-from kit.jobs import RECORDS_SCRIPT, Record
+from kit import jobcontrol, jobrecords, jobs
+from kit.jobrecords import RECORDS_SCRIPT, Record
 
 
 def record(**kw) -> Record:
@@ -36,7 +36,7 @@ def record(**kw) -> Record:
     (dict(restarting=True, stopped=True), "stopping"),                      # kit stop between two launches
 ])
 def test_the_state_of_a_job(kw, state):
-    assert record(**kw).state == state and state in jobs.STATES
+    assert record(**kw).state == state and state in jobrecords.STATES
 
 
 def test_duration_runs_until_the_end():
@@ -90,7 +90,7 @@ def test_the_reader_follows_no_link_and_survives_what_a_rank_wrote(tmp_path):
 
 
 def test_a_new_job_id_is_of_the_form_the_reader_keeps():
-    assert jobs.JOB_ID.fullmatch(jobs.new_job_id())
+    assert jobrecords.JOB_ID.fullmatch(jobs.new_job_id())
 
 
 def inner(cmd: str, folder, workspace) -> str:
@@ -100,7 +100,7 @@ def inner(cmd: str, folder, workspace) -> str:
 
 
 def run_follow(j, folder, workspace) -> list[str]:
-    r = subprocess.run(["sh", "-c", inner(jobs.follow_command("kit-lab", j.folder, j.id), folder, workspace)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["sh", "-c", inner(jobcontrol.follow_command("kit-lab", j.folder, j.id), folder, workspace)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 
@@ -108,14 +108,14 @@ def run_follow(j, folder, workspace) -> list[str]:
 def test_following_a_job_that_never_started_or_left_no_code_says_so(tmp_path):
     from test_jobenv import job
     lines = run_follow(job(()), tmp_path / "jobs", tmp_path)
-    end = jobs.End()
-    assert lines == [f"{jobs.END_MARK} "] and end.feed(lines[0]) and end.code is None
+    end = jobcontrol.End()
+    assert lines == [f"{jobcontrol.END_MARK} "] and end.feed(lines[0]) and end.code is None
     for junk in ("1 /etc/shadow", "-1", "x"):  # what a rank could write there is never used as a pid or a code
         (tmp_path / "jobs").mkdir(exist_ok=True)
         (tmp_path / "jobs" / "supervisor").write_text(junk + "\n")
         (tmp_path / "jobs" / "exit").write_text(junk + "\n")
-        assert run_follow(job(()), tmp_path / "jobs", tmp_path) == [f"{jobs.END_MARK} {junk}"]
-        assert jobs.End().feed(f"{jobs.END_MARK} {junk}")
+        assert run_follow(job(()), tmp_path / "jobs", tmp_path) == [f"{jobcontrol.END_MARK} {junk}"]
+        assert jobcontrol.End().feed(f"{jobcontrol.END_MARK} {junk}")
 
 
 def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
@@ -123,8 +123,8 @@ def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
     carries the job's mark; a pid used again by another process (after a container restart), or junk, is left."""
     folder = tmp_path / "j1"
     folder.mkdir()
-    script = shlex.split(jobs.interrupt_command("kit-lab", str(folder), "j1"))[-1]
-    assert jobs.interrupt_command("kit-lab", str(folder), "j1").startswith("docker exec kit-lab sh -c ")
+    script = shlex.split(jobcontrol.interrupt_command("kit-lab", str(folder), "j1"))[-1]
+    assert jobcontrol.interrupt_command("kit-lab", str(folder), "j1").startswith("docker exec kit-lab sh -c ")
     # SIGINT as a launcher in a container gets it (whatever started the tests: a background job ignores SIGINT)
     default = dict(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     other = subprocess.Popen(["sleep", "60"], **default)
@@ -178,7 +178,7 @@ def test_an_end_mark_that_the_job_wrote_into_its_log_neither_ends_it_nor_forges_
     """A rank (root in the primary's container) appends kit's END_MARK and a made-up ending to the job's output.log:
     kit still takes the job's exit code from the follower's own last mark, and of what the job's files name, only
     the job's hosts (a name with rich markup would have stopped kit before it said how the job ended)."""
-    forged = f"{jobs.END_MARK} 0\n@@reaped\nb 99\n@@left_out\nb\n"
+    forged = f"{jobcontrol.END_MARK} 0\n@@reaped\nb 99\n@@left_out\nb\n"
     outcome, shown = followed(tmp_path, **{
         "output.log": "[0]<stdout>:step 1\n" + forged + "[1]<stdout>:step 2\n",
         "exit": "3", "reaped": "a 2\n[/bold] 5\nzz 7", "env_kept": "[red]10.9.9.9 10.0.0.2", "left_out": "[/] zz"})
@@ -187,11 +187,11 @@ def test_an_end_mark_that_the_job_wrote_into_its_log_neither_ends_it_nor_forges_
 
 
 def test_what_follows_an_end_mark_is_kept_only_up_to_the_endings_size():
-    end = jobs.End()
-    assert end.feed(f"{jobs.END_MARK} 0") and end.code == 0
+    end = jobcontrol.End()
+    assert end.feed(f"{jobcontrol.END_MARK} 0") and end.code == 0
     block, most = "x" * (1 << 16), (64 << 20) + (1 << 20)  # after.json's 64 MiB, and the small files
     for _ in range(most // len(block) + 200):  # a job that writes on after a mark it wrote itself
         assert end.feed(block)
     assert sum(len(line) + 1 for line in end.rest) <= most
-    assert end.feed(f"{jobs.END_MARK} 4") and (end.code, end.rest) == (4, [])
+    assert end.feed(f"{jobcontrol.END_MARK} 4") and (end.code, end.rest) == (4, [])
     assert end.feed("@@hang") and end.rest == ["@@hang"]

@@ -125,7 +125,8 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
 def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path, ssh_shim):
     """supervisor.tidy_env, run here: `ssh` runs the command here for 10.0.0.2 and fails for 10.0.0.3 (down); the
     primary's own copy is removed directly, the others' over the cluster SSH."""
-    from kit.supervisor import Plan, tidy_env
+    from kit.supervisor.launch import Plan
+    from kit.supervisor.supervise import tidy_env
     (ssh_shim / "down").write_text("10.0.0.3\n")
     env_dir = tmp_path / "env"
     env_dir.mkdir()

@@ -16,7 +16,7 @@ from kit.cli.runargs import Split, options_of, split
 from kit.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
 from kit.config import ClusterConfig
 from kit.errors import BadInput
-from kit.supervisor import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
+from kit.supervisor.launch import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
 
 RUN = typer.main.get_command(app).commands["run"]
 OPTIONS = options_of(RUN.get_params(RUN.context_class(RUN)))

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from kit import jobs, supervisor
+from kit import jobcontrol, jobs
 from kit.commands.horovod import rank_command
 from kit.commands.launchers import tf_config
-from kit.supervisor import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Beat, NodeCommand, Plan, Slot,
-                            discovery_script, fill, hang_report, parse_discovery)
+from kit.supervisor import launch, starter
+from kit.supervisor.heartbeats import Beat, hang_report
+from kit.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NodeCommand, Plan, Slot,
+                                   discovery_script, fill, parse_discovery)
+from kit.supervisor.starter import COPIED, MANIFEST_END
 
 HOSTS = [Slot("a", "10.0.0.1", 1), Slot("b", "10.0.0.2", 1), Slot("c", "10.0.0.3", 1)]
 
@@ -73,15 +76,15 @@ def test_the_supervisor_records_the_job_and_kit_follows_it_to_its_exit_code(tmp_
     plan = tf_plan(tmp_path, job, ["ok.py", "fail.py", "ok.py"])
     done = threading.Thread(target=supervise, args=(tmp_path, plan))
     done.start()
-    follow = shlex.split(jobs.follow_command("kit-lab", plan.folder, job))[-1]
+    follow = shlex.split(jobcontrol.follow_command("kit-lab", plan.folder, job))[-1]
     quitter = subprocess.run(f"sh -c {shlex.quote(follow)} | head -c 0", shell=True, timeout=60)
     lines = subprocess.run(["sh", "-c", follow], capture_output=True, text=True, timeout=60).stdout.splitlines()
     done.join(timeout=90)
     assert quitter.returncode == 0
-    assert lines[0] == "@@kit-ranks a b c" and jobs.launch_ranks(lines[0]) == ["a", "b", "c"]
+    assert lines[0] == "@@kit-ranks a b c" and jobcontrol.launch_ranks(lines[0]) == ["a", "b", "c"]
     assert f"[0]<stdout>:from {job}" in lines and "[1]<stdout>:failing" in lines
     assert "b: its processes ended with status 3; stopping the others" in lines
-    assert lines[-1] == f"{jobs.END_MARK} 3"
+    assert lines[-1] == f"{jobcontrol.END_MARK} 3"
     folder = Path(plan.folder)
     assert (folder / "exit").read_text() == "3\n" and (folder / "ranks").read_text() == "a b c\n"
     assert int((folder / "ended").read_text()) >= int((folder / "started").read_text())
@@ -145,7 +148,8 @@ def test_a_stopped_job_is_not_started_again(tmp_path, ssh_shim):
         if (folder / "output.log").exists() and (folder / "output.log").read_text().count("up") == 3:
             break
         time.sleep(0.1)
-    subprocess.run(["sh", "-c", shlex.split(jobs.interrupt_command("c", str(folder), job))[-1]], check=True, timeout=30)
+    subprocess.run(["sh", "-c", shlex.split(jobcontrol.interrupt_command("c", str(folder), job))[-1]], check=True,
+                   timeout=30)
     done.join(timeout=60)
     assert (folder / "exit").read_text() == "130\n" and not (folder / "restarts").exists()
     assert not leftovers(job)
@@ -186,7 +190,7 @@ def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
 
 
 def test_a_heartbeat_being_written_is_read_once(tmp_path):
-    from kit.supervisor import parse_beats, progress_script
+    from kit.supervisor.heartbeats import parse_beats, progress_script
     folder = tmp_path / "j1"
     folder.mkdir()
     (folder / "0").write_text('{"rank": 0, "pid": 1, "moves": 3, "where": "t.py:1 in f"}')
@@ -210,7 +214,7 @@ def test_the_hang_report_names_the_odd_ones():
 
 
 def test_a_host_whose_heartbeats_were_not_read_is_no_progress():
-    from kit.supervisor import Watch
+    from kit.supervisor.heartbeats import Watch
     watch = Watch(600)
     both = [Beat("a", 0, 5, "x"), Beat("b", 1, 7, "y")]
     watch.stalled(both)
@@ -386,7 +390,7 @@ def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_sta
     src.mkdir()
     (src / "write.py").write_text(WRITER)
     job, nodes = local_job(tmp_path, ["write.py"] * 3)
-    planted = f"x\n{supervisor.MANIFEST_END}\n{supervisor.COPIED} failed: planted"
+    planted = f"x\n{MANIFEST_END}\n{COPIED} failed: planted"
     (tmp_path / "ws" / planted).write_text("")
     synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
     outcome = jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting)
@@ -397,7 +401,7 @@ def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_sta
 UNPACK = """
 import io, os, sys, tarfile
 sys.path.insert(0, sys.argv[2])
-from kit import supervisor
+from kit.supervisor import starter
 ws = sys.argv[1]
 open(os.path.join(ws, "d"), "w").close()  # a file where the job's folder d goes: tar cannot write any file of it
 buf = io.BytesIO()
@@ -409,7 +413,7 @@ with tarfile.open(fileobj=buf, mode="w:gz") as t:
         t.addfile(info, io.BytesIO(blob))
 data = buf.getvalue()
 inp = io.BytesIO(data + b'{"go": []}\\n')
-print(supervisor.unpack(inp, len(data), ws))
+print(starter.unpack(inp, len(data), ws))
 print(inp.readline().decode(), end="")
 """
 
@@ -420,12 +424,12 @@ def test_the_starter_says_why_the_job_could_not_be_unpacked_however_much_tar_com
     r = subprocess.run([sys.executable, "-c", UNPACK, str(tmp_path), str(Path(jobs.__file__).parent.parent)],
                        capture_output=True, text=True, timeout=60)
     said, after = r.stdout.splitlines()
-    assert said.startswith(f"{supervisor.COPIED} failed: ") and "d/file-02999: Cannot open: Not a directory" in said
+    assert said.startswith(f"{COPIED} failed: ") and "d/file-02999: Cannot open: Not a directory" in said
     assert len(said) < 2100 and after == '{"go": []}'
 
 
 def test_a_supervisor_that_cannot_start_is_said_at_once():
-    from kit.supervisor import spawn_detached
+    from kit.supervisor.starter import spawn_detached
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         error = spawn_detached(["/nonexistent/python"], {}, f"{d}/supervisor")
@@ -433,11 +437,11 @@ def test_a_supervisor_that_cannot_start_is_said_at_once():
 
 
 def test_what_a_rank_could_write_in_the_ending_is_read_strictly():
-    assert jobs.parse_reaped("a 3\nb x\n 4\nc 2 1\nd ²\n") == {"a": 3, "c 2": 1}
-    assert jobs.parse_after('{"a": "1234  ./x\\n"}') == {"a": {"x": "1234"}}
+    assert jobcontrol.parse_reaped("a 3\nb x\n 4\nc 2 1\nd ²\n") == {"a": 3, "c 2": 1}
+    assert jobcontrol.parse_after('{"a": "1234  ./x\\n"}') == {"a": {"x": "1234"}}
     for forged in ("[1]", '{"a": 1}', "{", '{"a": ["x"]}'):
-        assert jobs.parse_after(forged) is None
-    ending = jobs.parse_ending(["@@hang", "no rank moved", "@@nosuch", "x", "@@reaped", "a 1"])
+        assert jobcontrol.parse_after(forged) is None
+    ending = jobcontrol.parse_ending(["@@hang", "no rank moved", "@@nosuch", "x", "@@reaped", "a 1"])
     assert ending == {"hang": "no rank moved\n@@nosuch\nx", "reaped": "a 1"}
 
 
@@ -451,9 +455,9 @@ def test_a_file_name_with_a_backslash_or_a_line_break_is_one_file_to_the_starter
     holding a line separator of Python's (U+2028) and a manifest line is no second line."""
     for i, name in enumerate(ODD_NAMES):
         (tmp_path / name).write_text(str(i))
-    listed = subprocess.run(["sh", "-c", supervisor.MANIFEST.format(workspace=shlex.quote(str(tmp_path)))],
+    listed = subprocess.run(["sh", "-c", launch.MANIFEST.format(workspace=shlex.quote(str(tmp_path)))],
                             capture_output=True, check=True).stdout.decode()
-    before, after = jobs.workspace.parse_manifest(supervisor.manifest(str(tmp_path))), \
+    before, after = jobs.workspace.parse_manifest(starter.manifest(str(tmp_path))), \
         jobs.workspace.parse_manifest(listed)
     assert before == after and sorted(after) == sorted(ODD_NAMES)
     assert jobs.workspace.spread_plan({"a": before, "b": {}}, {"a": after, "b": {}}) == {}  # nothing was written
@@ -486,7 +490,7 @@ def test_a_starter_whose_kit_went_away_while_it_answered_leaves_nothing_of_the_j
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     starter.stdin.write(json.dumps(request).encode() + b"\n")
     starter.stdin.flush()
-    assert starter.stdout.readline().decode().startswith(supervisor.MANIFEST_END)
+    assert starter.stdout.readline().decode().startswith(MANIFEST_END)
     starter.stdout.close()  # kit is gone
     starter.stdin.write(b'{"others": true}\n')
     starter.stdin.flush()
@@ -505,6 +509,6 @@ def test_a_launchers_ssh_rides_the_supervisors_connection_and_never_opens_one():
 
     from kit.recipe import render_template
     config = render_template("ssh_config.j2", cluster="lab", port=12345, hosts=[(["a"], "10.0.0.1")], all_names=["a"])
-    path = next(o for o in supervisor.CONNECTION if o.startswith("ControlPath=")).split("=", 1)[1]
+    path = next(o for o in launch.CONNECTION if o.startswith("ControlPath=")).split("=", 1)[1]
     assert re.search(rf"^\s+ControlPath {re.escape(path)}$", config, re.M)
     assert re.search(r"^\s+ControlMaster no$", config, re.M) and "ControlPersist" not in config

@@ -19,7 +19,7 @@ from rich.table import Table
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
-from kit import jobenv, jobs, sbatch, slurmjobs
+from kit import jobcontrol, jobenv, jobrecords, jobs, sbatch, slurmjobs
 from kit.commands.docker import command, exec_argv
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
@@ -306,7 +306,7 @@ def logs(
 ) -> None:
     """Output of a job, kept on the primary (or, for a Slurm job, in its folder on the login host); per rank with
     --rank."""
-    ref = jobs.check_job_ref(job or "last")
+    ref = jobrecords.check_job_ref(job or "last")
     if tail is not None and tail < 0:
         raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
     cfg, identity, state = recorded(name, config)
@@ -317,8 +317,8 @@ def logs(
     primary = state.primary
     (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
     try:
-        records = {r.id: r for r in jobs.read_records(node)}
-        job = jobs.resolve_job(ref, list(records), state.cluster)
+        records = {r.id: r for r in jobrecords.read_records(node)}
+        job = jobrecords.resolve_job(ref, list(records), state.cluster)
         shown = _LogLines(job_printer(records[job].launcher), list(records[job].hosts), rank, tail)
         folder = primary.place.job_dir(job)
         read = 0
@@ -327,7 +327,7 @@ def logs(
                                shown)
             shown.flush()
         if follow:  # (a line being written when it was read is shown cut; the rest of it is not)
-            node.runner.stream_out(jobs.follow_command(primary.place.container, folder, job, first=read + 1),
+            node.runner.stream_out(jobcontrol.follow_command(primary.place.container, folder, job, first=read + 1),
                                    shown.add)
     finally:
         node.runner.close()
@@ -353,9 +353,9 @@ class _LogLines:
         self.held: Optional[collections.deque] = collections.deque(maxlen=tail) if tail is not None else None
 
     def add(self, line: str) -> None:
-        if line.startswith(jobs.END_MARK):
+        if line.startswith(jobcontrol.END_MARK):
             return
-        if (launched := jobs.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
+        if (launched := jobcontrol.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
             self.hosts = launched
             return
         r, text = split_rank(line)
@@ -393,7 +393,7 @@ def jobs_(
     state = need_state(cfg, identity, state)
     (node,) = recorded_nodes([state.primary], connector(cfg.connect_timeout))
     try:
-        records = jobs.read_records(node)
+        records = jobrecords.read_records(node)
     finally:
         node.runner.close()
     now = time.time()
@@ -427,13 +427,13 @@ def jobs_(
 @contextlib.contextmanager
 def _the_job(job: str, name: Optional[str], config: Optional[Path]):
     """(the cluster's state, a node a host (the primary first), the job's record), the nodes closed afterwards."""
-    jobs.check_job_ref(job)
+    jobrecords.check_job_ref(job)
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
     nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
     try:
-        records = {r.id: r for r in jobs.read_records(nodes[0])}
-        yield state, nodes, records[jobs.resolve_job(job, list(records), state.cluster)]
+        records = {r.id: r for r in jobrecords.read_records(nodes[0])}
+        yield state, nodes, records[jobrecords.resolve_job(job, list(records), state.cluster)]
     finally:
         for n in nodes:
             n.runner.close()
@@ -466,20 +466,20 @@ def stop(
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it. A Slurm
     job: scancel, and kit waits until Slurm says it ended."""
-    jobs.check_job_ref(job)
+    jobrecords.check_job_ref(job)
     cfg, _, state = recorded(name, config)
     if slurm_record := _slurm_job(job, state):
         console.print(slurm_cli.stop(slurm_record, cfg.connect_timeout))
         return
     with _the_job(job, name, config) as (state, nodes, record):
         job = record.id
-        if record.state not in jobs.ACTIVE:
+        if record.state not in jobrecords.ACTIVE:
             console.print(f"job {job} is not running ({record.state}); nothing to stop")
             return
-        done = jobs.stop(nodes, record.id)
+        done = jobcontrol.stop(nodes, record.id)
     killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
     how = "its launcher stopped its ranks" if done.ended_by_itself else \
-        f"its launcher did not end within {jobs.STOP_WAIT_S} s"
+        f"its launcher did not end within {jobcontrol.STOP_WAIT_S} s"
     console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
                   + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
 
@@ -509,11 +509,11 @@ def stacks(
     """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
     with _the_job(job, name, config) as (state, nodes, record):
         job = record.id
-        if record.state not in jobs.ACTIVE:
+        if record.state not in jobrecords.ACTIVE:
             raise BadInput(f"job {job} is not running ({record.state})",
                            hint=f"a hung job's stacks, taken when it was stopped, are in "
                                 f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
-        found = jobs.stacks(nodes, job)
+        found = jobcontrol.stacks(nodes, job)
     if not found:
         console.print(f"no rank of job {job} is running a Python script now")
     for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from kit.errors import BadInput
-from kit.supervisor import ENV_DIR, PROGRESS_DIR, Slot, horovodrun
+from kit.supervisor.launch import ENV_DIR, PROGRESS_DIR, Slot, horovodrun
 
 _RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 _FAILED = re.compile(r"Process (\d+) exit with status code (-?\d+)")

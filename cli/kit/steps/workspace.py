@@ -28,7 +28,7 @@ from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, read_input
 from kit.steps.image import file_sha256
 from kit.steps.node import Node
-from kit.supervisor import MANIFEST, parse_manifest
+from kit.supervisor.launch import MANIFEST, parse_manifest
 
 COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 

@@ -1,0 +1,183 @@
+"""Following, interrupting and stopping a job of the cluster (kit run, kit logs -f, kit stop, kit stacks): the
+follower's script and what it prints at the end (END_MARK, then what the supervisor recorded), SIGINT to a job's
+launcher, and what is left of a job stopped on every host."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from kit.commands.docker import command, exec_argv
+from kit.errors import KitError
+from kit.fanout import fan_out
+from kit.steps import workspace
+from kit.steps.node import Node
+from kit.supervisor import heartbeats
+from kit.supervisor.launch import RANKS_MARK, reap_script
+
+
+STOP_WAIT_S = 20
+
+
+END_MARK = "@@kit-job-end"
+
+
+# What the supervisor records at the end, which the follower prints after END_MARK (each existing file after a line
+# `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
+# (supervisor.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
+# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
+ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
+AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
+AFTER_MAX = 64 << 20
+# The most of what follows END_MARK that kit keeps: what ending_script prints (each small file up to 4000 bytes)
+ENDING_MAX = AFTER_MAX + len(ENDING) * 4200
+
+
+def ending_script(d: str) -> str:
+    """sh, for the job's folder d (quoted): each file of ENDING and AFTER that is there, after a line `@@NAME`."""
+    small = f"for f in {' '.join(ENDING)}; do [ -f {d}/$f ] && {{ echo \"@@$f\"; head -c 4000 {d}/$f; echo; }}; done; "
+    return small + f"[ -f {d}/{AFTER} ] && {{ echo '@@{AFTER}'; head -c {AFTER_MAX} {d}/{AFTER}; echo; }}; true"
+
+
+def parse_ending(lines: list[str]) -> dict[str, str]:
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith("@@") and line[2:] in (*ENDING, AFTER):
+            current = found.setdefault(line[2:], [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip() for name, lines in found.items()}
+
+
+def parse_reaped(text: str) -> dict[str, int]:
+    """host -> processes the supervisor stopped, from its `reaped` file (which a rank could write: read strictly)."""
+    found = {}
+    for line in text.splitlines():
+        host, _, count = line.rpartition(" ")
+        if host and count.isascii() and count.isdigit():
+            found[host[:200]] = int(count)
+    return found
+
+
+def parse_after(text: str) -> dict[str, dict[str, str]] | None:
+    """host -> its workspace's manifest at the end, from AFTER; None when it is not whole (kit reads them then)."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        return None
+    return {host: workspace.parse_manifest(text) for host, text in raw.items()}
+
+
+@dataclass
+class End:
+    """The follower's END_MARK line (the job's exit code, or none when its supervisor never came or left none) and
+    what follows it (the ending, ending_script), up to ENDING_MAX. A job can write END_MARK into its own log: the
+    follower's own comes last, so each mark starts the ending anew, and what follows one is never kept unbounded."""
+
+    code: int | None = None
+    seen: bool = False
+    rest: list[str] = field(default_factory=list)
+    kept: int = 0  # the characters in rest
+
+    def feed(self, line: str) -> bool:
+        if line.startswith(END_MARK):
+            value = line[len(END_MARK):].strip()
+            self.code, self.seen = int(value) if re.fullmatch(r"-?\d{1,9}", value) else None, True
+            self.rest, self.kept = [], 0
+            return True
+        if self.seen and self.kept + len(line) < ENDING_MAX:
+            self.rest.append(line)
+            self.kept += len(line) + 1
+        return self.seen
+
+
+def launch_ranks(line: str) -> list[str] | None:
+    """The supervisor's line at each launch: the host of each rank."""
+    return line.split()[1:] if line.startswith(RANKS_MARK + " ") or line == RANKS_MARK else None
+
+
+# A pid a job's file names, read as digits only; it is the job's while that process carries the mark.
+_PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0-9]*) return 1;; esac; "
+        "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
+
+
+def follow_script(folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
+    """sh for the primary's container: the job's output from its line `first` (1: its start) while it runs, then
+    END_MARK and its exit code (none when it left none), and with `ending` what the supervisor recorded at the end
+    (ending_script). Ctrl-C or a dropped session ends the following, never the job."""
+    d, first = shlex.quote(folder), int(first)
+    return (_PID.format(folder=d) +
+            f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
+            f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
+            f"tail -n +{first} -s 0.05 -F --pid=$sup {d}/output.log; "  # running: to its end
+            f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
+            f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\"" +
+            (f"; {ending_script(d)}" if ending else ""))
+
+
+def follow_command(container: str, folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
+    return command(exec_argv(container, ["sh", "-c", follow_script(folder, job_id, first, ending)]))
+
+
+def interrupt_command(container: str, folder: str, job_id: str) -> str:
+    """The job marked as stopped by its user, and SIGINT to its launcher (horovodrun, or the fanout script),
+    which stops its ranks as for Ctrl-C; to that process only if it is still the job's."""
+    d = shlex.quote(folder)
+    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
+        f"date +%s > {d}/stopped; p=$(pid_of pid KIT_JOB={job_id}) && kill -INT $p; true"]))
+
+
+def reap_command(container: str, job_id: str) -> str:
+    """Kill every process in the container that belongs to the job; print how many."""
+    return command(["docker", "exec", container, "sh", "-c", reap_script(job_id)])
+
+
+def reap(nodes: list[Node], job_id: str) -> dict[str, int]:
+    def one(n: Node) -> int:
+        r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
+        return int(r.stdout.strip() or 0) if r.ok else 0
+    counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
+    return {n.name: c for n, c in zip(nodes, counts) if c}
+
+
+def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
+    """(host, rank) -> the rank's Python stack now, on every host at once."""
+    def one(n: Node) -> dict[int, str]:
+        r = n.runner.run(command(exec_argv(n.place.container, heartbeats.stacks_argv(job_id))), timeout=120)
+        return heartbeats.parse_stacks(r.check(f"cannot read the stacks of job {job_id}").stdout)
+    found = fan_out("reading every rank's stack", nodes, one, lambda n: n.name)
+    return {(n.name, rank): text for n, by_rank in zip(nodes, found) for rank, text in by_rank.items()}
+
+
+@dataclass
+class Stopped:
+    ended_by_itself: bool                 # the launcher ended on SIGINT within the bound
+    killed: dict[str, int]                # host -> processes kit had to kill
+
+
+def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
+    """Stop a job everywhere within a bound: SIGINT to its launcher (which stops its ranks), then whatever is left
+    of it on any host, killed; its supervisor, untouched, records the end. nodes[0] is the primary."""
+    primary = nodes[0]
+    folder, container = primary.place.job_dir(job_id), primary.place.container
+    primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
+    d = shlex.quote(folder)
+    gone = command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
+                                         f"for i in $(seq {int(wait * 4)}); do "
+                                         f"pid_of pid KIT_JOB={job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
+    ended = primary.runner.run(gone, timeout=wait + 60).ok
+    return Stopped(ended, reap(nodes, job_id))
+
+
+class Interrupted(KitError):
+    exit_code = 130
+
+    def __init__(self, job_id: str, leftovers: dict[str, int]) -> None:
+        stopped = ", ".join(f"{n} on {h}" for h, n in leftovers.items()) or "none left"
+        super().__init__(f"interrupted: job {job_id} was stopped on every host (processes kit stopped: {stopped})",
+                         hint=f"`kit logs {job_id}` shows its output")
