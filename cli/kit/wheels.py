@@ -174,10 +174,10 @@ def can_pin(group: Group) -> bool:
     return not group.sdist and not any(Requirement(r).url for r in group.requirements + group.along)
 
 
-def pin(group: Group, files: list[Path]) -> dict:
+def pin(group: Group, files: Mapping[str, str]) -> dict:
     """What a pin keeps of a group's resolution: the requirements it was for, and each file's name and sha256."""
     return {"requirements": list(group.requirements), "along": list(group.along),
-            "files": [[f.name, sha256(f)] for f in files]}
+            "files": [[name, digest] for name, digest in files.items()]}
 
 
 def sha256(path: Path) -> str:
@@ -288,7 +288,7 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files,
                                                       pins.path(key)):
                 kept.setdefault(group.folder, True)
-                resolved[key] = pin(group, [dest / name for name in names])
+                resolved[key] = pin(group, names)  # each file checked against it
                 continue
             kept[group.folder] = False
             fresh_below = fresh_below or key is not None
@@ -309,7 +309,7 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
                 new = [dest / f.name for f in new]
             files.setdefault(group.folder, []).extend(new)
             if key:
-                resolved[key] = pin(group, new)
+                resolved[key] = pin(group, {f.name: sha256(f) for f in new})
         _remove_tree(root / ".along")
     return Wheelhouse(root, files, time.monotonic() - started, resolved,
                      tuple(folder for folder, every in kept.items() if every), tuple(dict.fromkeys(unhashed)))
