@@ -157,6 +157,9 @@ class Sources:
         if found.pinned:
             rows.append(("pinned", f"{', '.join(found.pinned)}: the same files as the image built before from these "
                                    f"settings took (delete {wheel_pins().folder} to take the newest instead)"))
+        if found.unhashed:
+            rows.append(("pins", f"{', '.join(found.unhashed)}: resolved anew: an older kit kept no sha256 of the files "
+                                 "the image built before took, so they could not be checked"))
         if self.ca_bundle:
             rows.append(("CA", f"{self.ca_bundle}, trusted in the image"))
         return rows

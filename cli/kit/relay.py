@@ -8,9 +8,13 @@ while it arrives, so kit's own link carries each byte once.
 Trust: all it is told comes from kit over SSH, on stdin (never on a command line,
 which every user of the host can read and which Linux caps at 128 KiB): first the
 layers' sizes and sha256 and the image's config (whose sha256 is the image ID),
-then this host's one-time token and the next hops' addresses and tokens. A peer
-must present this host's token within a few seconds before it is read (strangers
-are checked side by side, so they cannot hold the port); each layer is checked
+then this host's one-time token, the addresses of the hosts before it in the chain
+(any of them may be the one that connects: a host that cannot reach the next one
+goes on to the one after it) and the next hops' addresses and tokens. A connection
+from any other address is closed at once, unread; a peer must present this host's
+token within a few seconds before it is read (strangers are checked side by side,
+so they cannot hold the port). Each host sends from the address kit reaches it at,
+so that its peer knows it by that one; each layer is checked
 against its sha256 here, and Docker checks each layer's content against the
 config. A transfer that fails or is stopped kills `docker load` before the tar
 ends, so Docker keeps nothing of it.
@@ -30,6 +34,7 @@ host failed (docker load refused, or kit went away).
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import select
@@ -93,12 +98,23 @@ class FromKit:
         return os.read(0, size)
 
 
+def same_address(text):
+    """One spelling of an address: an IPv4 peer of an IPv6 listener reads ::ffff:a.b.c.d, a link-local one %eth0."""
+    try:
+        ip = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return text
+    return str(getattr(ip, "ipv4_mapped", None) or ip)
+
+
 class FromPeer:
-    """Every other host reads them from the host before it: the first connection that gives this host's token.
+    """Every other host reads them from the host before it: the first connection from one of `peers` (the addresses
+    of the hosts before it) that gives this host's token; any other is closed at once, before a byte of it is read.
     Connections are read side by side, each for TOKEN_S at most, so strangers on the network cannot hold the port."""
 
-    def __init__(self, listener, token, stall):
+    def __init__(self, listener, token, peers, stall):
         want = token.encode() + b"\n"
+        peers = set(same_address(a) for a in peers)
         deadline = time.monotonic() + stall
         listener.setblocking(False)
         pending = {}  # a connection -> [what it sent so far, until when it may send the rest]
@@ -116,7 +132,7 @@ class FromPeer:
                 ready, _, _ = select.select([listener] + list(pending), [], [], max(wait, 0.01))
                 for r in ready:
                     if r is listener:
-                        self._accept(listener, pending)
+                        self._accept(listener, peers, pending)
                     elif r in pending and self._gave(r, want, pending):  # (not one dropped to make room)
                         conn = r
                         break
@@ -148,10 +164,13 @@ class FromPeer:
         return False
 
     @staticmethod
-    def _accept(listener, pending):
+    def _accept(listener, peers, pending):
         try:
-            c, _ = listener.accept()
+            c, where = listener.accept()
         except OSError:  # gone before it was taken
+            return
+        if same_address(where[0]) not in peers:  # not a host kit named: not one byte of it is read
+            c.close()
             return
         if len(pending) >= PENDING:  # the oldest stranger makes room
             oldest = next(iter(pending))
@@ -170,13 +189,14 @@ class FromPeer:
 
 
 class Next:
-    """The host this one forwards to: the first of `route` that answers; the others are skipped, named."""
+    """The host this one forwards to: the first of `route` that answers; the others are skipped, named. It is sent
+    to from `source`, this host's address as kit knows it: the one the next host accepts (see FromPeer)."""
 
-    def __init__(self, route, stall):
+    def __init__(self, route, stall, source):
         self.conn, self.name, self.sent = None, None, 0
         for name, address, port, token in route:
             try:
-                conn = socket.create_connection((address, port), timeout=CONNECT_S)
+                conn = socket.create_connection((address, port), timeout=CONNECT_S, source_address=(source, 0))
                 conn.settimeout(stall)
                 conn.sendall(token.encode() + b"\n")
             except OSError as e:
@@ -331,8 +351,8 @@ def main():
     if listener is not None:
         watch_kit(abort)
     try:
-        upstream = FromPeer(listener, told["token"], stall) if listener is not None else FromKit(stall)
-        forward = Next(told["next"], stall)
+        upstream = FromPeer(listener, told["token"], told["peers"], stall) if listener is not None else FromKit(stall)
+        forward = Next(told["next"], stall, p["bind"])
         received, last = 0, 0.0
         total = sum(size for _, size, _ in p["blobs"])
         for name, size, sha256 in p["blobs"]:

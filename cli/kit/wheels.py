@@ -9,7 +9,10 @@ they were. So that they stay so when the index has moved on since (a new release
 of one of torch's loose dependencies would change torch's layer, and every host
 would be sent the whole image again), a group whose pip run and sources are those
 of an image built before takes the very files it took then (pins, kept by the
-group's key in state_root()/.wheels).
+group's key in state_root()/.wheels). A pin records the requirements it was
+resolved for and each file's sha256: it serves only a group of the same
+requirements, and a file that pip now gets under a pinned name with another
+sha256 stops the build (an index that changed a release's file in place).
 """
 
 from __future__ import annotations
@@ -171,32 +174,62 @@ def can_pin(group: Group) -> bool:
     return not group.sdist and not any(Requirement(r).url for r in group.requirements + group.along)
 
 
+def pin(group: Group, files: Mapping[str, str]) -> dict:
+    """What a pin keeps of a group's resolution: the requirements it was for, and each file's name and sha256."""
+    return {"requirements": list(group.requirements), "along": list(group.along),
+            "files": [[name, digest] for name, digest in files.items()]}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for part in iter(lambda: f.read(1 << 20), b""):
+            digest.update(part)
+    return digest.hexdigest()
+
+
 class Pins:
-    """The files each group took in an image that was built (its key -> their names), in `folder`."""
+    """The files each group took in an image that was built (its key -> pin(): requirements, names and sha256), in
+    `folder`."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def get(self, key: str) -> list[str] | None:
-        """The names kept for the key; None for none, or for a file that is not a list of wheels' names."""
-        try:
-            names = json.loads((self.folder / f"{key}.json").read_text())
-            if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                for name in names:
-                    parse_wheel_filename(name)
-                return names
-        except (OSError, ValueError):  # InvalidWheelFilename is a ValueError
-            pass
-        return None
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.json"
 
-    def keep(self, resolved: Mapping[str, list[str]]) -> None:
-        """Each key's names, written whole (a file of its own, then renamed: builds side by side each write theirs)."""
+    def get(self, key: str, group: Group) -> dict[str, str] | None:
+        """The files kept for the key (name -> sha256) if they were resolved for the group's requirements; None for
+        none, for another group's, or for a file that is not a pin (an older kit's names without hashes among them)."""
+        try:
+            kept = json.loads(self.path(key).read_text())
+            if not isinstance(kept, dict) or (kept.get("requirements"), kept.get("along")) != (
+                    list(group.requirements), list(group.along)):
+                return None
+            files = {name: digest for name, digest in kept["files"]}
+            for name, digest in files.items():
+                parse_wheel_filename(name)
+                if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                    return None
+            return files
+        except (OSError, ValueError, KeyError, TypeError):  # InvalidWheelFilename is a ValueError
+            return None
+
+    def unhashed(self, key: str) -> bool:
+        """Whether the key's pin is an older kit's: a list of names, with no hash to check the files against."""
+        try:
+            return isinstance(json.loads(self.path(key).read_text()), list)
+        except (OSError, ValueError):
+            return False
+
+    def keep(self, resolved: Mapping[str, dict]) -> None:
+        """Each key's pin, written whole (a file of its own, then renamed: builds side by side each write theirs)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for key, names in resolved.items():
+        for key, kept in resolved.items():
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{key}.")
             with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(names))
-            os.replace(tmp, self.folder / f"{key}.json")
+                f.write(json.dumps(kept))
+            os.replace(tmp, self.path(key))
 
 
 @dataclass
@@ -206,8 +239,9 @@ class Wheelhouse:
     root: Path
     files: dict[str, list[Path]]
     seconds: float = 0.0
-    resolved: dict[str, list[str]] = field(default_factory=dict)  # each pinnable group's key -> its files' names
+    resolved: dict[str, dict] = field(default_factory=dict)  # each pinnable group's key -> its pin (see pin())
     pinned: tuple[str, ...] = ()  # the folders whose files are all those of an image built before
+    unhashed: tuple[str, ...] = ()  # the folders resolved anew because their pins were an older kit's, without hashes
 
     @property
     def size(self) -> int:
@@ -231,7 +265,8 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
     files: dict[str, list[Path]] = {}
-    resolved: dict[str, list[str]] = {}
+    resolved: dict[str, dict] = {}
+    unhashed: list[str] = []
     kept: dict[str, bool] = {}  # folder -> whether each of its groups kept its files
     fresh_below = False  # a group below, that could have kept its files, was resolved anew
     with tempfile.TemporaryDirectory(prefix="kit-pip-") as tmp:
@@ -247,10 +282,13 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             key = group_key(group, target, settings) if can_pin(group) else None
             # A group resolved along the groups below keeps its files only while they keep theirs: its files were
             # what those lacked.
-            names = pins.get(key) if pins and key and not (group.along and fresh_below) else None
-            if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files):
+            names = pins.get(key, group) if pins and key and not (group.along and fresh_below) else None
+            if names is None and pins and key and pins.unhashed(key):
+                unhashed.append(group.folder)
+            if names is not None and _download_pinned(python, group, names, target, dest, pip_env, run, files,
+                                                      pins.path(key)):
                 kept.setdefault(group.folder, True)
-                resolved[key] = names
+                resolved[key] = pin(group, names)  # each file checked against it
                 continue
             kept[group.folder] = False
             fresh_below = fresh_below or key is not None
@@ -271,29 +309,42 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
                 new = [dest / f.name for f in new]
             files.setdefault(group.folder, []).extend(new)
             if key:
-                resolved[key] = [f.name for f in new]
+                resolved[key] = pin(group, {f.name: sha256(f) for f in new})
         _remove_tree(root / ".along")
     return Wheelhouse(root, files, time.monotonic() - started, resolved,
-                     tuple(folder for folder, every in kept.items() if every))
+                     tuple(folder for folder, every in kept.items() if every), tuple(dict.fromkeys(unhashed)))
 
 
-def _download_pinned(python: str, group: Group, names: list[str], target: Target, dest: Path, env: dict[str, str],
-                     run: Run, files: dict[str, list[Path]]) -> bool:
-    """The files a group took before, into dest; False (and none of them) where the sources no longer have one or
-    now give another file for it (a wheel of the same version for another platform tag)."""
+def _download_pinned(python: str, group: Group, names: Mapping[str, str], target: Target, dest: Path,
+                     env: dict[str, str], run: Run, files: dict[str, list[Path]], kept_in: Path) -> bool:
+    """The files a group took before (name -> sha256), into dest; False (and none of them) where the sources no longer
+    have one or now give another file for it (a wheel of the same version for another platform tag). Raises when a
+    file has a pinned name and another sha256: the same release's file changed under kit (none of them is kept)."""
     before = set(dest.iterdir())
+    got: list[Path] = []
     try:
         if names:  # none: its stage's files were all the stages' below
-            _pip(download_argv(python, pinned(group, names), target, dest), env, run, group)
+            _pip(download_argv(python, pinned(group, list(names)), target, dest), env, run, group)
         got = sorted(set(dest.iterdir()) - before)
-        if sorted(f.name for f in got) == sorted(names):
-            files.setdefault(group.folder, []).extend(got)
-            return True
     except KitError:
         pass
+    if sorted(f.name for f in got) == sorted(names):
+        changed = next(((f, digest) for f in got if (digest := sha256(f)) != names[f.name]), None)
+        if changed is None:
+            files.setdefault(group.folder, []).extend(got)
+            return True
+        _remove_new(dest, before)
+        raise KitError(f"{changed[0].name}: pip's sources now give another file of this name than the image built "
+                       f"before took (sha256 {changed[1]}, pinned {names[changed[0].name]})",
+                       hint=f"check that your package index is the one you trust; if that release's file was replaced "
+                            f"on purpose, delete {kept_in} and build again to resolve the {group.folder} group anew")
+    _remove_new(dest, before)
+    return False
+
+
+def _remove_new(dest: Path, before: set[Path]) -> None:
     for f in set(dest.iterdir()) - before:
         f.unlink()
-    return False
 
 
 def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:

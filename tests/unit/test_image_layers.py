@@ -98,7 +98,7 @@ def _relay(env: dict, loaded: Path, listen: bool, blobs: list, stall: float = 10
 
 
 def _told(token: str | None, route: list) -> bytes:
-    return relay.message({"token": token, "next": route})
+    return relay.message({"token": token, "peers": ["127.0.0.1"], "next": route})
 
 
 def _loaded(path: Path) -> dict[str, bytes]:
@@ -176,7 +176,7 @@ def test_a_relay_full_of_strangers_makes_room_and_still_finds_its_peer(monkeypat
         peer = socket.create_connection(address)
         peer.sendall(b"t" * 32 + b"\n" + b"layers")
         try:
-            upstream = relay.FromPeer(listener, "t" * 32, 10)
+            upstream = relay.FromPeer(listener, "t" * 32, ["127.0.0.1"], 10)
             assert upstream.recv(6) == b"layers"
             upstream.conn.close()
         finally:

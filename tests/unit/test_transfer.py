@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kit import transfer
+from kit import cpargs, transfer, untar
 from kit.errors import BadInput, KitError
 from kit.place import Place
 from kit.runners.local import LocalRunner
 from kit.state import HostState
-from kit.transfer import Local, Remote, Target
+from kit.cpargs import Local, Remote
+from kit.untar import Target
 
 WS = "/var/lib/kit/lab/workspace"
 HOSTS = [HostState("gpu-1", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True),
@@ -26,14 +27,14 @@ HOSTS = [HostState("gpu-1", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), pr
 # ---------------------------------------------------------------- what the user typed
 
 def test_host_path_by_name_or_address_relative_to_the_workspace_or_absolute_inside_it():
-    src, dest = transfer.endpoints("gpu-2:checkpoints/model.pt", "out/", HOSTS, WS)
+    src, dest = cpargs.endpoints("gpu-2:checkpoints/model.pt", "out/", HOSTS, WS)
     assert (src.host.name, src.path, src.contents) == ("gpu-2", f"{WS}/checkpoints/model.pt", False)
     assert dest == Local(Path("out/"), "out/", False)
-    src, dest = transfer.endpoints("data", "10.0.0.1:", HOSTS, WS)
+    src, dest = cpargs.endpoints("data", "10.0.0.1:", HOSTS, WS)
     assert src == Local(Path("data"), "data", False) and (dest.host.name, dest.path) == ("gpu-1", WS)
-    src, _ = transfer.endpoints(f"gpu-1:{WS}/runs/./a//b/.", ".", HOSTS, WS)
+    src, _ = cpargs.endpoints(f"gpu-1:{WS}/runs/./a//b/.", ".", HOSTS, WS)
     assert (src.path, src.contents) == (f"{WS}/runs/a/b", True)
-    src, dest = transfer.endpoints("./a:b", "gpu-1:x", HOSTS, WS)  # a colon in a local path: ./ first, as docker cp
+    src, dest = cpargs.endpoints("./a:b", "gpu-1:x", HOSTS, WS)  # a colon in a local path: ./ first, as docker cp
     assert src == Local(Path("a:b"), "./a:b", False) and dest.path == f"{WS}/x"
 
 
@@ -49,7 +50,7 @@ def test_host_path_by_name_or_address_relative_to_the_workspace_or_absolute_insi
 ])
 def test_bad_input_is_named_with_the_fix(src, dest, message, fix):
     with pytest.raises(BadInput) as e:
-        transfer.endpoints(src, dest, HOSTS, WS)
+        cpargs.endpoints(src, dest, HOSTS, WS)
     assert str(e.value).startswith(message) and fix in e.value.hint and e.value.exit_code == 2
 
 
@@ -57,15 +58,15 @@ def test_where_a_copy_lands_here_follows_docker_cp(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     here = lambda s: Local(Path(s), s, s.endswith("/."))  # noqa: E731
-    assert transfer.local_target(here(f"{tmp_path}/dir"), "ckpt", False) == Target(tmp_path / "dir", "ckpt")
-    assert transfer.local_target(here(f"{tmp_path}/dir"), "ckpt", True) == Target(tmp_path / "dir", "")
-    assert transfer.local_target(here(f"{tmp_path}/new"), "ckpt", False) == Target(tmp_path, "new")
-    assert transfer.local_target(here(f"{tmp_path}/file"), "ckpt", False) == Target(tmp_path, "file", onto_file=True)
+    assert cpargs.local_target(here(f"{tmp_path}/dir"), "ckpt", False) == Target(tmp_path / "dir", "ckpt")
+    assert cpargs.local_target(here(f"{tmp_path}/dir"), "ckpt", True) == Target(tmp_path / "dir", "")
+    assert cpargs.local_target(here(f"{tmp_path}/new"), "ckpt", False) == Target(tmp_path, "new")
+    assert cpargs.local_target(here(f"{tmp_path}/file"), "ckpt", False) == Target(tmp_path, "file", onto_file=True)
     for dest, message in ((f"{tmp_path}/new/", "no such folder"), (f"{tmp_path}/no/new", "does not exist")):
         with pytest.raises(BadInput, match=message):
-            transfer.local_target(here(dest), "ckpt", False)
+            cpargs.local_target(here(dest), "ckpt", False)
     with pytest.raises(BadInput, match="contents go into a folder"):
-        transfer.local_target(here(f"{tmp_path}/file"), "ckpt", True)
+        cpargs.local_target(here(f"{tmp_path}/file"), "ckpt", True)
 
 
 # ---------------------------------------------------------------- a hostile tar stream
@@ -113,7 +114,7 @@ def test_a_hostile_stream_lands_nothing_outside_the_destination(tmp_path):
     tar = hostile_tar(tmp_path / "h.tar")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     stream = LocalRunner("h").read_out(f"cat {tar}", 10)
-    done = transfer.unpack(stream, Target(dest, "ckpt"), host="h")
+    done = untar.unpack(stream, Target(dest, "ckpt"), host="h")
     assert stream.result().ok
     left = dict(done.left_out)
     assert left == {
@@ -153,7 +154,7 @@ def test_the_modes_that_came_are_cut_by_the_users_umask(tmp_path, umask, folder,
     (dest / "ckpt").mkdir(parents=True, mode=0o700)
     before = os.umask(umask)
     try:
-        transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(dest, "ckpt"))
+        untar.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(dest, "ckpt"))
     finally:
         os.umask(before)
     modes = [stat.S_IMODE((dest / p).stat().st_mode) for p in ("ckpt", "ckpt/sub", "ckpt/model.pt")]
@@ -167,13 +168,13 @@ def test_a_folder_onto_a_file_is_refused_and_a_file_replaces_a_link_without_writ
         member(t, "ckpt/a", data=b"a")
     (tmp_path / "file").write_text("mine")
     with pytest.raises(BadInput, match="is a file: a folder cannot be copied onto it"):
-        transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "file", onto_file=True))
+        untar.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "file", onto_file=True))
     assert (tmp_path / "file").read_text() == "mine"
     with tarfile.open(tar, "w") as t:
         member(t, "model.pt", data=b"new")
     (tmp_path / "secret").write_text("keep")
     (tmp_path / "model.pt").symlink_to(tmp_path / "secret")
-    transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "model.pt", onto_file=True))
+    untar.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "model.pt", onto_file=True))
     assert (tmp_path / "secret").read_text() == "keep" and (tmp_path / "model.pt").read_bytes() == b"new"
     assert not (tmp_path / "model.pt").is_symlink()
 
@@ -201,7 +202,7 @@ def test_a_long_name_or_pax_header_is_refused_before_it_is_read_into_memory(tmp_
         info.type, info.size = kind, 64 << 20
         stream = Endless(info.tobuf(tarfile.GNU_FORMAT), b"a" * 512)
         with pytest.raises(KitError, match="not a whole tar stream .*a header of 67108864 bytes"):
-            transfer.unpack(stream, Target(tmp_path, "x"), host="h")
+            untar.unpack(stream, Target(tmp_path, "x"), host="h")
         assert stream.sent < 1 << 20
 
 
@@ -218,7 +219,7 @@ def test_a_stream_of_members_left_out_is_not_held_in_memory(tmp_path):
     tar.write_bytes(folder.tobuf(tarfile.GNU_FORMAT) + device.tobuf(tarfile.GNU_FORMAT) * n + b"\0" * 1024)
     tracemalloc.start()
     try:
-        done = transfer.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "ckpt"))
+        done = untar.unpack(LocalRunner("h").read_out(f"cat {tar}", 10), Target(tmp_path, "ckpt"))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -228,13 +229,13 @@ def test_a_stream_of_members_left_out_is_not_held_in_memory(tmp_path):
 
 def test_what_is_not_a_tar_stream_is_an_error_naming_the_host(tmp_path):
     with pytest.raises(KitError, match=r"^h2: what came is not a whole tar stream"):
-        transfer.unpack(LocalRunner("h2").read_out("printf 'not a tar'", 10), Target(tmp_path, "x"), host="h2")
+        untar.unpack(LocalRunner("h2").read_out("printf 'not a tar'", 10), Target(tmp_path, "x"), host="h2")
 
 
 def test_a_silent_host_stops_the_copy_within_its_bound(tmp_path, monkeypatch):
-    monkeypatch.setattr(transfer, "STALL_S", 1)
-    with pytest.raises(transfer.Stalled, match="h3: no byte came"):
-        transfer.unpack(LocalRunner("h3").read_out("sleep 30", 1), Target(tmp_path, "x"), host="h3")
+    monkeypatch.setattr(untar, "STALL_S", 1)
+    with pytest.raises(untar.Stalled, match="h3: no byte came"):
+        untar.unpack(LocalRunner("h3").read_out("sleep 30", 1), Target(tmp_path, "x"), host="h3")
 
 
 # ---------------------------------------------------------------- the container's side, run in sh here
@@ -274,7 +275,7 @@ def test_a_folder_goes_to_a_host_as_a_stream_and_lands_whole(tmp_path):
     assert sh(transfer.PROBE, str(ws)).stdout == b"folder\n"
     assert sh(transfer.PROBE, str(ws / "new")).stdout == b"none\n"
     assert sh(transfer.PROBE, str(ws / "no" / "new")).stdout == b"noparent\n"
-    into, name = transfer.remote_target("folder", dest, Local(src, str(src), False))
+    into, name = cpargs.remote_target("folder", dest, Local(src, str(src), False))
     stream = b"".join(transfer.tar_chunks(src, name))
     r = sh(transfer.UNPACK, into, str(ws), stdin=stream)
     assert r.returncode == 0, r.stderr
@@ -292,15 +293,15 @@ def test_where_a_copy_lands_on_a_host_follows_docker_cp(tmp_path):
     (tmp_path / "f").write_text("x")
     at = lambda p: Remote(HOSTS[0], f"{WS}/{p}".rstrip("/"), f"gpu-1:{p}", p.endswith("/."))  # noqa: E731
     folder, file = Local(tmp_path / "d", str(tmp_path / "d"), False), Local(tmp_path / "f", str(tmp_path / "f"), False)
-    assert transfer.remote_target("folder", at("runs"), folder) == (f"{WS}/runs", "d")
-    assert transfer.remote_target("folder", at("runs"), Local(tmp_path / "d", f"{tmp_path}/d/.", True)) == \
+    assert cpargs.remote_target("folder", at("runs"), folder) == (f"{WS}/runs", "d")
+    assert cpargs.remote_target("folder", at("runs"), Local(tmp_path / "d", f"{tmp_path}/d/.", True)) == \
         (f"{WS}/runs", "")
-    assert transfer.remote_target("none", at("runs/new"), file) == (f"{WS}/runs", "new")
-    assert transfer.remote_target("file", at("runs/f"), file) == (f"{WS}/runs", "f")
+    assert cpargs.remote_target("none", at("runs/new"), file) == (f"{WS}/runs", "new")
+    assert cpargs.remote_target("file", at("runs/f"), file) == (f"{WS}/runs", "f")
     with pytest.raises(BadInput, match="a folder cannot be copied onto it"):
-        transfer.remote_target("file", at("runs/f"), folder)
+        cpargs.remote_target("file", at("runs/f"), folder)
     with pytest.raises(BadInput, match=f"the folder {WS}/no does not exist on gpu-1"):
-        transfer.remote_target("noparent", at("no/new"), file)
+        cpargs.remote_target("noparent", at("no/new"), file)
 
 
 # ---------------------------------------------------------------- kit exec's byte path

@@ -262,8 +262,8 @@ def test_a_kept_file_the_sources_now_replace_with_another_of_the_same_version_is
     again = wheels.resolve(tf, TARGET, offline, tmp_path / "b", env=env, pins=pins)
     taken = sorted(f.name for f in again.files["tf"])
     assert "numpy-2.4.6-cp311-cp311-manylinux_2_34_x86_64.whl" in taken
-    assert sorted(n for names in again.resolved.values() for n in names if n.startswith(("numpy", "tensorflow",
-                                                                                         "tf_keras"))) == taken
+    assert sorted(n for pin in again.resolved.values() for n, _ in pin["files"] if n.startswith(("numpy", "tensorflow",
+                                                                                                  "tf_keras"))) == taken
 
 
 def test_a_groups_key_follows_its_pip_run_and_sources_but_not_an_index_credential():
@@ -277,14 +277,19 @@ def test_a_groups_key_follows_its_pip_run_and_sources_but_not_an_index_credentia
     assert key != wheels.group_key(group, other, PipSettings({"index-url": "https://me:token1@pypi.example/simple"}))
 
 
-def test_a_pins_file_that_is_not_a_list_of_wheels_is_no_pin(tmp_path):
+def test_a_pins_file_that_is_not_a_pin_is_no_pin(tmp_path):
     pins = wheels.Pins(tmp_path)
-    pins.keep({"a": ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl"]})
-    assert pins.get("a") == ["numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl"]
-    for text in ('"abc"', '["abc"]', "{", "[1]"):
+    group = Group("tf", ("numpy",))
+    wheel = "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl"
+    pins.keep({"a": {"requirements": ["numpy"], "along": [], "files": [[wheel, "0" * 64]]}})
+    assert pins.get("a", group) == {wheel: "0" * 64}
+    for text in ('"abc"', '["abc"]', "{", "[1]", '{"requirements": ["numpy"], "along": [], "files": [["abc", "0"]]}',
+                 '{"requirements": ["numpy"], "along": [], "files": [["%s", "no hash"]]}' % wheel):
         (tmp_path / "b.json").write_text(text)
-        assert pins.get("b") is None
-    assert pins.get("missing") is None and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+        assert pins.get("b", group) is None
+    assert pins.get("missing", group) is None and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+    (tmp_path / "old.json").write_text(f'["{wheel}"]')  # an older kit's: names only
+    assert pins.get("old", group) is None and pins.unhashed("old") and not pins.unhashed("a")
 
 
 def test_a_group_is_pinned_by_each_wheels_name_and_version_and_never_one_from_a_url_or_a_source_archive():

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from kit import transfer
+from kit import cpargs, transfer
 from kit.cli.common import CONFIG, NAME, app, connector, console, err_console, need_state, recorded, reports_errors
 from kit.steps.preflight import recorded_nodes
 
@@ -49,16 +49,16 @@ def cp(
     that leads out of the copy is left out (and named)."""
     cfg, identity, state = recorded(name, config)
     state = need_state(cfg, identity, state)
-    source, target = transfer.endpoints(src, dest, state.hosts, state.workspace)
-    if isinstance(source, transfer.Remote):
+    source, target = cpargs.endpoints(src, dest, state.hosts, state.workspace)
+    if isinstance(source, cpargs.Remote):
         _download(cfg, state, source, target)
     else:
         _upload(cfg, state, source, target)
 
 
-def _download(cfg, state, source: transfer.Remote, dest: transfer.Local) -> None:
-    name = transfer.source_name(source)
-    landing = transfer.local_target(dest, name, source.contents)  # bad input is found before the host is contacted
+def _download(cfg, state, source: cpargs.Remote, dest: cpargs.Local) -> None:
+    name = cpargs.source_name(source)
+    landing = cpargs.local_target(dest, name, source.contents)  # bad input is found before the host is contacted
     (node,) = recorded_nodes([source.host], connector(cfg.connect_timeout))
     try:
         with _progress(f"{source.host.name} -> here") as on_bytes:
@@ -74,8 +74,8 @@ def _download(cfg, state, source: transfer.Remote, dest: transfer.Local) -> None
         err_console.print(f"[yellow]left out[/] {done.left_out_count - SHOWN_LEFT_OUT} more")
 
 
-def _upload(cfg, state, source: transfer.Local, dest: transfer.Remote) -> None:
-    transfer.local_source(source)
+def _upload(cfg, state, source: cpargs.Local, dest: cpargs.Remote) -> None:
+    cpargs.local_source(source)
     (node,) = recorded_nodes([dest.host], connector(cfg.connect_timeout))
     try:
         with _progress(f"here -> {dest.host.name}") as on_bytes:

@@ -275,8 +275,9 @@ def _run_chain(hops: list[Hop], layers: Layers, start: int, pool: ThreadPoolExec
     else:
         for i, h in enumerate(live):
             route = [[n.name, n.node.address, n.port, n.token] for n in live[i + 1:]]
+            peers = [n.node.address for n in live[:i]]  # any of them may connect: each goes on past hosts it cannot reach
             try:
-                h.talk.send(relay.message({"token": None if h is hops[0] else h.token, "next": route}))
+                h.talk.send(relay.message({"token": None if h is hops[0] else h.token, "peers": peers, "next": route}))
             except OSError as e:
                 h.end("failed", f"kit could not talk to its relay ({e})")
     readers = [pool.submit(_follow, h, by_name, total, progress, stall, route_around) for h in live]
