@@ -31,14 +31,8 @@ END_MARK = "@@kit-job-end"
 ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
 AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
 AFTER_MAX = 64 << 20
-# The most of what follows END_MARK that kit keeps: what ending_script prints (each small file up to 4000 bytes)
+# The most of what follows END_MARK that kit keeps: FOLLOW_SCRIPT's ending (each small file up to 4000 bytes)
 ENDING_MAX = AFTER_MAX + len(ENDING) * 4200
-
-
-def ending_script(d: str) -> str:
-    """sh, for the job's folder d (quoted): each file of ENDING and AFTER that is there, after a line `@@NAME`."""
-    small = f"for f in {' '.join(ENDING)}; do [ -f {d}/$f ] && {{ echo \"@@$f\"; head -c 4000 {d}/$f; echo; }}; done; "
-    return small + f"[ -f {d}/{AFTER} ] && {{ echo '@@{AFTER}'; head -c {AFTER_MAX} {d}/{AFTER}; echo; }}; true"
 
 
 def parse_ending(lines: list[str]) -> dict[str, str]:
@@ -76,7 +70,7 @@ def parse_after(text: str) -> dict[str, dict[str, str]] | None:
 @dataclass
 class End:
     """The follower's END_MARK line (the job's exit code, or none when its supervisor never came or left none) and
-    what follows it (the ending, ending_script), up to ENDING_MAX. A job can write END_MARK into its own log: the
+    what follows it (the ending, FOLLOW_SCRIPT's), up to ENDING_MAX. A job can write END_MARK into its own log: the
     follower's own comes last, so each mark starts the ending anew, and what follows one is never kept unbounded."""
 
     code: int | None = None
@@ -101,23 +95,103 @@ def launch_ranks(line: str) -> list[str] | None:
     return line.split()[1:] if line.startswith(RANKS_MARK + " ") or line == RANKS_MARK else None
 
 
-# A pid a job's file names, read as digits only; it is the job's while that process carries the mark.
-_PID = ("pid_of() {{ read -r p < {folder}/$1 2>/dev/null; case \"$p\" in ''|*[!0-9]*) return 1;; esac; "
-        "tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx \"$2\" && echo $p; }}; ")
+# A job's supervisor and launcher, from the process table (never from a file of the job's folder, which the job can
+# write): sup_of ID: the process carrying KIT_SUPERVISOR=ID whose command line ends with the job's plan; launcher_of
+# ID: its child carrying KIT_JOB=ID.
+_PID = ("sup_of() {{ for p in /proc/[0-9]*; do [ \"$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1)\" = {folder}/plan.json ] "
+        "&& tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"KIT_SUPERVISOR=$1\" && echo ${{p#/proc/}} && return 0; done; "
+        "return 1; }}; launcher_of() {{ s=$(sup_of $1) || return 1; for p in /proc/[0-9]*; do "
+        "sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx \"$s\" && "
+        "tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"KIT_JOB=$1\" && echo ${{p#/proc/}} && return 0; done; return 1; }}; ")
 
 
 def follow_script(folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
     """sh for the primary's container: the job's output from its line `first` (1: its start) while it runs, then
     END_MARK and its exit code (none when it left none), and with `ending` what the supervisor recorded at the end
-    (ending_script). Ctrl-C or a dropped session ends the following, never the job."""
-    d, first = shlex.quote(folder), int(first)
-    return (_PID.format(folder=d) +
-            f"i=0; while [ ! -s {d}/supervisor ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
-            f"if sup=$(pid_of supervisor KIT_SUPERVISOR={job_id}); then "
-            f"tail -n +{first} -s 0.05 -F --pid=$sup {d}/output.log; "  # running: to its end
-            f"else tail -n +{first} {d}/output.log; fi 2>/dev/null; "  # ended (or never started): as it is
-            f"read -r code < {d}/exit 2>/dev/null; echo \"{END_MARK} $code\"" +
-            (f"; {ending_script(d)}" if ending else ""))
+    (FOLLOW_SCRIPT). Ctrl-C or a dropped session ends the following, never the job."""
+    mode = "ending" if ending else "follow"
+    return "exec " + shlex.join(["python", "-I", "-c", FOLLOW_SCRIPT, folder, job_id, str(int(first)), mode])
+
+
+def log_command(container: str, folder: str) -> str:
+    """`kit logs` without -f: the job's output as it is now (FOLLOW_SCRIPT's mode log)."""
+    return command(exec_argv(container, ["python", "-I", "-c", FOLLOW_SCRIPT, folder, "", "1", "log"]))
+
+
+# Runs in the primary's container (python -I: the workspace is no module's folder): a job's output.log from line
+# `first`, read as a regular file only, never through a link (a FIFO or /dev/zero there is said, not read); mode
+# log: what is there now; follow: while the job's supervisor runs (from the process table), then END_MARK and the
+# first line of `exit`; ending: then each ENDING file and AFTER that is a regular file, after a line `@@NAME`.
+FOLLOW_SCRIPT = r"""
+import os, stat, sys, time
+folder, job, first, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+plan, out = os.path.join(folder, "plan.json").encode(), sys.stdout.buffer
+def alive():
+    for pid in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if not pid.isdigit() or f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1] != plan:
+                    continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if ("KIT_SUPERVISOR=" + job).encode() in f.read(1 << 20).split(b"\0"):
+                    return True
+        except OSError:
+            pass
+    return False
+def opened(name):
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return os.fdopen(fd, "rb")
+    os.close(fd)
+    return None
+def lines(log, running):
+    skip, last, checked = first - 1, b"\n", time.monotonic()
+    left = None if running else os.fstat(log.fileno()).st_size  # (as it is now: not what a job adds while read)
+    while True:
+        block = log.read(1 << 16 if left is None else min(1 << 16, left))
+        if not block:
+            if left is not None or not running:
+                break
+            if time.monotonic() - checked > 1:
+                running, checked = alive(), time.monotonic()
+            time.sleep(0.05)
+            continue
+        left = None if left is None else left - len(block)
+        while skip and block:
+            cut = block.find(b"\n")
+            block, skip = (b"", skip) if cut < 0 else (block[cut + 1:], skip - 1)
+        if block:
+            out.write(block)
+            out.flush()
+            last = block[-1:]
+    if last != b"\n":
+        out.write(b"\n")
+for i in range(200):  # its supervisor, coming
+    if mode == "log" or alive() or opened("exit"):
+        break
+    time.sleep(0.05)
+log = opened("output.log")
+if log is None:
+    if os.path.lexists(os.path.join(folder, "output.log")):
+        out.write(b"kit: the job's output.log is not a regular file (a link, a FIFO): not read\n")
+    while mode != "log" and alive():  # (its end is still what the follower waits for)
+        time.sleep(1)
+else:
+    lines(log, mode != "log" and alive())
+if mode != "log":
+    code = opened("exit")
+    out.write(b"@END_MARK@ " + (code.read(100).split(b"\n")[0].strip() if code else b"") + b"\n")
+if mode == "ending":
+    for name, size in [(n, 4000) for n in @ENDING@] + [("@AFTER@", @AFTER_MAX@)]:
+        f = opened(name)
+        if f:
+            out.write(b"@@" + name.encode() + b"\n" + f.read(size) + b"\n")
+out.flush()
+""".replace("@END_MARK@", END_MARK).replace("@ENDING@", repr(ENDING)).replace("@AFTER@", AFTER).replace(
+    "@AFTER_MAX@", str(AFTER_MAX))
 
 
 def follow_command(container: str, folder: str, job_id: str, first: int = 1, ending: bool = False) -> str:
@@ -128,8 +202,8 @@ def interrupt_command(container: str, folder: str, job_id: str) -> str:
     """The job marked as stopped by its user, and SIGINT to its launcher (horovodrun, or the fanout script),
     which stops its ranks as for Ctrl-C; to that process only if it is still the job's."""
     d = shlex.quote(folder)
-    return command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
-        f"date +%s > {d}/stopped; p=$(pid_of pid KIT_JOB={job_id}) && kill -INT $p; true"]))
+    return command(exec_argv(container, ["timeout", "-s", "KILL", "50", "sh", "-c", _PID.format(folder=d) +
+        f"rm -rf {d}/stopped; date +%s > {d}/stopped; p=$(launcher_of {job_id}) && kill -INT $p; true"]))
 
 
 def reap_command(container: str, job_id: str) -> str:
@@ -167,9 +241,9 @@ def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
     folder, container = primary.place.job_dir(job_id), primary.place.container
     primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
     d = shlex.quote(folder)
-    gone = command(exec_argv(container, ["sh", "-c", _PID.format(folder=d) +
-                                         f"for i in $(seq {int(wait * 4)}); do "
-                                         f"pid_of pid KIT_JOB={job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
+    gone = command(exec_argv(container, ["timeout", "-s", "KILL", str(int(wait) + 30), "sh", "-c", _PID.format(folder=d) +
+                                         f"end=$(($(date +%s) + {int(wait)})); while [ $(date +%s) -lt $end ]; do "
+                                         f"launcher_of {job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
     ended = primary.runner.run(gone, timeout=wait + 60).ok
     return Stopped(ended, reap(nodes, job_id))
 

@@ -18,10 +18,12 @@ ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job
 
 
 # Runs in the primary's container (the job's own realm: what a rank wrote there is read there, as text, with no
-# link followed): one JSON line a job folder.
+# link followed, regular files only): one JSON line a job folder, the newest RECORDS_MAX folders of kit's job ids,
+# newest first, until RECORDS_BYTES are printed. A job is alive while its supervisor is in the process table.
+RECORDS_MAX, RECORDS_BYTES = 200, 1 << 20
 RECORDS_SCRIPT = r"""
-import json, os, stat, sys
-root = sys.argv[1]
+import json, os, re, stat, sys
+root, printed = sys.argv[1], 0
 def read(folder, name):
     try:
         fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -29,22 +31,37 @@ def read(folder, name):
         return None
     with os.fdopen(fd, "rb") as f:
         return f.read(4096).decode("utf-8", "replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
-def carries(pid, mark):
-    try:
-        with open("/proc/%d/environ" % int(pid), "rb") as f:
-            return mark.encode() in f.read().split(b"\0")
-    except (OSError, ValueError):
-        return False
-for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+def supervisors():
+    live = set()
+    for pid in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                last = f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1].decode("utf-8", "replace")
+            if not pid.isdigit() or not last.startswith(root + "/"):
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                marks = [v[15:].decode("utf-8", "replace") for v in f.read(1 << 20).split(b"\0")
+                         if v.startswith(b"KIT_SUPERVISOR=")]
+        except OSError:
+            continue
+        live.update(m for m in marks if last == os.path.join(root, m, "plan.json"))
+    return live
+live = supervisors()
+names = [n for n in os.listdir(root) if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", n)] if os.path.isdir(root) else []
+for name in sorted(names, reverse=True)[:@RECORDS_MAX@]:
     folder = os.path.join(root, name)
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
     record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment", "restarts",
                                            "left_out", "hang", "phase")}
     record.update(id=name, stopped=read(folder, "stopped") is not None, planned=read(folder, "plan.json") is not None,
-                  alive=carries(read(folder, "supervisor") or "", "KIT_SUPERVISOR=" + name))
-    print(json.dumps(record))
-"""
+                  alive=name in live)
+    line = json.dumps(record)
+    printed += len(line) + 1
+    if printed > @RECORDS_BYTES@:
+        break
+    print(line)
+""".replace("@RECORDS_MAX@", str(RECORDS_MAX)).replace("@RECORDS_BYTES@", str(RECORDS_BYTES))
 
 
 def _int(text: str | None) -> int | None:
@@ -83,12 +100,12 @@ class Record:
     def state(self) -> str:
         """pending -> running (-> restarting -> running ...) (-> stopping) -> succeeded | failed | stopped; lost when
         neither its supervisor nor its end is there (its container was removed or restarted under it)."""
+        if self.alive:  # (an exit record counts once no supervisor of the job lives: the job can write one)
+            return "stopping" if self.stopped else "restarting" if self.restarting else "running"
         if self.exit_code is not None:
             if self.stopped:
                 return "stopped"
             return "succeeded" if self.exit_code == 0 else "failed"
-        if self.alive:
-            return "stopping" if self.stopped else "restarting" if self.restarting else "running"
         if self.stopped:
             return "stopped"
         return "pending" if self.planned and self.started is None else "lost"
@@ -100,7 +117,7 @@ class Record:
 
 
 def records_command(container: str, jobs_dir: str) -> str:
-    return command(exec_argv(container, ["python", "-c", RECORDS_SCRIPT, jobs_dir]))
+    return command(exec_argv(container, ["timeout", "-s", "KILL", "50", "python", "-I", "-c", RECORDS_SCRIPT, jobs_dir]))
 
 
 def read_records(primary: Node) -> list[Record]:

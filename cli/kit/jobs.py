@@ -99,7 +99,7 @@ class Job:
 
     def start_command(self) -> str:
         """supervisor.start in the primary's container: kit's one conversation that starts the job (see there)."""
-        return command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-c", SUPERVISOR,
+        return command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-I", "-c", SUPERVISOR,
                         "--start"])
 
     def request(self, follow: str | None, others: list[Node] = (), files: dict[str, str] | None = None) -> bytes:
@@ -126,7 +126,7 @@ SUPERVISOR = shipped.source()
 
 
 def free_port(node: Node) -> int:
-    r = node.runner.run(command(exec_argv(node.place.container, ["python", "-c", FREE_PORT])))
+    r = node.runner.run(command(exec_argv(node.place.container, ["python", "-I", "-c", FREE_PORT])))
     return int(r.check("cannot find a free TCP port in the container").stdout.strip())
 
 

@@ -30,6 +30,7 @@ def test_cpu_container():
         "--net=host", "--ipc=host", "--ulimit", "memlock=-1:-1", "--restart", "unless-stopped",
         "-v", "/var/lib/kit/lab/ssh:/etc/kit/ssh:ro", "-v", "/var/lib/kit/lab/jobs:/var/lib/kit/lab/jobs",
         "-v", "/var/lib/kit/lab/workspace:/var/lib/kit/lab/workspace", "-w", "/var/lib/kit/lab/workspace",
+        "--tmpfs", "/run/kit:rw,nosuid,nodev,noexec,mode=0700,size=64m",
         "-e", "KIT_SSH_PORT=12345", "-e", "KIT_CLUSTER=lab", "kit-horovod:cpu-0123456789ab"]
 
 
@@ -62,6 +63,7 @@ def test_local_cluster_containers_have_own_names_folders_and_fixed_addresses():
         "-v", "/var/lib/kit/demo/local-2/ssh:/etc/kit/ssh:ro",
         "-v", "/var/lib/kit/demo/local-2/jobs:/var/lib/kit/demo/local-2/jobs",
         "-v", "/var/lib/kit/demo/workspace:/var/lib/kit/demo/workspace", "-w", "/var/lib/kit/demo/workspace",
+        "--tmpfs", "/run/kit:rw,nosuid,nodev,noexec,mode=0700,size=64m",
         "-e", "KIT_SSH_PORT=12345", "-e", "KIT_CLUSTER=demo", "img:1"]
     assert network_create_argv(LOCAL_PLACES["local-1"], "demo") == [
         "docker", "network", "create", "--driver", "bridge", "--subnet", "10.213.4.0/24",

@@ -126,7 +126,7 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
     job = Job("j1", state, 1, (Slot("a", "10.0.0.1", 1),), (), ("python", "-u", "t.py"),
               HorovodOptions(start_timeout=90))
     launch = shlex.split(job.start_command())
-    assert launch[:6] == ["docker", "exec", "-i", "kit-lab", "python", "-c"] and launch[-1] == "--start"
+    assert launch[:7] == ["docker", "exec", "-i", "kit-lab", "python", "-I", "-c"] and launch[-1] == "--start"
     request = json.loads(job.request(None))
     assert request["env"] == {"KIT_SUPERVISOR": "j1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "90"}
     assert request["folder"] == job.folder == "/var/lib/kit/lab/jobs/j1" and request["follow"] is None

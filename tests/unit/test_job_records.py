@@ -3,9 +3,9 @@ in the primary's container (run here on a folder of the same files)."""
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,7 +48,7 @@ def test_duration_runs_until_the_end():
 def run_reader(root) -> list[Record]:
     r = subprocess.run([sys.executable, "-c", RECORDS_SCRIPT, str(root)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    return [Record.parse(line) for line in r.stdout.splitlines()]
+    return sorted((Record.parse(line) for line in r.stdout.splitlines()), key=lambda rec: rec.id)
 
 
 def write(folder, **files):
@@ -58,7 +58,9 @@ def write(folder, **files):
 
 
 def test_the_reader_gives_each_folders_record(tmp_path):
-    supervisor = subprocess.Popen(["sleep", "60"], env={"KIT_SUPERVISOR": "20261123-110000-bbbb"})
+    # (a supervisor, as the process table shows one: the job's mark, and its plan last on its command line)
+    supervisor = subprocess.Popen(["sh", "-c", "sleep 60", "sh", f"{tmp_path}/20261123-110000-bbbb/plan.json"],
+                                  env={"KIT_SUPERVISOR": "20261123-110000-bbbb"})
     write(tmp_path / "20261123-100000-aaaa", launcher="torchrun\n", ranks="a a b\n", started="100\n", ended="160\n",
           exit="0\n", pid="999999999\n", environment="NCCL_DEBUG=INFO, HF_TOKEN=(hidden)\n")
     write(tmp_path / "20261123-110000-bbbb", launcher="horovod\n", ranks="a b\n", started="200\n",
@@ -119,28 +121,27 @@ def test_following_a_job_that_never_started_or_left_no_code_says_so(tmp_path):
 
 
 def test_stop_signals_the_launcher_only_while_it_is_the_jobs(tmp_path):
-    """interrupt_command's shell, run here: SIGINT goes to the pid in the job's file only when that process
-    carries the job's mark; a pid used again by another process (after a container restart), or junk, is left."""
+    """interrupt_command's shell, run here: SIGINT goes to the job's launcher as the process table shows it (the child,
+    carrying KIT_JOB, of the process carrying KIT_SUPERVISOR whose command line ends with the job's plan); the job's
+    pid file, which the job can write or make a FIFO, is not read, and another process of the job is left."""
     folder = tmp_path / "j1"
     folder.mkdir()
-    script = shlex.split(jobcontrol.interrupt_command("kit-lab", str(folder), "j1"))[-1]
-    assert jobcontrol.interrupt_command("kit-lab", str(folder), "j1").startswith("docker exec kit-lab sh -c ")
-    # SIGINT as a launcher in a container gets it (whatever started the tests: a background job ignores SIGINT)
-    default = dict(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    other = subprocess.Popen(["sleep", "60"], **default)
-    mine = subprocess.Popen(["sleep", "60"], env={"KIT_JOB": "j1"}, **default)
+    cmd = jobcontrol.interrupt_command("kit-lab", str(folder), "j1")
+    assert cmd.startswith("docker exec kit-lab timeout -s KILL 50 sh -c ")
+    script = shlex.split(cmd)[-1]
+    os.mkfifo(folder / "pid")
+    launcher = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", launcher], env={"KIT_JOB": "j1"})
+    supervisor = subprocess.Popen(["sh", "-c", f"env KIT_JOB=j1 {sys.executable} -c '{launcher}' & wait", "sh",
+                                   f"{folder}/plan.json"], env={"KIT_SUPERVISOR": "j1", "PATH": os.environ["PATH"]})
     try:
-        for pid in (str(other.pid), "-1", f"{other.pid} {mine.pid}"):
-            (folder / "pid").write_text(pid + "\n")
-            subprocess.run(["sh", "-c", script], timeout=30, check=True)
-            assert other.poll() is None and mine.poll() is None, pid
-        (folder / "pid").write_text(f"{mine.pid}\n")
+        time.sleep(1)
         subprocess.run(["sh", "-c", script], timeout=30, check=True)
-        assert mine.wait(timeout=10) != 0 and other.poll() is None
+        assert supervisor.wait(timeout=10) == 0 and other.poll() is None  # (its launcher ended: the wait did)
         assert (folder / "stopped").read_text().strip().isdigit()
     finally:
         other.kill()
-        mine.kill()
+        supervisor.kill()
 
 
 class FollowHere:

@@ -34,6 +34,9 @@ class ContainerSpec:
         return [*p.network_options(), *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
                 "-v", f"{p.ssh_dir}:{CONTAINER_SSH_DIR}:ro", "-v", f"{p.jobs_dir}:{p.jobs_dir}",
                 "-v", f"{c.workspace_path}:{c.workspace_path}", *mounts, "-w", c.workspace_path,
+                # kit's files of a running job (its variables, its ranks' heartbeats): in memory, root's alone, gone
+                # with the container, on no layer of it
+                "--tmpfs", "/run/kit:rw,nosuid,nodev,noexec,mode=0700,size=64m",
                 "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus]
 
     @property

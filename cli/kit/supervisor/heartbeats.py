@@ -55,7 +55,7 @@ for rank, pid, proc in ranks:
 
 
 def stacks_argv(job_id: str) -> list[str]:
-    return ["python", "-c", STACKS, job_id, PROGRESS_DIR]
+    return ["python", "-I", "-c", STACKS, job_id, PROGRESS_DIR]
 
 
 def parse_stacks(text: str) -> dict[int, str]:

@@ -145,14 +145,45 @@ def reap_script(job_id: str) -> str:
     """Kill every process of the job; print how many. The job's processes carry KIT_JOB=<id>; their descendants
     belong to it too, whatever their environment (a rank may start children with `env -i`)."""
     return (
-        f"job=KIT_JOB={job_id}; pids=' '; "
+        f"job=KIT_JOB={job_id}; n=0; killed=' '; for round in 1 2 3; do was=$n; pids=' '; "
         "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"$job\" && pids=\"$pids${p#/proc/} \"; done; "
+        f"{ORPHANS.format(job=shlex.quote(job_id))}"
         # descendants, generation by generation (bounded: each round adds a process, or ends)
         "while :; do more=''; for p in /proc/[0-9]*; do pid=${p#/proc/}; case \"$pids\" in *\" $pid \"*) continue;; esac; "
         "ppid=$(sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null); "
         "case \"$pids\" in *\" $ppid \"*) more=\"$more$pid \";; esac; done; "
         "[ -z \"$more\" ] && break; pids=\"$pids$more\"; done; "
-        f"n=0; for pid in $pids; do kill -9 $pid 2>/dev/null && n=$((n+1)); done; rm -rf \"{PROGRESS}/{job_id}\"; echo $n")
+        # again while a round killed something: a process that forked as it was found leaves an orphan
+        "for pid in $pids; do case \"$killed\" in *\" $pid \"*) continue;; esac; "
+        "kill -9 $pid 2>/dev/null && n=$((n+1)) && killed=\"$killed$pid \"; done; [ $n -gt $was ] || break; sleep 0.2; "
+        f"done; rm -rf \"{PROGRESS}/{job_id}\"; echo $n")
+
+
+# sh (in reap_script's rounds): the processes re-parented to the container's init, added to `pids` (then their
+# descendants are). A process that leaves its job's environment (`env -i`) and its parent (setsid, a double fork) is
+# adopted by pid 1, which in kit's containers is the cluster's sshd (images/entrypoint.sh). Of these, kept: the sshd's
+# own connection processes (its program), kit's shared SSH connections (ssh's program, ControlPersist), each job's
+# supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), and the orphans of another job whose
+# supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents. A `docker exec` session's
+# processes have ppid 0 and are not adopted ones.
+# Only where pid 1 is the image's sshd in a container: elsewhere (a unit test's machine) pid 1 adopts what is not kit's.
+ORPHANS = (
+    "init=$(readlink /proc/1/exe 2>/dev/null); "
+    "if [ \"$init\" = /usr/sbin/sshd ] && [ -f /.dockerenv ]; then "
+    "ssh=$(readlink -f \"$(command -v ssh)\" 2>/dev/null); sups=' '; live=' '; q=$$; "
+    "while [ \"$q\" -gt 1 ] 2>/dev/null; do sups=\"$sups$q \"; q=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$q/status); done; "
+    "for p in /proc/[0-9]*; do id=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_SUPERVISOR=//p' | head -n 1); "
+    "[ -n \"$id\" ] || continue; last=$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1); "
+    "case \"$last\" in */\"$id\"/plan.json) sups=\"$sups${{p#/proc/}} \"; live=\"$live$id \";; esac; done; "
+    "for p in /proc/[0-9]*; do pid=${{p#/proc/}}; [ \"$pid\" = 1 ] && continue; "
+    "case \"$pids$sups\" in *\" $pid \"*) continue;; esac; "
+    "sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 1 || continue; "
+    "grep -q '^State:[[:space:]]*Z' $p/status 2>/dev/null && continue; "
+    "exe=$(readlink $p/exe 2>/dev/null); [ \"$exe\" = \"$init\" ] && continue; "
+    "[ -n \"$ssh\" ] && [ \"$exe\" = \"$ssh\" ] && continue; "
+    "other=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_JOB=//p' | head -n 1); "
+    "if [ -n \"$other\" ] && [ \"$other\" != {job} ]; then case \"$live\" in *\" $other \"*) continue;; esac; fi; "
+    "pids=\"$pids$pid \"; done; fi; ")
 
 
 # A host's workspace: each file's sha256 (find follows no link: a link the job made is neither hashed nor copied).
@@ -295,8 +326,14 @@ def fill(node: NodeCommand, values: dict[str, str]) -> NodeCommand:
 # ----------------------------------------------------------------------------- steps every part of the supervisor takes
 
 def _write(folder: str, name: str, text: str) -> None:
-    with open(os.path.join(folder, name), "w") as f:
+    """A file of kit's in the job's folder, which the job can write too: made anew under a name of its own and renamed
+    over the name, so that a FIFO or a link the job put there neither blocks this nor is written through."""
+    path = os.path.join(folder, name)
+    temporary = f"{path}.kit-{os.urandom(6).hex()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
+    os.replace(temporary, path)
 
 
 def at_once(hosts: list[Slot], step) -> list:

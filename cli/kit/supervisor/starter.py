@@ -80,7 +80,8 @@ def start(inp, out) -> int:
         return abandon()
     with open(os.path.join(folder, "output.log"), "a") as f:
         f.write("".join(f"kit: {line}\n" for line in message["go"]))
-    argv = [sys.executable, "-c", request["source"], os.path.join(folder, "plan.json")]
+    # -I: the workspace (this process's folder, where a job may have left a json.py) is not on the supervisor's path
+    argv = [sys.executable, "-I", "-c", request["source"], os.path.join(folder, "plan.json")]
     error = spawn_detached(argv, {**os.environ, **request["env"]}, os.path.join(folder, "supervisor"))
     if error:  # recorded as failed, not left pending
         with open(os.path.join(folder, "output.log"), "a") as f:
@@ -188,6 +189,7 @@ def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:
         try:
             os.close(read_end)
             os.setsid()
+            os.chdir("/")  # (not the workspace: the launcher is started there, the supervisor's own steps are not)
             if os.fork():
                 os._exit(0)
             null = os.open(os.devnull, os.O_RDWR)

@@ -133,7 +133,7 @@ class Supervisor:
         """A port free now on node 0 of a torchrun launch, for its store: here, or asked there."""
         if self.plan.is_here(host):
             return free_port()
-        found = self.remote(host, ["python", "-c", FREE_PORT]).stdout.strip()
+        found = self.remote(host, ["python", "-I", "-c", FREE_PORT]).stdout.strip()
         return int(found) if found.isdigit() else free_port()  # (a node that does not answer fails the launch)
 
     def finish(self) -> None:
