@@ -215,7 +215,7 @@ def package_sources(config: BuildConfig, machine: PipSettings, env: Mapping[str,
                            hint="check the network or proxy to it, or set torch_index_url: '' in kit.yaml to take "
                                 "torch from pip's own sources")
         else:
-            notes.append(f"torch's index {torch_index} does not answer ({why}): torch comes from pip's sources")
+            notes.append(f"torch's index {redact(torch_index)} does not answer ({why}): torch comes from pip's sources")
     return settings, notes
 
 

@@ -32,7 +32,7 @@ from packaging.utils import parse_wheel_filename
 
 from kit.config import CUDA_LINES, BuildConfig
 from kit.errors import KitError
-from kit.pipconfig import PipSettings, run_env
+from kit.pipconfig import PipSettings, redact_text, run_env
 
 RESOLVE_TIMEOUT_S = 3600  # a bound on one pip run; multi-GB CUDA wheels over a slow proxy take long
 TAIL_LINES = 15
@@ -304,7 +304,7 @@ def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:
                        command=" ".join(argv), hint="check the speed of your package index or proxy") from None
     if done.returncode != 0:
         raise KitError(f"pip could not resolve {' '.join(group.requirements)} for the image",
-                       command=" ".join(argv), output_tail=_tail(done.stderr or done.stdout),
+                       command=" ".join(argv), output_tail=redact_text(_tail(done.stderr or done.stdout)),
                        hint=_hint(done.stderr + done.stdout, group))
 
 
