@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from kit import baseimage, pipconfig, probe, wheels
-from kit.config import BuildConfig, default_torch_index
+from kit.buildconfig import BuildConfig
 from kit.errors import BuildFailed, KitError
+from kit.flavors import default_torch_index
 from kit.identity import state_root
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe

@@ -22,8 +22,9 @@ import jinja2
 from packaging.requirements import Requirement
 
 from kit import __version__, wheels
-from kit.config import BuildConfig, cuda_line
+from kit.buildconfig import BuildConfig
 from kit.errors import BadInput
+from kit.flavors import cuda_line
 from kit.pipconfig import harmless, redact, redact_text
 
 # Per framework: the Dockerfile template, and the files from images/ its context carries (in kit/).
