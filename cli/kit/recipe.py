@@ -125,7 +125,7 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
                        hint="drop --single-stage (it compares Horovod builds)")
     if config.framework == "horovod":
         framework = dict(torch_requirements=wheels.groups(config)[0].requirements, build_requirements=wheels.build_requirements(config),
-                         horovod_spec=redact(wheels.horovod_requirement(config)))  # a label: it must be harmless
+                         horovod_spec=redact(wheels.horovod_requirement(config)))  # a label: only a harmless URL
     else:
         framework = dict(tensorflow_requirements=wheels.tensorflow_requirements(config))
     # For the image's users' own `pip install`: the indexes go in only when every one is harmless (pipconfig.harmless);

@@ -6,6 +6,7 @@ An index URL may carry its credential in the path (https://host/<token>/org/repo
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from kit.pipconfig import PipSettings
 from kit.place import Place
 from kit.recipe import make_recipe
 from kit.state import ClusterState, HostState
-from kit.wheels import Target, Wheelhouse
+from kit.wheels import Target, Wheelhouse, resolve
 
 TOKENS = ("AbCd1234EfGh5678", "s3cr3tq", "Sig0123abcdef", "ghp_0123456789abcdefABCDEF0123456789abcd")
 PATH_TOKEN = "https://dl.cloudsmith.io/AbCd1234EfGh5678/lab/wheels/python/simple/"
@@ -58,6 +59,15 @@ def test_a_token_in_an_index_urls_path_or_query_never_reaches_the_image(tmp_path
     assert no_token(recipe_text(recipe)), [f.name for f in recipe.files if not no_token(f.text or "")]
     assert "PIP_INDEX_URL" not in recipe.dockerfile  # used on this machine only
     assert no_token("\n".join(sources_lines(config, PipSettings())))
+    # The resolution's status lines, and its error when pip fails (pip itself prints the indexes it looks in).
+    status: list[str] = []
+    failed = subprocess.CompletedProcess([], 1, "", f"Looking in indexes: {PATH_TOKEN}, {QUERY_TOKEN}\nERROR: no")
+    with pytest.raises(KitError) as e:
+        resolve(config, Target("3.11", "x86_64", (2, 36)), PipSettings(), tmp_path / "w", env={},
+                run=lambda argv, **k: failed if any(PRESIGNED in a for a in argv) else subprocess.CompletedProcess(argv, 0),
+                on_status=status.append)  # every group resolves (to nothing) but the one of the package from a URL
+    shown = "\n".join([*status, str(e.value), e.value.command or "", e.value.output_tail or ""])
+    assert "bucket.s3.amazonaws.com/****" in str(e.value) and "pypi.lab/****" in shown and no_token(shown), shown
     # A harmless index still reaches the image's pip, for the image's users.
     plain = make_recipe(build_config(ConfigFile(), dict(flavor="cpu", pip_index_urls=("https://pypi.lab/simple",))))
     assert "ENV PIP_INDEX_URL=https://pypi.lab/simple" in plain.dockerfile
