@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kit.errors import BadInput, KitError
-from kit.pipconfig import PipSettings, redact
+from kit.pipconfig import PipSettings, redact, redact_text
 from kit.probe import probe
 
 if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)
@@ -270,7 +270,7 @@ def make_base(client: docker.DockerClient, distro: Distro, mirror: Mirror) -> No
         if code != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
             raise KitError(f"debootstrap could not make {distro.made_ref} (exit {code})",
-                           command=redact(" ".join(argv)), output_tail=tail,
+                           command=redact_text(" ".join(argv)), output_tail=tail,
                            hint=f"check that {redact(mirror.uri)} serves {distro.suite}; the tail above says why")
         _tidy(root, distro, mirror)
         _import(client, root, distro, mirror)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from kit import baseimage, pipconfig, probe, wheels
-from kit.config import BuildConfig, default_torch_index
+from kit.buildconfig import BuildConfig
 from kit.errors import BuildFailed, KitError
+from kit.flavors import default_torch_index
 from kit.identity import state_root
 from kit.pipconfig import PipSettings, redact
 from kit.recipe import Recipe
@@ -218,7 +219,7 @@ def package_sources(config: BuildConfig, machine: PipSettings, env: Mapping[str,
                            hint="check the network or proxy to it, or set torch_index_url: '' in kit.yaml to take "
                                 "torch from pip's own sources")
         else:
-            notes.append(f"torch's index {torch_index} does not answer ({why}): torch comes from pip's sources")
+            notes.append(f"torch's index {redact(torch_index)} does not answer ({why}): torch comes from pip's sources")
     return settings, notes
 
 

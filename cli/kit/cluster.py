@@ -10,8 +10,9 @@ from typing import Any, Callable, Protocol
 
 from kit import state as st
 from kit.commands.docker import ContainerSpec, command, network_remove_argv, remove_argv
-from kit.config import KIT_ROOT, ClusterConfig, framework, uses_gpus
+from kit.clusterconfig import KIT_ROOT, ClusterConfig
 from kit.errors import BadInput, HostsFailed, KitError
+from kit.flavors import framework, uses_gpus
 from kit.fanout import fan_out
 from kit.identity import Identity, Owner
 from kit.inventory import Host

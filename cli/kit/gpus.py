@@ -9,8 +9,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from kit.config import AUTO_FLAVORS, CUDA_LINES, min_driver
 from kit.errors import BadInput
+from kit.flavors import AUTO_FLAVORS, CUDA_LINES, min_driver
 
 MARK = "@@kit "  # (kit.steps.facts.MARK: the same sections)
 NVIDIA_SMI_TIMEOUT_S = 30  # a driver in a bad state can hang nvidia-smi

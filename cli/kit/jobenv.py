@@ -3,8 +3,8 @@
 
 Values reach the ranks through a file in every host's container (kit.commands.horovod.ENV_DIR, 0600, written
 over kit's SSH session's input and removed when the job ends), never through a command line, which every user
-of a host can read with `ps` (a container's processes are the host's). What kit prints or records of them
-hides the value of every name that looks like a secret.
+of a host can read with `ps` (a container's processes are the host's). kit prints a value only for a name of a
+short allow-list of harmless settings (SHOWN), and the job's record keeps the names alone.
 """
 
 from __future__ import annotations
@@ -35,16 +35,27 @@ LAUNCHER_SET = re.compile(r"HOROVOD_(RANK|SIZE|LOCAL_.*|CROSS_.*|HOSTNAME|GLOO_.
                           r"ROLE_.*|TORCHELASTIC_.*|TORCH_NCCL_ASYNC_ERROR_HANDLING")
 # Read when the interpreter or the loader starts, before a rank can read the job's variables: they would not act.
 AT_START = re.compile(r"PYTHON.*|LD_.*")
-# Hiding a harmless value costs nothing; showing a key costs a lot: any name with one of these in it, and any value
-# that is a URL with a password in it.
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|PWD|CRED|AUTH|PRIVATE|COOKIE|SESSION|DSN|(^|_)(PASS|PAT)(_|$)",
-                    re.IGNORECASE)
-URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^/@\s]*@")
+# The names whose values kit prints: an allow-list, not a search for secret-looking names (AZURE_STORAGE_
+# CONNECTION_STRING, SLACK_WEBHOOK_URL, DATABASE_URL look like no secret and are). Each one below only tunes threads,
+# devices, logging or the collectives, and none takes a credential; every other value is shown as (hidden), and
+# the job's record keeps names only (see names).
+SHOWN = frozenset({
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE", "NCCL_ALGO", "NCCL_PROTO",
+    "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "PYTORCH_CUDA_ALLOC_CONF",
+    "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_LOG_LEVEL", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "TF_CPP_MIN_LOG_LEVEL", "TF_FORCE_GPU_ALLOW_GROWTH",
+})
+SHOWN_VALUE = re.compile(r"[A-Za-z0-9_.,:=+^-]{0,64}")  # numbers, device lists, levels, interfaces (^lo); no URL
 HIDDEN = "(hidden)"
 
 
-def looks_secret(name: str, value: str = "") -> bool:
-    return bool(SECRET.search(name) or URL_PASSWORD.search(value))
+def shows_value(name: str, value: str) -> bool:
+    """Whether kit may print a variable's value: an allow-listed name with a short plain value (a URL, a path with a
+    token or anything with a / or @ in it is hidden even there)."""
+    return name in SHOWN and bool(SHOWN_VALUE.fullmatch(value))
 
 
 def _check_name(name: str, where: str) -> None:
@@ -91,8 +102,13 @@ def parse(flags: list[str], files: list[Path], environ: Mapping[str, str]) -> tu
 
 
 def shown(env: tuple[tuple[str, str], ...]) -> str:
-    """NAME=VALUE, ..., with the value of every secret-looking name hidden: for the terminal and the record."""
-    return ", ".join(f"{k}={HIDDEN if looks_secret(k, v) else v}" for k, v in env)
+    """NAME=VALUE, ... for the terminal, every value hidden but those of allow-listed names (shows_value)."""
+    return ", ".join(f"{k}={v if shows_value(k, v) else HIDDEN}" for k, v in env)
+
+
+def names(env: tuple[tuple[str, str], ...]) -> str:
+    """NAME, ...: what the job's record keeps of its variables (a record outlives the job: no value at all)."""
+    return ", ".join(k for k, _ in env)
 
 
 def env_file(env: tuple[tuple[str, str], ...]) -> bytes:

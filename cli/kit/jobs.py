@@ -112,7 +112,7 @@ class Job:
         env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout)}
         if self.env:
             env["KIT_ENV"] = "1"  # each rank must find the job's variables
-        written = {"plan.json": self.plan().dump(), **({"environment": jobenv.shown(self.env)} if self.env else {})}
+        written = {"plan.json": self.plan().dump(), **({"environment": jobenv.names(self.env)} if self.env else {})}
         return json.dumps({"folder": self.folder, "files": written, "env": env, "source": SUPERVISOR,
                            "follow": follow, "workspace": self.state.workspace,
                            "env_file": jobenv.env_file(self.env).decode() if self.env else None,

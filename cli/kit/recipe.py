@@ -22,9 +22,10 @@ import jinja2
 from packaging.requirements import Requirement
 
 from kit import __version__, wheels
-from kit.config import BuildConfig, cuda_line
+from kit.buildconfig import BuildConfig
 from kit.errors import BadInput
-from kit.pipconfig import has_credentials, redact_text
+from kit.flavors import cuda_line
+from kit.pipconfig import harmless, redact, redact_text
 
 # Per framework: the Dockerfile template, and the files from images/ its context carries (in kit/).
 TEMPLATES = {"horovod": "Dockerfile.j2", "tensorflow": "Dockerfile.tf.j2"}
@@ -124,11 +125,12 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
                        hint="drop --single-stage (it compares Horovod builds)")
     if config.framework == "horovod":
         framework = dict(torch_requirements=wheels.groups(config)[0].requirements, build_requirements=wheels.build_requirements(config),
-                         horovod_spec=wheels.horovod_requirement(config))
+                         horovod_spec=redact(wheels.horovod_requirement(config)))  # a label: only a harmless URL
     else:
         framework = dict(tensorflow_requirements=wheels.tensorflow_requirements(config))
-    # An index URL with a credential is used on this machine only; the image gets pip's settings only without one.
-    image_indexes = () if any(has_credentials(u) for u in config.pip_index_urls) else config.pip_index_urls
+    # For the image's users' own `pip install`: the indexes go in only when every one is harmless (pipconfig.harmless);
+    # one with a user, a token or a query is used on this machine only (the build itself installs from the wheelhouse).
+    image_indexes = config.pip_index_urls if all(map(harmless, config.pip_index_urls)) else ()
     return _template_env().get_template(TEMPLATES[config.framework]).render(
         c=config, cuda_line=cuda_line(config.flavor, config.cuda), base=base or config.base_image, builder=builder or config.builder_image, kit_version=__version__,
         single_stage=single_stage, extra_ca=extra_ca, image_indexes=image_indexes,

@@ -35,7 +35,7 @@ from packaging.utils import parse_wheel_filename
 
 from kit.config import CUDA_LINES, BuildConfig
 from kit.errors import KitError
-from kit.pipconfig import PipSettings, run_env
+from kit.pipconfig import PipSettings, redact_text, run_env
 
 RESOLVE_TIMEOUT_S = 3600  # a bound on one pip run; multi-GB CUDA wheels over a slow proxy take long
 TAIL_LINES = 15
@@ -276,7 +276,7 @@ def resolve(config: BuildConfig, target: Target, settings: PipSettings, root: Pa
             f.write(settings.config_file())
         pip_env = run_env(env, conf)
         for group in groups(config):
-            on_status(f"resolving {group.folder}: {' '.join(group.requirements)}")
+            on_status(redact_text(f"resolving {group.folder}: {' '.join(group.requirements)}"))
             dest = root / group.folder
             dest.mkdir(parents=True, exist_ok=True)
             key = group_key(group, target, settings) if can_pin(group) else None
@@ -351,11 +351,12 @@ def _pip(argv: list[str], env: dict[str, str], run: Run, group: Group) -> None:
     try:
         done = run(argv, capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
-        raise KitError(f"resolving {' '.join(group.requirements)} with pip took over {RESOLVE_TIMEOUT_S} s",
-                       command=" ".join(argv), hint="check the speed of your package index or proxy") from None
+        what = redact_text(" ".join(group.requirements))
+        raise KitError(f"resolving {what} with pip took over {RESOLVE_TIMEOUT_S} s", command=redact_text(" ".join(argv)),
+                       hint="check the speed of your package index or proxy") from None
     if done.returncode != 0:
-        raise KitError(f"pip could not resolve {' '.join(group.requirements)} for the image",
-                       command=" ".join(argv), output_tail=_tail(done.stderr or done.stdout),
+        raise KitError(redact_text(f"pip could not resolve {' '.join(group.requirements)} for the image"),
+                       command=redact_text(" ".join(argv)), output_tail=redact_text(_tail(done.stderr or done.stdout)),
                        hint=_hint(done.stderr + done.stdout, group))
 
 

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.config import FLAVOR_DEFAULTS, ConfigFile, build_config, cluster_config, read_config
+from kit.config import ConfigFile, build_config, cluster_config, read_config
 from kit.errors import BadInput
+from kit.flavors import FLAVOR_DEFAULTS
 
 
 def cfg_file(tmp_path: Path, text: str) -> ConfigFile:
@@ -68,8 +69,8 @@ BAD = [
     (None, {"python": "3"}, "--python: '3' is not a Python minor version", "3.11"),
     (None, {"torch": "latest"}, "--torch: 'latest' is not a version", "2.13.0"),
     (None, {"torch_index_url": "download.pytorch.org"}, "--torch-index-url: 'download.pytorch.org' is not a URL", "https"),
-    (None, {"torch_index_url": "https://x/$(touch /tmp/pwned)"}, "--torch-index-url: 'https://x/$(touch /tmp/pwned)' "
-     "is not a URL", "https"),
+    (None, {"torch_index_url": "https://x/$(touch /tmp/pwned)"}, "--torch-index-url: 'https://x/**** /tmp/pwned)' "
+     "is not a URL", "https"),  # shown as every printed URL is (pipconfig.redact)
     (None, {"pip_index_urls": ("pypi",)}, "--index-url: 'pypi' is not a URL", "https"),
     (None, {"pip_packages": ("numpy; rm -rf /",)}, "--pip: 'numpy; rm -rf /'", "requirement"),
     (None, {"apt_packages": ("Vim!",)}, "--apt: 'Vim!' is not a Debian package name", "Debian"),

@@ -98,10 +98,11 @@ def test_pages_include_what_they_name_from_the_repository(site):
 # ---------------------------------------------------------------- kit.yaml: every key
 
 def _config_models() -> dict[str, list[str]]:
-    """Section (or nested path) -> its keys, from config.py's syntax tree: SECTIONS' classes, their annotated
-    fields, and the fields of models of config.py that a field's annotation names."""
+    """Section (or nested path) -> its keys, from the syntax trees of config.py and its models' modules: SECTIONS'
+    classes, their annotated fields, and the fields of models that a field's annotation names."""
     tree = ast.parse((REPO / "cli/kit/config.py").read_text())
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    models = [ast.parse((REPO / f"cli/kit/{m}.py").read_text()) for m in ("buildconfig", "clusterconfig", "slurmconfig")]
+    classes = {n.name: n for t in (tree, *models) for n in t.body if isinstance(n, ast.ClassDef)}
     sections = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == "SECTIONS" for t in n.targets))
     found: dict[str, list[str]] = {}

@@ -11,8 +11,9 @@ import pytest
 
 from helpers import REPO, nvidia_smi_stand_in, run_kit
 from kit import gpus
-from kit.config import CUDA_LINES, ConfigFile, build_config, cuda_line, min_driver, requested_flavor
+from kit.config import ConfigFile, build_config, cuda_line, requested_flavor
 from kit.errors import BadInput
+from kit.flavors import CUDA_LINES, min_driver
 from kit.prepare import ansible_playbook
 from kit.recipe import make_recipe, render_dockerfile
 from kit.steps.facts import MARK, facts_command, parse_facts

@@ -72,15 +72,16 @@ def test_names_the_launchers_do_not_set_are_the_users(tmp_path):
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
-def test_secret_looking_values_are_hidden_and_others_shown():
+def test_values_are_shown_for_allow_listed_names_only():
     env = (("NCCL_DEBUG", "INFO"), ("WANDB_API_KEY", "k"), ("HF_TOKEN", "t"), ("AWS_SECRET_ACCESS_KEY", "s"),
-           ("DB_PASSWORD", "p"), ("MY_PASS", "p"), ("OMP_NUM_THREADS", "2"), ("PASSAGE", "shown"),
+           ("DB_PASSWORD", "p"), ("MY_PASS", "p"), ("OMP_NUM_THREADS", "2"), ("PASSAGE", "x"),
            ("SENTRY_DSN", "d"), ("GITHUB_PAT", "g"), ("CREDS", "c"), ("DATABASE_URL", "postgres://u:pw@db/x"),
-           ("MIRROR_URL", "https://mirror/x"))
+           ("MIRROR_URL", "https://mirror/x"), ("NCCL_SOCKET_IFNAME", "^lo,docker0"), ("CUDA_VISIBLE_DEVICES", ""))
     assert jobenv.shown(env) == ("NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden), HF_TOKEN=(hidden), "
                                  "AWS_SECRET_ACCESS_KEY=(hidden), DB_PASSWORD=(hidden), MY_PASS=(hidden), "
-                                 "OMP_NUM_THREADS=2, PASSAGE=shown, SENTRY_DSN=(hidden), GITHUB_PAT=(hidden), "
-                                 "CREDS=(hidden), DATABASE_URL=(hidden), MIRROR_URL=https://mirror/x")
+                                 "OMP_NUM_THREADS=2, PASSAGE=(hidden), SENTRY_DSN=(hidden), GITHUB_PAT=(hidden), "
+                                 "CREDS=(hidden), DATABASE_URL=(hidden), MIRROR_URL=(hidden), "
+                                 "NCCL_SOCKET_IFNAME=^lo,docker0, CUDA_VISIBLE_DEVICES=")
 
 
 def test_every_rank_reads_the_jobs_variables_exactly_before_its_script_runs(tmp_path):
@@ -116,7 +117,7 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
     request = json.loads(j.request(None))
     assert request["env"]["KIT_ENV"] == "1"  # each rank reads them from the file the starter writes on every host
     assert json.loads(request["env_file"]) == {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "s3cr3t-value"}
-    assert request["files"]["environment"] == "NCCL_DEBUG=INFO, WANDB_API_KEY=(hidden)"
+    assert request["files"]["environment"] == "NCCL_DEBUG, WANDB_API_KEY"  # the record: names only
     assert "s3cr3t-value" not in request["files"]["plan.json"] + request["files"]["environment"]
     assert "KIT_ENV" not in json.loads(job(()).request(None))["env"] and not job(()).plan().env
     assert j.plan().env and "s3cr3t-value" not in j.plan().dump()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kit.commands.docker import ContainerSpec, run_argv
-from kit.config import ClusterConfig, Mount, cluster_config, read_config
+from kit.clusterconfig import Mount
+from kit.config import ClusterConfig, cluster_config, read_config
 from kit.errors import BadInput
 from kit.identity import Owner
 from kit.inventory import Host
