@@ -140,7 +140,7 @@ class SshRunner:
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
                   changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
         """timeout: how long the far end may take no byte (each send), not the whole; finish: how long the command
-        may then run saying nothing once its input ended (None: timeout). What breaks here (chunks that cannot be
+        may then run in all once its input ended, however it trickles output (None: timeout). What breaks here (chunks that cannot be
         read) is raised, with the channel closed, not blamed on the host."""
         chan = self._session(command, timeout)
         try:
