@@ -27,6 +27,7 @@ from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, ex
 from kit.commands.launchers import tf_config
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
+from kit.runners.base import STDOUT_KEPT
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
@@ -239,7 +240,7 @@ class Starting:
     def __init__(self, job: Job, primary: Node, follow: bool, others: list[Node], files: dict[str, str] | None):
         self.job, self.primary = job, primary
         self.talk = primary.runner.converse(job.start_command(), silence=workspace.COPY_TIMEOUT_S)
-        self.said = self.talk.lines()
+        self.said = self.talk.lines(STDOUT_KEPT)  # its answers: one line holds every other host's manifest
         self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None, others, files))
 
     def answer(self, until: str) -> list[str]:
@@ -298,6 +299,7 @@ class Starting:
         self.send({"go": list(setup)})
         self.talk.end_input()
         self.talk.quiet(None)
+        self.said = self.talk.lines()  # the job's output: its lines cut at LINE_KEPT
 
 
 def copy_and_start(job: Job, nodes: list[Node], folder: Path, setup: Callable[["Synced"], tuple[str, ...]],

@@ -131,3 +131,19 @@ def test_stderr_tail_is_kept_by_one_helper(request, kind):
     finally:
         runner.close()
 
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_conversation_reads_kits_own_long_answers_whole_and_the_jobs_lines_cut(request, kind):
+    """The job starter's answer names every other host's workspace in one line (MBs for a large one): read whole
+    while kit asks for it; what follows (the job's output) is cut at LINE_KEPT again."""
+    runner = _runner(kind, request)
+    try:
+        talk = runner.converse(f"head -c {3 << 20} /dev/zero | tr '\\0' a; echo; head -c {1 << 20} /dev/zero | "
+                               "tr '\\0' b; echo", silence=60)
+        first = next(talk.lines(base.STDOUT_KEPT))
+        rest = list(talk.lines())
+        assert first == "a" * (3 << 20)
+        assert rest == ["b" * LINE_KEPT + f" [kit: {(1 << 20) - LINE_KEPT} more bytes of this line left out]"]
+    finally:
+        runner.close()

@@ -82,8 +82,14 @@ class Lines:
     (said at the line's end), not handed on as lines of its own, which would let what a job writes start a line kit
     reads (a rank's line begins with what names the rank)."""
 
-    def __init__(self) -> None:
-        self.line, self.ready = Head(LINE_KEPT), deque()
+    def __init__(self, kept: int = LINE_KEPT) -> None:
+        self.kept, self.line, self.ready = kept, Head(kept), deque()
+
+    def keep(self, kept: int) -> None:
+        """From the line now read on, keep `kept` bytes of each."""
+        self.kept = self.line.size = kept
+        self.line.left_out += max(len(self.line.data) - kept, 0)
+        self.line.data = self.line.data[:kept]
 
     def feed(self, data: bytes) -> None:
         start = 0
@@ -103,7 +109,7 @@ class Lines:
         if self.line.left_out:
             text += f" [kit: {self.line.left_out} more bytes of this line left out]"
         self.ready.append(text)
-        self.line = Head(LINE_KEPT)
+        self.line = Head(self.kept)
 
 
 def read_lines(lines: Lines, read: Callable[[int], bytes]) -> Iterator[str]:
@@ -155,8 +161,9 @@ class Conversation(Protocol):
     def quiet(self, silence: float | None) -> None:
         """From now on, how long it may say nothing (None: as long as it takes)."""
 
-    def lines(self) -> Iterator[str]:
-        """Its stdout, line by line; raises TimeoutError when it says nothing for `silence` seconds."""
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        """Its stdout, line by line, each cut at `kept` bytes (the rest counted: kit's own answers may be longer than
+        what a job writes may); raises TimeoutError when it says nothing for `silence` seconds."""
 
     def result(self) -> Result:
         """Once its output ended: its exit code and the tail of its stderr."""

@@ -15,7 +15,7 @@ import time
 from typing import IO, Callable, Iterable, Iterator
 
 from kit.errors import KitError
-from kit.runners.base import CHUNK, STALL_S, Head, Lines, Result, Tail, read_lines
+from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 
 def _session() -> dict:
@@ -186,7 +186,8 @@ class LocalConversation:
     def quiet(self, silence: float | None) -> None:
         self.silence = silence
 
-    def lines(self) -> Iterator[str]:
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        self.said.keep(kept)
         return read_lines(self.said, self.read)
 
     def read(self, size: int = -1) -> bytes:

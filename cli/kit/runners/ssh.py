@@ -27,7 +27,7 @@ from fabric import Config, Connection
 
 from kit.errors import KitError
 from kit.inventory import Host
-from kit.runners.base import CHUNK, STALL_S, Head, Lines, Result, Tail, read_lines
+from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 
 def connection_error(host: str, port: int, timeout: int, e: Exception, via: list[str] = ()) -> KitError:
@@ -271,7 +271,8 @@ class SshConversation:
     def quiet(self, silence: float | None) -> None:
         self.chan.settimeout(silence)
 
-    def lines(self) -> Iterator[str]:
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        self.said.keep(kept)
         return read_lines(self.said, self.read)
 
     def read(self, size: int = -1) -> bytes:
