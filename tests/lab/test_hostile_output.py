@@ -4,6 +4,7 @@ is shown as the head of its line and a count of the rest, kit's memory stays bou
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.lab
 LINE_KEPT = 64 << 10  # kit.runners.base.LINE_KEPT, written out: the test also ran against kit before it had one
 JOBS = Path(__file__).parent / "jobs"
 STREAM_MB = 150
+KIT_LIMIT_S = 600
 GROWN_CAP = 64 << 20  # what kit may grow by over a small job's run: a line's head, the stream's chunks in flight
 
 # kit as a child of this wrapper, whose children's peak RSS is kit's own (kit starts no process on this machine).
@@ -32,9 +34,16 @@ def cluster(project, lab):
 
 def measured_kit(project: Path, lab, *args: str) -> tuple[subprocess.CompletedProcess, int]:
     """A kit command as the lab's user, and kit's peak resident memory in bytes."""
-    r = subprocess.run([sys.executable, "-c", MEASURED, sys.executable, "-m", "kit", *args], cwd=project,
-                       env={**os.environ, "COLUMNS": "200", **lab.env}, capture_output=True, text=True, timeout=600)
-    return r, json.loads(r.stderr.strip().splitlines()[-1])["peak"]
+    argv = [sys.executable, "-c", MEASURED, sys.executable, "-m", "kit", *args]
+    with subprocess.Popen(argv, cwd=project, env={**os.environ, "COLUMNS": "200", **lab.env}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=KIT_LIMIT_S)
+        except subprocess.TimeoutExpired:  # kit too, not only its wrapper: else it holds the cluster
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"kit {' '.join(args)} did not end within {KIT_LIMIT_S} s")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), json.loads(err.strip().splitlines()[-1])["peak"]
 
 
 def test_a_rank_printing_without_newlines_keeps_kit_bounded(project, lab, cluster):
