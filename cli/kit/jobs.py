@@ -29,6 +29,7 @@ from kit.fanout import fan_out
 from kit.jobcontrol import (AFTER, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
                             parse_ending, parse_reaped, reap, stop)
 from kit.jobrecords import _int
+from kit.runners.base import STDOUT_KEPT
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
@@ -187,7 +188,7 @@ class Starting:
     def __init__(self, job: Job, primary: Node, follow: bool, others: list[Node], files: dict[str, str] | None):
         self.job, self.primary = job, primary
         self.talk = primary.runner.converse(job.start_command(), silence=workspace.COPY_TIMEOUT_S)
-        self.said = self.talk.lines()
+        self.said = self.talk.lines(STDOUT_KEPT)  # its answers: one line holds every other host's manifest
         self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None, others, files))
 
     def answer(self, until: str) -> list[str]:
@@ -246,6 +247,7 @@ class Starting:
         self.send({"go": list(setup)})
         self.talk.end_input()
         self.talk.quiet(None)
+        self.said = self.talk.lines()  # the job's output: its lines cut at LINE_KEPT
 
 
 def copy_and_start(job: Job, nodes: list[Node], folder: Path, setup: Callable[["Synced"], tuple[str, ...]],

@@ -82,10 +82,15 @@ def rounds(names: list[str]) -> list[list[tuple[str, str]]]:
     return [r for r in out if r]
 
 
+def helper_argv(*args: str) -> list[str]:
+    """Isolated (-I): its modules are the standard library's, whatever the workspace (its folder) holds."""
+    return ["python", "-I", "-c", HELPER, *args]
+
+
 def helper_command(node: Node, seconds: float, *args: str) -> str:
     """The helper in the node's container, bounded here too (its sockets time out on their own)."""
     return command(["timeout", str(int(seconds * 2 + CONNECT_S * 2 + 30)),
-                    *exec_argv(node.place.container, ["python", "-c", HELPER, *args])])
+                    *exec_argv(node.place.container, helper_argv(*args))])
 
 
 def measure(sender: Node, receiver: Node, seconds: float = SECONDS) -> Link:

@@ -104,7 +104,7 @@ def horovod_env(env, nodes):
 def torchrun_argv(env, nodes, address, command):
     """torchrun on this node: a c10d rendezvous whose store the first node hosts, at the job's port."""
     node = int(env["SLURM_NODEID"])
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
+    return [sys.executable, "-I", "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
             "--nproc-per-node=%s" % env["KIT_NPROC_PER_NODE"], "--rdzv-backend=c10d",
             "--rdzv-endpoint=%s:%s" % (nodes[0][1], env["KIT_PORT"]), "--rdzv-id=%s" % env["SLURM_JOB_ID"],
             *(["--rdzv-conf=is_host=1"] if node == 0 else []), "--local-addr=%s" % address, "--tee=3",

@@ -45,6 +45,11 @@ VERSIONS_PY = {
 }
 
 
+def versions_argv(kind: str) -> list[str]:
+    """Isolated (-I): the versions are those of the image's own modules, whatever its working folder holds."""
+    return ["python", "-I", "-c", VERSIONS_PY[kind]]
+
+
 @dataclass(frozen=True)
 class CheckBuild:
     """What `horovodrun --check-build` says was compiled in."""
@@ -172,7 +177,7 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
                                    hint="the Horovod build did not find them; see the builder step with --verbose")
         allreduce = parse_allreduce(_run(box, allreduce_argv(kind, ranks), tag))
         _check_allreduce(allreduce, kind, ranks, tag)
-        versions = json.loads(_run(box, ["python", "-c", VERSIONS_PY[kind]], tag).strip().splitlines()[-1])
+        versions = json.loads(_run(box, versions_argv(kind), tag).strip().splitlines()[-1])
     finally:
         box.remove(force=True)
     if versions.pop("cuda_build", None) == "False" and uses_gpus(flavor):

@@ -56,28 +56,27 @@ def test_a_timed_out_ssh_command_reads_as_timed_out_not_a_thread_traceback():
     class Silent:
         """A paramiko channel whose host says nothing: every read times out."""
 
-        def makefile(self, mode):
-            return self
+        closed = False
 
-        makefile_stderr = makefile
-
-        def read(self):
+        def recv(self, size):
             raise socket.timeout("timed out")
+
+        recv_stderr = recv
+
+        def settimeout(self, seconds):
+            pass
 
         def recv_exit_status(self):
             return -1
 
-        def gettimeout(self):
-            return 300.0
-
         def close(self):
-            pass
+            self.closed = True
     seen = []
     old, threading.excepthook = threading.excepthook, lambda args: seen.append(args.exc_type)
     try:
         runner = SshRunner.__new__(SshRunner)
         runner.host = "h2"
-        r = runner._finish(Silent(), "sleep 600")
+        r = runner._finish(Silent(), "sleep 600", 300)
     finally:
         threading.excepthook = old
-    assert (r.exit_code, r.stderr) == (124, "timed out: it said nothing for 300 s") and seen == []
+    assert (r.exit_code, r.stderr) == (124, "timed out: it did not end within 300 s") and seen == []

@@ -24,10 +24,18 @@ VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connectio
 # first). horovodrun learns of exits over SSH, late and out of order, so its own account cannot say which rank
 # failed first. A thread beside the script keeps the rank's heartbeat (PROGRESS_DIR/<job>/<rank>): how often its main
 # thread was seen somewhere new, and where it is, for the supervisor's hang watch.
+# Its own modules are the standard library's whatever the workspace holds (a json.py or signal.py there, or in a
+# PYTHONPATH folder, would stand in for them): they are imported with the workspace and PYTHONPATH out of sys.path,
+# which is then the one `python` gave, for the script.
 def rank_launcher(env_dir: str = ENV_DIR, progress_dir: str = PROGRESS_DIR, every: float = 2.0,
                   look: float = 0.2) -> str:
     return f"""\
-import json, os, runpy, sys, threading, time
+import os, sys  # loaded as Python started, before the workspace was on sys.path
+USERS_PATH, OWN = sys.path[:], [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + ["", os.curdir]
+OWN = {{os.path.abspath(p) for p in OWN}} | set(OWN)
+sys.path[:] = [p for p in USERS_PATH if p not in OWN]
+import json, pkgutil, runpy, threading, time
+sys.path[:] = USERS_PATH
 def rank_of(env):
     if env.get("HOROVOD_RANK", env.get("RANK", "")).isdigit():
         return int(env.get("HOROVOD_RANK", env.get("RANK")))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections import deque
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from kit.errors import KitError
@@ -10,6 +11,12 @@ TAIL_LINES = 15
 # The end of a conversation's stderr that kit keeps (it says why the command failed): what a container says there may
 # be the job's, and never ends.
 STDERR_KEPT = 64 << 10
+# The start of a command's stdout that kit keeps (what its parsers read: kit's own scripts say far less); the rest is
+# counted, not held.
+STDOUT_KEPT = 16 << 20
+# The start of one line of output that kit keeps: a rank may write without ever ending its line (or from /dev/zero).
+LINE_KEPT = 64 << 10
+CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,88 @@ class Result:
             raise KitError(f"{what} ({how})", host=self.host, command=self.command, output_tail=self.tail(),
                            hint=hint)
         return self
+
+
+class Tail:
+    """The last `size` bytes of a stream (a command's stderr says at its end why it failed): the one place each runner
+    keeps a stderr."""
+
+    def __init__(self, size: int = STDERR_KEPT) -> None:
+        self.size, self.data = size, b""
+
+    def add(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.size:]
+
+    def drain(self, read: Callable[[int], bytes]) -> "Tail":
+        """Reads until read gives b"" (the stream's end)."""
+        while chunk := read(CHUNK):
+            self.add(chunk)
+        return self
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+class Head(Tail):
+    """The first `size` bytes of a stream (what a parser reads); what comes after is counted (`left_out`) and let go."""
+
+    def __init__(self, size: int = STDOUT_KEPT) -> None:
+        super().__init__(size)
+        self.left_out = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = max(self.size - len(self.data), 0)
+        self.data += chunk[:room]
+        self.left_out += max(len(chunk) - room, 0)
+
+
+class Lines:
+    """Bytes as they come, cut into lines of at most LINE_KEPT bytes: the rest of a longer line is counted and let go
+    (said at the line's end), not handed on as lines of its own, which would let what a job writes start a line kit
+    reads (a rank's line begins with what names the rank)."""
+
+    def __init__(self, kept: int = LINE_KEPT) -> None:
+        self.kept, self.line, self.ready = kept, Head(kept), deque()
+
+    def keep(self, kept: int) -> None:
+        """From the line now read on, keep `kept` bytes of each."""
+        self.kept = self.line.size = kept
+        self.line.left_out += max(len(self.line.data) - kept, 0)
+        self.line.data = self.line.data[:kept]
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self.line.add(data[start:end])
+            self._done()
+            start = end + 1
+        self.line.add(data[start:])
+
+    def end(self) -> None:
+        """The stream ended: a last line without its newline is a line too."""
+        if self.line.data or self.line.left_out:
+            self._done()
+
+    def _done(self) -> None:
+        text = self.line.text().rstrip("\r")
+        if self.line.left_out:
+            text += f" [kit: {self.line.left_out} more bytes of this line left out]"
+        self.ready.append(text)
+        self.line = Head(self.kept)
+
+
+def read_lines(lines: Lines, read: Callable[[int], bytes]) -> Iterator[str]:
+    """The lines of what read gives (b"": its end), each as soon as it is whole; `lines` keeps what is left of them
+    for the next call."""
+    while True:
+        while lines.ready:
+            yield lines.ready.popleft()
+        data = read(CHUNK)
+        if not data:
+            lines.end()
+            yield from (lines.ready.popleft() for _ in range(len(lines.ready)))
+            return
+        lines.feed(data)
 
 
 class Runner(Protocol):
@@ -72,8 +161,9 @@ class Conversation(Protocol):
     def quiet(self, silence: float | None) -> None:
         """From now on, how long it may say nothing (None: as long as it takes)."""
 
-    def lines(self) -> Iterator[str]:
-        """Its stdout, line by line; raises TimeoutError when it says nothing for `silence` seconds."""
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        """Its stdout, line by line, each cut at `kept` bytes (the rest counted: kit's own answers may be longer than
+        what a job writes may); raises TimeoutError when it says nothing for `silence` seconds."""
 
     def result(self) -> Result:
         """Once its output ended: its exit code and the tail of its stderr."""

@@ -11,10 +11,11 @@ import select
 import signal
 import subprocess
 import threading
+import time
 from typing import IO, Callable, Iterable, Iterator
 
 from kit.errors import KitError
-from kit.runners.base import STALL_S, STDERR_KEPT, Result
+from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 
 def _session() -> dict:
@@ -51,13 +52,14 @@ class LocalRunner:
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
             changes: bool = False) -> Result:
-        try:
-            done = subprocess.run(self._argv(command), input=stdin or b"", capture_output=True, timeout=timeout,
-                                  **_session())
-        except subprocess.TimeoutExpired:
-            return Result(self.host, command, 124, "", "timed out")
-        return Result(self.host, command, done.returncode, done.stdout.decode(errors="replace"),
-                      done.stderr.decode(errors="replace"))
+        """timeout: how long it may take in all, however it trickles output (None: as long as it takes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        proc = self._popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = _kept(proc)
+        threading.Thread(target=_write, args=(proc, stdin or b""), daemon=True).start()
+        if not _ended(proc, out, err, deadline):
+            return Result(self.host, command, 124, out.text(), f"timed out: it did not end within {timeout:g} s")
+        return Result(self.host, command, proc.returncode, out.text(), err.text())
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
                   changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
@@ -65,11 +67,7 @@ class LocalRunner:
         input as fast as it can write it)."""
         timeout = timeout if finish is None else finish
         proc = self._fed(command)
-        out: dict[str, bytes] = {}
-        readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()), daemon=True)
-                   for k, f in (("out", proc.stdout), ("err", proc.stderr))]
-        for r in readers:
-            r.start()
+        out, err = _kept(proc)
         try:
             for chunk in chunks:
                 proc.stdin.write(chunk)
@@ -81,16 +79,9 @@ class LocalRunner:
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if not _ended(proc, out, err, None if timeout is None else time.monotonic() + timeout):
             return Result(self.host, command, 124, "", f"timed out: still running {timeout:g} s after its input")
-        for r in readers:
-            r.join()
-        return Result(self.host, command, code, out.get("out", b"").decode(errors="replace"),
-                      out.get("err", b"").decode(errors="replace"))
+        return Result(self.host, command, proc.returncode, out.text(), err.text())
 
     def stream_out(self, command: str, on_line: Callable[[str], None], *, stdin: bytes | None = None) -> int:
         """Run command (given stdin), handing each line of its output (stderr merged) to on_line; its exit code."""
@@ -102,8 +93,9 @@ class LocalRunner:
                 proc.stdin.close()
             except BrokenPipeError:  # it ended without reading all: its output and exit code say why
                 pass
-        for raw in proc.stdout:
-            on_line(raw.decode(errors="replace").rstrip("\r\n"))
+        for line in read_lines(Lines(), lambda n: os.read(proc.stdout.fileno(), n)):
+            on_line(line)
+        proc.stdout.close()
         return proc.wait()
 
     def converse(self, command: str, silence: float) -> "LocalConversation":
@@ -136,16 +128,51 @@ class LocalRunner:
                     pass
 
 
+def _kept(proc: subprocess.Popen) -> tuple[Head, Tail]:
+    """The head of its stdout and the tail of its stderr, each read beside (in `.reader`) until its end."""
+    kept = Head(), Tail()
+    for k, f in zip(kept, (proc.stdout, proc.stderr)):
+        k.reader = threading.Thread(target=k.drain, args=(lambda n, fd=f.fileno(): os.read(fd, n),), daemon=True)
+        k.reader.start()
+    return kept
+
+
+def _write(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        if data:
+            proc.stdin.write(data)
+        proc.stdin.close()
+    except (BrokenPipeError, ValueError):  # it ended without reading all: its output and exit code say why
+        pass
+
+
+def _ended(proc: subprocess.Popen, out: Tail, err: Tail, deadline: float | None) -> bool:
+    """Whether it ended, its output read to the end, by the deadline (None: none); else its session is killed (what it
+    started holds its output open)."""
+    left = lambda: None if deadline is None else max(deadline - time.monotonic(), 0)  # noqa: E731
+    try:
+        proc.wait(timeout=left())
+    except subprocess.TimeoutExpired:
+        pass
+    for k in (out, err):
+        k.reader.join(left())
+    if proc.returncode is not None and not out.reader.is_alive() and not err.reader.is_alive():
+        return True
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except (ProcessLookupError, PermissionError):  # root's, through sudo: left to end when its pipes close
+        pass
+    return False
+
+
 class LocalConversation:
     """Runner.converse with a process of this machine."""
 
     def __init__(self, host: str, command: str, proc: subprocess.Popen, silence: float) -> None:
-        self.host, self.command, self.proc, self.silence, self.err = host, command, proc, silence, b""
-
-        def read_stderr() -> None:
-            while chunk := proc.stderr.read(1 << 16):
-                self.err = (self.err + chunk)[-STDERR_KEPT:]
-        self.reader = threading.Thread(target=read_stderr, daemon=True)
+        self.host, self.command, self.proc, self.silence, self.err = host, command, proc, silence, Tail()
+        self.said = Lines()
+        self.reader = threading.Thread(target=self.err.drain, args=(proc.stderr.read,), daemon=True)
         self.reader.start()
 
     def send(self, data: bytes) -> None:
@@ -159,21 +186,20 @@ class LocalConversation:
     def quiet(self, silence: float | None) -> None:
         self.silence = silence
 
-    def lines(self) -> Iterator[str]:
-        out = self.proc.stdout
-        while True:
-            ready, _, _ = select.select([out], [], [], self.silence)
-            if not ready:
-                raise TimeoutError
-            raw = out.readline()  # unbuffered: what select saw is all there is
-            if not raw:
-                return
-            yield raw.decode(errors="replace").rstrip("\r\n")
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        self.said.keep(kept)
+        return read_lines(self.said, self.read)
+
+    def read(self, size: int = -1) -> bytes:
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.silence)
+        if not ready:
+            raise TimeoutError
+        return os.read(self.proc.stdout.fileno(), size if size > 0 else CHUNK)
 
     def result(self) -> Result:
         code = self.proc.wait()
         self.reader.join(5)
-        return Result(self.host, self.command, code, "", self.err.decode(errors="replace"))
+        return Result(self.host, self.command, code, "", self.err.text())
 
     def close(self) -> None:
         if not self.proc.stdin.closed:
@@ -185,12 +211,6 @@ class LocalConversation:
 
 class LocalReading(LocalConversation):
     """Runner.read_out with a process of this machine."""
-
-    def read(self, size: int = -1) -> bytes:
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.silence)
-        if not ready:
-            raise TimeoutError
-        return os.read(self.proc.stdout.fileno(), size if size > 0 else 1 << 16)
 
     def close(self) -> None:
         super().close()

@@ -17,6 +17,7 @@ import signal
 import socket
 import termios
 import threading
+import time
 import tty as terminal
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
@@ -26,7 +27,7 @@ from fabric import Config, Connection
 
 from kit.errors import KitError
 from kit.inventory import Host
-from kit.runners.base import STALL_S, STDERR_KEPT, Result
+from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 
 def connection_error(host: str, port: int, timeout: int, e: Exception, via: list[str] = ()) -> KitError:
@@ -108,7 +109,7 @@ class SshRunner:
         chan = self.conn.transport.open_session(timeout=self.timeout)
         chan.settimeout(self.timeout)
         chan.exec_command("echo $SSH_CONNECTION")  # the login shell's: sudo would drop it
-        words = self._finish(chan, "echo $SSH_CONNECTION").stdout.split()
+        words = self._finish(chan, "echo $SSH_CONNECTION", self.timeout).stdout.split()
         if len(words) == 4:
             return words[2]
         if self.via:
@@ -129,16 +130,17 @@ class SshRunner:
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = 300,
             changes: bool = False) -> Result:
+        """timeout: how long it may take in all, however it trickles output (None: as long as it takes)."""
         chan = self._session(command, timeout)
         if stdin:
             chan.sendall(stdin)
         chan.shutdown_write()
-        return self._finish(chan, command)
+        return self._finish(chan, command, timeout)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
                   changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
         """timeout: how long the far end may take no byte (each send), not the whole; finish: how long the command
-        may then run saying nothing once its input ended (None: timeout). What breaks here (chunks that cannot be
+        may then run in all once its input ended, however it trickles output (None: timeout). What breaks here (chunks that cannot be
         read) is raised, with the channel closed, not blamed on the host."""
         chan = self._session(command, timeout)
         try:
@@ -152,8 +154,7 @@ class SshRunner:
                     break  # the far end stopped reading: its exit status and stderr say why
                 on_bytes(len(chunk))
             chan.shutdown_write()
-            chan.settimeout(timeout if finish is None else finish)
-            return self._finish(chan, command)
+            return self._finish(chan, command, timeout if finish is None else finish)
         except BaseException:
             chan.close()
             raise
@@ -164,8 +165,8 @@ class SshRunner:
         if stdin:
             chan.sendall(stdin)
         chan.shutdown_write()
-        for raw in chan.makefile("rb"):
-            on_line(raw.decode(errors="replace").rstrip("\r\n"))
+        for line in read_lines(Lines(), chan.recv):
+            on_line(line)
         return chan.recv_exit_status()
 
     def converse(self, command: str, silence: float) -> "SshConversation":
@@ -201,53 +202,64 @@ class SshRunner:
         finally:
             chan.close()
 
-    def _finish(self, chan: paramiko.Channel, command: str) -> Result:
-        err: list[bytes] = []
-
-        def read_stderr() -> None:
-            try:
-                err.append(chan.makefile_stderr("rb").read())
-            except (OSError, EOFError):  # a timeout or a closed channel: the main read says what happened
-                pass
-        reader = threading.Thread(target=read_stderr, daemon=True)
+    def _finish(self, chan: paramiko.Channel, command: str, seconds: float | None) -> Result:
+        """Its output (the head of stdout, the tail of stderr) and exit status, within `seconds` in all (None: no
+        bound): a command that trickles output is stopped at that time as one that says nothing is."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        out, err = Head(), Tail()
+        reader = threading.Thread(target=err.drain, args=(_stderr_of(chan, deadline),), daemon=True)
         reader.start()
         try:
-            out = chan.makefile("rb").read()
-            reader.join()
+            out.drain(_until(chan, chan.recv, deadline))
+            reader.join(None if deadline is None else max(deadline - time.monotonic(), 0))
+            if reader.is_alive() or not chan.status_event.wait(None if deadline is None else
+                                                               max(deadline - time.monotonic(), 0)):
+                raise socket.timeout
             code = chan.recv_exit_status()
         except socket.timeout:
             chan.close()
-            return Result(self.host, command, 124, "", f"timed out: it said nothing for {chan.gettimeout():g} s")
-        return Result(self.host, command, code, out.decode(errors="replace"), b"".join(err).decode(errors="replace"))
+            return Result(self.host, command, 124, out.text(), f"timed out: it did not end within {seconds:g} s")
+        return Result(self.host, command, code, out.text(), err.text())
 
     def close(self) -> None:
         self.closed = True
         self.conn.close()
 
 
+def _until(chan: paramiko.Channel, recv: Callable[[int], bytes], deadline: float | None) -> Callable[[int], bytes]:
+    """recv that raises socket.timeout once the deadline (None: none) has passed, however the far end trickles."""
+    def read(size: int) -> bytes:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout
+            chan.settimeout(left)
+        return recv(size)
+    return read
+
+
+def _stderr_of(chan: paramiko.Channel, deadline: float | None = None) -> Callable[[int], bytes]:
+    """recv_stderr that says b"" (its end) once the channel closed or the deadline passed: the channel's timeout is
+    for stdout, and stderr may be quiet for long."""
+    def read(size: int) -> bytes:
+        while True:
+            try:
+                return chan.recv_stderr(size)
+            except socket.timeout:
+                if chan.closed or (deadline is not None and time.monotonic() > deadline):
+                    return b""
+            except (OSError, EOFError):
+                return b""
+    return read
+
+
 class SshConversation:
     """Runner.converse over one SSH channel; its stderr is read beside, for the result."""
 
     def __init__(self, host: str, command: str, chan: paramiko.Channel) -> None:
-        self.host, self.command, self.chan, self.err = host, command, chan, b""
-        self.out = chan.makefile("rb")  # one buffer for every read of its lines
-
-        def read_stderr() -> None:  # the channel's timeout is for silence on stdout: stderr may be quiet for long
-            kept = b""
-            while True:
-                try:
-                    data = chan.recv_stderr(1 << 16)
-                except socket.timeout:
-                    if chan.closed:
-                        break
-                    continue
-                except (OSError, EOFError):
-                    break
-                if not data:
-                    break
-                kept = (kept + data)[-STDERR_KEPT:]
-            self.err = kept
-        self.reader = threading.Thread(target=read_stderr, daemon=True)
+        self.host, self.command, self.chan, self.err = host, command, chan, Tail()
+        self.said = Lines()  # what is left of its lines between two calls of lines()
+        self.reader = threading.Thread(target=self.err.drain, args=(_stderr_of(chan),), daemon=True)
         self.reader.start()
 
     def send(self, data: bytes) -> None:
@@ -259,10 +271,13 @@ class SshConversation:
     def quiet(self, silence: float | None) -> None:
         self.chan.settimeout(silence)
 
-    def lines(self) -> Iterator[str]:
+    def lines(self, kept: int = LINE_KEPT) -> Iterator[str]:
+        self.said.keep(kept)
+        return read_lines(self.said, self.read)
+
+    def read(self, size: int = -1) -> bytes:
         try:
-            for raw in self.out:
-                yield raw.decode(errors="replace").rstrip("\r\n")
+            return self.chan.recv(size if size > 0 else CHUNK)
         except socket.timeout:
             raise TimeoutError from None
 
@@ -271,20 +286,14 @@ class SshConversation:
         self.chan.status_event.wait(10)
         self.reader.join(5)
         code = self.chan.recv_exit_status() if self.chan.exit_status_ready() else -1
-        return Result(self.host, self.command, code, "", self.err.decode(errors="replace"))
+        return Result(self.host, self.command, code, "", self.err.text())
 
     def close(self) -> None:
         self.chan.close()
 
 
 class SshReading(SshConversation):
-    """Runner.read_out over one SSH channel: its stdout as bytes."""
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self.chan.recv(size if size > 0 else 1 << 16)
-        except socket.timeout:
-            raise TimeoutError from None
+    """Runner.read_out over one SSH channel: its stdout as bytes (read)."""
 
 
 def _pump(chan: paramiko.Channel, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes]) -> None:

@@ -59,7 +59,7 @@ def shared_workspace(primary: Node, others: list[Node], workspace: str) -> None:
 
 # Per framework: what runs in the primary's container to show the image's framework works there.
 FRAMEWORK_CHECK = {"horovod": "horovodrun --check-build",
-                   "tensorflow": "python -c 'import tensorflow as tf; print(tf.__version__)'"}
+                   "tensorflow": "python -I -c 'import tensorflow as tf; print(tf.__version__)'"}
 
 
 def cuda_check_argv(nodes: list[Node], slots: dict[str, int], port: int) -> list[str]:

@@ -37,7 +37,7 @@ from kit.steps.image import Blob, Layers, chunks
 from kit.steps.node import Node
 
 RELAY_SCRIPT = Path(relay.__file__).read_text()
-RELAY_COMMAND = f"python3 -c {shlex.quote(RELAY_SCRIPT)}"  # what it is told comes on stdin
+RELAY_COMMAND = f"python3 -I -c {shlex.quote(RELAY_SCRIPT)}"  # what it is told comes on stdin
 STALL_S = 30          # a hop that moves no byte (and says nothing) for this long has failed
 START_S = 15          # a relay says where it listens within this
 LOAD_LIMIT_S = 1800   # docker load of what arrived, on a slow disk
