@@ -80,3 +80,36 @@ def test_a_timed_out_ssh_command_reads_as_timed_out_not_a_thread_traceback():
     finally:
         threading.excepthook = old
     assert (r.exit_code, r.stderr) == (124, "timed out: it did not end within 300 s") and seen == []
+
+
+SECURITY_PAGE = REPO / "SECURITY.md"
+CITED = re.compile(r"`((?:unit|lab)/test_\w+\.py)((?:::\w+)?)`|`::(\w+)`")
+
+
+def cited_tests() -> list[tuple[str, str]]:
+    """(file, test or "") for each test SECURITY.md names; `::name` alone is of the file named before it."""
+    found, last = [], None
+    for m in CITED.finditer(SECURITY_PAGE.read_text()):
+        if m[1]:
+            last = m[1]
+            found.append((last, m[2].removeprefix("::")))
+        else:
+            found.append((last, m[3]))
+    return found
+
+
+def test_every_test_the_security_page_cites_exists():
+    """Each promise of SECURITY.md names the test that shows it: a test renamed or removed must not leave a promise
+    that nothing shows."""
+    cited = cited_tests()
+    missing = [f"{file}::{name}" for file, name in cited
+               if not (REPO / "tests" / file).is_file()
+               or name and not re.search(rf"^def {name}\(", (REPO / "tests" / file).read_text(), re.M)]
+    assert len(cited) > 30 and missing == []
+
+
+def test_each_adversary_of_the_threat_model_has_its_promises():
+    text = SECURITY_PAGE.read_text()
+    for adversary in ("A hostile job", "Hostile output", "A stranger on the lab network", "A second user"):
+        section = text.split(adversary, 1)[1].split("\n### ", 1)[0]
+        assert "| kit promises | shown by |" in section, adversary
