@@ -23,6 +23,7 @@ from kit.commands.horovod import on_cluster_subnet
 from kit.config import AUTO_FLAVORS, ClusterConfig, cuda_line, uses_gpus
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
+from kit.hostoutput import INNER, PREFIX_INNER, inner_lines, is_number, lines, number
 from kit.place import Place
 from kit.runners import Runner
 from kit.steps import check, preflight
@@ -124,25 +125,35 @@ def doctor_script(place: Place, workspace: str) -> str:
                                     f"echo '{MARK}listen'; echo \"$sockets\"", f"echo '{MARK}owners'; {owners}"]),
         f"echo '{MARK}cpidns'; pid=$(docker inspect --format '{{{{.State.Pid}}}}' {q(place.container)} 2>/dev/null) "
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
-        # What the container prints is the job's to forge: each of its lines goes with INNER in front
-        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | sed 's/^/{INNER}/'",
+        # What the container prints is the job's to forge: each of its lines goes with INNER in front (and a last line
+        # it leaves open is closed, so that the end mark starts a line of its own)
+        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | {PREFIX_INNER}; echo",
         f"echo '{MARK}end'",
     ])
 
 
 def parse_nics(text: str) -> list[Nic]:
-    """`name mtu speed` lines, then `ip -o -4 addr` lines: the NICs that have an IPv4 address. Pure."""
+    """`name mtu speed` lines, then `ip -o -4 addr` lines: the NICs that have an IPv4 address (a container's, with
+    a private network: what is no IPv4 interface is left out). Pure."""
     link: dict[str, tuple[int | None, int | None]] = {}
     nics = []
-    for line in text.splitlines():
+    for line in lines(text):
         words = line.split()
-        if len(words) == 3 and not words[0][0].isdigit():
-            mtu, speed = (int(w) if w.lstrip("-").isdigit() else None for w in words[1:])
+        if len(words) == 3 and not is_number(words[0][:1]):
+            mtu, speed = (number(w) for w in words[1:])
             link[words[0]] = (mtu, speed if speed and speed > 0 else None)
-        elif len(words) >= 4 and words[2] == "inet":
+        elif len(words) >= 4 and words[2] == "inet" and _ipv4_interface(words[3]):
             name, (address, _, prefix) = words[1], words[3].partition("/")
             nics.append(Nic(name, address, int(prefix), *link.get(name.split("@")[0], (None, None))))
     return nics
+
+
+def _ipv4_interface(text: str) -> bool:
+    """ADDRESS/PREFIX of an IPv4 interface, in ASCII digits."""
+    try:
+        return bool(re.fullmatch(r"[0-9.]+/[0-9]+", text)) and ipaddress.IPv4Interface(text) is not None
+    except ValueError:
+        return False
 
 
 def _address(hex_address: str) -> str:
@@ -154,14 +165,14 @@ def _address(hex_address: str) -> str:
 def parse_listeners(listen: str, owners: str) -> list[Listener]:
     """`ADDRESS:PORT INODE` lines of /proc/net/tcp{,6} in LISTEN, and `INODE PID PIDNS COMM` lines. Pure."""
     held = {}
-    for line in owners.splitlines():
+    for line in lines(owners):
         words = line.split(None, 3)
-        if len(words) == 4 and words[0].isdigit() and words[1].isdigit():
+        if len(words) == 4 and is_number(words[0]) and is_number(words[1]):
             held[words[0]] = (int(words[1]), words[3], words[2])
     found = []
-    for line in listen.splitlines():
+    for line in lines(listen):
         words = line.split()
-        if len(words) == 2 and ":" in words[0]:
+        if len(words) == 2 and re.fullmatch(r"([0-9A-F]{8}|[0-9A-F]{32}):[0-9A-F]{4}", words[0]):
             address, port = words[0].rsplit(":", 1)
             found.append(Listener(_address(address), int(port, 16), *held.get(words[1], (None, "", ""))))
     return found
@@ -170,29 +181,26 @@ def parse_listeners(listen: str, owners: str) -> list[Listener]:
 def _kib(df_line: str, column: int = 3) -> int | None:
     """Bytes from a `df -Pk` line: column 3 is what is free, 1 the size."""
     cols = df_line.split()
-    return int(cols[column]) * 1024 if len(cols) >= 4 and cols[column].isdigit() else None
-
-
-INNER = "|"  # in front of every line the container printed
+    return int(cols[column]) * 1024 if len(cols) >= 4 and is_number(cols[column]) else None
 
 
 def parse_doctor(reading: Reading, text: str) -> None:
     """The host's sections, and the container's (its lines start with INNER: nothing it prints can pass for one of
-    the host's); a container that did not answer printed only docker exec's complaint."""
-    lines = text.splitlines()
-    s = sections("\n".join(l for l in lines if not l.startswith(INNER)))
-    c = sections("\n".join(l[len(INNER):] for l in lines if l.startswith(INNER)))
+    the host's: the text is cut at line feeds only); a container that did not answer printed only docker exec's
+    complaint."""
+    s = sections("\n".join(l for l in lines(text) if not l.startswith(INNER)))
+    c = sections("\n".join(inner_lines(text)))
     reading.nics = parse_nics(s.get("nics") or c.get("nics", ""))
     reading.listeners = parse_listeners(s.get("listen", ""), s.get("owners", ""))
     reading.container_pidns = s.get("cpidns", "")
     if "shm" not in c:
-        said = [l[len(INNER):] for l in lines if l.startswith(INNER) and l.strip(INNER + " ")]
+        said = [l for l in inner_lines(text) if l.strip()]
         reading.container_error = said[-1] if said else "docker exec printed nothing"
         return
     reading.shm_bytes = _kib(c["shm"], column=1)  # its size: with --ipc=host others' files take some of it
     reading.memlock = c.get("memlock", "")
     reading.workspace_free = _kib(c.get("wsdf", ""))
-    reading.container_gpus = len([l for l in c.get("cgpus", "").splitlines() if l.startswith("GPU ")])
+    reading.container_gpus = len([l for l in lines(c.get("cgpus", "")) if l.startswith("GPU ")])
 
 
 def read_clock(runner: Runner) -> tuple[float, float]:
@@ -200,6 +208,8 @@ def read_clock(runner: Runner) -> tuple[float, float]:
     before = time.time()
     r = runner.run("date +%s.%N", timeout=DOCTOR_TIMEOUT_S).check("cannot read the clock")
     after = time.time()
+    if not re.fullmatch(r"[0-9]+\.[0-9]+", r.stdout.strip()):
+        raise KitError("cannot read the clock: `date +%s.%N` printed no time", output_tail=r.tail())
     return float(r.stdout.strip()) - (before + after) / 2, (after - before) / 2
 
 
@@ -211,11 +221,11 @@ def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
         reading.address, reading.facts, reading.drivers = node.address, node.facts, node.facts.drivers
         reading.clock_offset, reading.clock_error = read_clock(node.runner)
         r = node.runner.run(doctor_script(node.place, cfg.workspace_path), timeout=DOCTOR_TIMEOUT_S)
-        if f"{MARK}end" not in r.stdout:
+        if f"{MARK}end" not in lines(r.stdout):
             raise KitError("kit's doctor script was cut short", host=node.name, output_tail=r.tail())
         parse_doctor(reading, r.stdout)
     except KitError as e:
-        reading.error = e.message + (f": {e.output_tail.splitlines()[-1]}" if e.output_tail else "")
+        reading.error = e.message + (f": {lines(e.output_tail)[-1]}" if e.output_tail else "")
     except Exception as e:  # noqa: BLE001 - a dropped connection, odd output: this host's finding, not the end
         reading.error = f"{type(e).__name__}: {e}"
     return reading
@@ -240,8 +250,8 @@ def parse_pairs(text: str) -> dict[str, tuple[int, str]]:
     for name, body in sections(text).items():
         if name.startswith(PAIR):
             target, _, code = name[len(PAIR):].partition(" ")
-            lines = [l for l in body.splitlines() if l.strip()]
-            found[target] = (int(code) if code.lstrip("-").isdigit() else -1, lines[-1] if lines else "")
+            said = [l for l in lines(body) if l.strip()]
+            found[target] = (number(code, -1), said[-1] if said else "")
     return found
 
 
@@ -249,7 +259,7 @@ def read_pairs(node: Node, targets: list[str]) -> dict[str, tuple[int, str]]:
     r = node.runner.run(command(exec_argv(node.place.container, ["sh", "-c", pairs_script(targets)])),
                         timeout=PAIR_TIMEOUT_S * 3)
     found = parse_pairs(r.stdout)
-    unread = (r.exit_code, r.tail().splitlines()[-1] if r.tail() else "no answer")  # the script itself failed
+    unread = (r.exit_code, lines(r.tail())[-1] if r.tail() else "no answer")  # the script itself failed
     return {t: found.get(t, unread) for t in targets}
 
 
