@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from kit.config import AUTO_FLAVORS, CUDA_LINES, min_driver
 from kit.errors import BadInput
-from kit.hostoutput import lines
+from kit.hostoutput import MARK, lines, sections
 
-MARK = "@@kit "  # (kit.steps.facts.MARK: the same sections)
 NVIDIA_SMI_TIMEOUT_S = 30  # a driver in a bad state can hang nvidia-smi
 PCI_DEVICES = "/sys/bus/pci/devices"
 
@@ -122,5 +121,4 @@ def driver_problem(drivers: tuple[str, ...], flavor: str, line: str | None) -> t
 
 def probe(runner) -> Gpus:
     """One machine's GPUs, read with SCRIPT alone (changes nothing; no root needed)."""
-    from kit.steps.facts import sections  # (the facts script carries SCRIPT: the same sections)
     return parse(sections(runner.run("\n".join(SCRIPT), timeout=NVIDIA_SMI_TIMEOUT_S * 3).stdout))

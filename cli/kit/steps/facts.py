@@ -12,12 +12,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit import gpus as nvidia
-from kit.hostoutput import INNER, PREFIX_INNER, is_number, lines
+from kit.hostoutput import INNER, MARK, PREFIX_INNER, is_number, lines, sections
 from kit.identity import Owner
 from kit.place import Place
 from kit.steps import storage
 
-MARK = "@@kit "
 END = "end"  # the last section: the script ran to its end
 FACTS_TIMEOUT_S = 120
 
@@ -138,19 +137,6 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
 
 def complete(text: str) -> bool:
     return f"{MARK}{END}" in lines(text)
-
-
-def sections(text: str) -> dict[str, str]:
-    """The `@@kit NAME` sections of a script's output (text cut at line feeds only: see kit.hostoutput)."""
-    out: dict[str, list[str]] = {}
-    current = None
-    for line in lines(text):
-        if line.startswith(MARK):
-            current = line[len(MARK):].strip()
-            out[current] = []
-        elif current is not None:
-            out[current].append(line)
-    return {k: "\n".join(v).strip() for k, v in out.items()}
 
 
 def listening_ports(proc_net_tcp: str) -> frozenset[int]:
