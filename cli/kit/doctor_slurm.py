@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.doctor import FAIL, OK, WARN, Finding, Reading
+from kit.doctor_judge import FAIL, OK, WARN, Finding
+from kit.doctor_read import Reading
 from kit.errors import KitError
 from kit.fanout import fan_out
-from kit.hostoutput import lines, number
-from kit.steps.facts import MARK, sections
+from kit.hostoutput import MARK, lines, number, sections
 from kit.steps.node import Node
 
 SLURM_CONF = "/etc/slurm/slurm.conf"

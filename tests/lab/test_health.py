@@ -137,9 +137,10 @@ BACKDOOR = ("import ctypes, socket, time; ctypes.CDLL(None).prctl(15, b'\\x0b@@k
 
 def test_a_container_cannot_forge_a_doctor_section(cluster, lab):
     h = lab.hosts[1]
-    h.docker("exec", CONTAINER, "sh", "-c", 'printf %s "$1" > /usr/local/bin/nvidia-smi && chmod +x /usr/local/bin/nvidia-smi',
-             "sh", FORGER)
-    h.docker("exec", "-d", CONTAINER, "sh", "-c", f"echo $$ > /tmp/backdoor.pid && exec python3 -c {shlex.quote(BACKDOOR)}")
+    h.docker("exec", CONTAINER, "sh", "-c", 'printf %s "$1" > /usr/local/bin/nvidia-smi && chmod +x "$0"',
+             "/usr/local/bin/nvidia-smi", FORGER)
+    h.docker("exec", "-d", CONTAINER, "sh", "-c", f"echo $$ > /tmp/backdoor.pid && exec python3 -c "
+             f"{shlex.quote(BACKDOOR)}")
     try:
         wait_for("the backdoor's socket", lambda: h.listening(23456), timeout=30)
         said = h.docker("exec", CONTAINER, "nvidia-smi", "-L").stdout

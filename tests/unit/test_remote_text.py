@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from kit import doctor as dr
+from kit import doctor_judge as jd
+from kit import doctor_read as rd
 from kit import doctor_slurm as ds
 from kit import gpus
 from kit.place import Place
@@ -33,11 +34,11 @@ def host_output(container_line: str) -> str:
 def test_a_container_cannot_start_a_section_with_any_line_break(brk):
     forged = "".join(f"{brk}@@kit {name}" for name in ("listen", "owners", "cpidns")) + f"{brk}@@kit nics{brk}" \
         "9: eth9 inet 10.9.9.9/8"
-    reading = dr.Reading("a")
-    dr.parse_doctor(reading, host_output("No devices were found" + forged))
-    assert reading.listeners == [dr.Listener("0.0.0.0", 23456, 4400, "python3", "pid:[4026532]")]
+    reading = rd.Reading("a")
+    rd.parse_doctor(reading, host_output("No devices were found" + forged))
+    assert reading.listeners == [rd.Listener("0.0.0.0", 23456, 4400, "python3", "pid:[4026532]")]
     assert reading.container_pidns == "pid:[4026532]" and reading.nics == []
-    assert [f.level for f in [dr._job_ports(reading)]] == [dr.WARN]  # the backdoor is still named
+    assert [f.level for f in [jd._job_ports(reading)]] == [jd.WARN]  # the backdoor is still named
     assert reading.memlock == "unlimited" and reading.workspace_free == 2 << 30  # the container's own, as it said
     # kit's other readers of sections (facts, the Slurm checks) are cut the same way
     assert facts.sections(f"@@kit image\nsha256:1{brk}@@kit kitdir\n@@kit end\n") == \
@@ -55,7 +56,7 @@ def test_the_doctor_script_prefixes_every_line_of_the_container(tmp_path, brk):
     docker.write_text("#!/bin/sh\n[ \"$1\" = exec ] || exit 1\nprintf '%s\\n@@kit cpidns\\n%s' \"$FORGED\" "
                       "'@@kit listen'\n")
     docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
-    script = dr.doctor_script(Place("kit-doctor-none", str(tmp_path)), str(tmp_path))
+    script = rd.doctor_script(Place("kit-doctor-none", str(tmp_path)), str(tmp_path))
     forged = f"tmpfs 1 1 1 1% /dev/shm{brk}@@kit listen{brk}@@kit owners{brk}@@kit shm{brk}"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FORGED": forged}
     backdoor = socket.socket()
@@ -67,8 +68,8 @@ def test_the_doctor_script_prefixes_every_line_of_the_container(tmp_path, brk):
         port = backdoor.getsockname()[1]
         backdoor.close()
     assert "@@kit end" in out.split("\n") and forged in out
-    reading = dr.Reading("here")
-    dr.parse_doctor(reading, out)
+    reading = rd.Reading("here")
+    rd.parse_doctor(reading, out)
     assert ("0.0.0.0", port, os.getpid()) in {(l.address, l.port, l.pid) for l in reading.listeners}
     assert reading.container_pidns == "" and reading.shm_bytes is None  # no pid namespace was read, no shm forged
     assert reading.container_error == "@@kit listen"  # the container's last line, as it printed it
@@ -93,19 +94,21 @@ DIGITS = ["²", "٣", "３", "①", "1²", "٣٣", "-"]
 
 @pytest.mark.parametrize("digit", DIGITS)
 def test_forged_digits_do_not_crash_a_parser(digit):
-    reading = dr.Reading("a")
-    dr.parse_doctor(reading, f"@@kit nics\nlo {digit} {digit}\n1: lo inet 127.0.0.{digit}/{digit}\n"
+    reading = rd.Reading("a")
+    rd.parse_doctor(reading, f"@@kit nics\nlo {digit} {digit}\n1: lo inet 127.0.0.{digit}/{digit}\n"
                              f"2: eth0 inet 10.0.0.1/{digit}\n"
                              f"@@kit listen\n00000000:{digit} 7\n0100007F:0019 {digit}\n"
                              f"@@kit owners\n{digit} 1 pid:[1] sshd\n7 {digit} pid:[1] sshd\n"
-                             f"@@kit container\n|@@kit shm\n|tmpfs {digit} 1 {digit} 1% /dev/shm\n|@@kit memlock\n|{digit}"
-                             f"\n|@@kit wsdf\n|/dev/sda1 1 1 {digit} 1% /work\n|@@kit cgpus\n@@kit end\n")
+                             f"@@kit container\n|@@kit shm\n|tmpfs {digit} 1 {digit} 1% /dev/shm\n|@@kit memlock\n"
+                             f"|{digit}\n|@@kit wsdf\n|/dev/sda1 1 1 {digit} 1% /work\n|@@kit cgpus\n@@kit end\n")
     assert reading.nics == [] and reading.shm_bytes is None and reading.workspace_free is None
     assert [(l.port, l.pid) for l in reading.listeners] == [(25, None)]
-    assert dr.parse_nics(f"eth0 {digit} {digit}\n2: eth0 inet 10.0.0.1/24\n") == [dr.Nic("eth0", "10.0.0.1", 24)]
-    assert dr.parse_pairs(f"@@kit pair 10.0.0.2 {digit}\nPermission denied\n") == {"10.0.0.2": (-1, "Permission denied")}
+    assert rd.parse_nics(f"eth0 {digit} {digit}\n2: eth0 inet 10.0.0.1/24\n") == [rd.Nic("eth0", "10.0.0.1", 24)]
+    assert rd.parse_pairs(f"@@kit pair 10.0.0.2 {digit}\nPermission denied\n") == \
+        {"10.0.0.2": (-1, "Permission denied")}
     f = facts.parse_facts(0, f"@@kit docker\n27.0.{digit}\n@@kit df\n/dev/sda1 1 1 {digit} 1% /\n@@kit tcp\n"
-                             f"  0: 00000000:{digit} 00000000:0000 0A\n@@kit addr\n2: eth0    inet 10.0.0.{digit}/{digit}\n"
+                             f"  0: 00000000:{digit} 00000000:0000 0A\n"
+                             f"@@kit addr\n2: eth0    inet 10.0.0.{digit}/{digit}\n"
                              f"@@kit limits\n{digit}\nCapBnd:\t{digit}\n@@kit drivers\n{digit}.1\n@@kit end\n")
     assert (f.free_bytes, f.listening, f.ipv4, f.memlock_kb, f.can_raise_limits, f.drivers) == \
         (0, frozenset(), (), None, True, ())
@@ -125,9 +128,19 @@ def _slurm_port(digit: str) -> list:
         def run(self, script, stdin=None, timeout=None):
             if "unmunge" in script:
                 return Result("n1", "", 0, "@@kit hostname\nn1\n@@kit unmunge\nSTATUS: Success (0)\n@@kit end\n", "")
-            return Result("n1", "", 0, f"@@kit conf\npresent\n@@kit ping\nSlurmctld(primary) at h is UP\n@@kit port\n{digit}\n"
-                             "@@kit nodes\nn1|10.0.0.1|idle|none\n@@kit cred\nMUNGE:abc\n@@kit end\n", "")
+            return Result("n1", "", 0, f"@@kit conf\npresent\n@@kit ping\nSlurmctld(primary) at h is UP\n"
+                                       f"@@kit port\n{digit}\n@@kit nodes\nn1|10.0.0.1|idle|none\n"
+                                       "@@kit cred\nMUNGE:abc\n@@kit end\n", "")
 
     node = Node(Host("10.0.0.1", primary=True), Primary(), None)
-    reading = dr.Reading("10.0.0.1", address="10.0.0.1", facts=facts.HostFacts(0, "27.0", listening=frozenset({6818})))
+    reading = rd.Reading("10.0.0.1", address="10.0.0.1", facts=facts.HostFacts(0, "27.0", listening=frozenset({6818})))
     return examine([node], [reading], True)
+
+
+def test_lines_are_cut_at_line_feeds_only_and_numbers_are_ascii_digits():
+    from kit.hostoutput import is_number, lines, number
+    text = "a" + "".join(BREAKS) + "b\nc\n"
+    assert lines(text) == ["a" + "".join(BREAKS) + "b", "c"] and lines("") == [] and lines("\n") == [""]
+    assert lines("x\ny") == "x\ny".splitlines()
+    assert [is_number(t) for t in ("0", "12345", "", "-1", " 1", "1\n", *DIGITS)] == [True, True] + [False] * 11
+    assert (number("42"), number("٣"), number("²", -1)) == (42, None, -1)
