@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from kit import doctor_slurm
 from kit import state as st
 from kit.config import ClusterConfig, uses_gpus
-from kit.doctor_judge import FAIL, OK, WARN, Finding, decide_flavor, judge_across, judge_host, judge_pairs
+from kit.doctor_judge import (FAIL, OK, WARN, Finding, decide_flavor, judge_across, judge_host, judge_pairs,
+                              judge_workspace, unreachable)
 from kit.doctor_read import read_host, read_pairs
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
@@ -47,9 +48,7 @@ def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.Cluster
     CUDA line; `slurm`: kit.yaml has a slurm section (the Slurm section runs then, and wherever the primary has
     slurm.conf)."""
     readings = fan_out("reading the hosts", nodes, lambda n: read_host(n, cfg, image), lambda n: n.name)
-    findings = [Finding(r.name, "ssh", FAIL, f"cannot reach or read the host: {r.error}",
-                        "check that the host is up and that `ssh` to it works as in hosts.txt")
-                for r in readings if r.error]
+    findings = unreachable(readings)
     flavor, mixed = decide_flavor(flavor, where, readings)
     findings += mixed
     up = state is not None
@@ -82,13 +81,8 @@ def _workspace(nodes: list[Node], state: st.ClusterState, cfg: ClusterConfig) ->
         return []
     try:
         check.shared_workspace(nodes[0], nodes[1:], cfg.workspace_path)
-        failures: dict[str, KitError] = {}
     except HostsFailed as e:
-        failures = e.failures
+        return judge_workspace(nodes[0].name, [n.name for n in nodes[1:]], state, cfg, e.failures)
     except KitError as e:
-        return [Finding(nodes[0].name, "workspace", FAIL, e.message, e.hint or "")]
-    return [Finding(n.name, "workspace", FAIL, failures[n.name].message, failures[n.name].hint or "")
-            if n.name in failures else
-            Finding(n.name, "workspace", OK, f"{cfg.workspace_path} is shared ({state.storage}): a file the "
-                    "primary wrote is seen here")
-            for n in nodes[1:]]
+        return judge_workspace(nodes[0].name, [n.name for n in nodes[1:]], state, cfg, {}, e)
+    return judge_workspace(nodes[0].name, [n.name for n in nodes[1:]], state, cfg, {})

@@ -14,7 +14,7 @@ from kit import state as st
 from kit.commands.horovod import on_cluster_subnet
 from kit.config import AUTO_FLAVORS, ClusterConfig, cuda_line
 from kit.doctor_read import Nic, Reading
-from kit.errors import BadInput
+from kit.errors import BadInput, KitError
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, HostFacts
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -34,33 +34,6 @@ class Finding:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def judge_host(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool, flavor: str,
-               cuda: str | None, owner) -> list[Finding]:
-    """One reachable host's findings. `state`: the cluster as `up` recorded it (None: hosts before `up`)."""
-    up = state is not None
-    out = []
-    if other := r.facts.foreign(cfg.name, owner):  # nothing of theirs is read as this cluster's
-        out.append(Finding(r.name, "owner", FAIL, f"a cluster named {cfg.name} of {other} is here; kit "
-                           "leaves another's cluster alone", "choose another cluster name (--name or "
-                           "cluster.name in kit.yaml), or ask its owner to run kit down"))
-        r.container_pidns, r.shm_bytes, r.memlock, r.workspace_free = "", None, "", None
-    out += _host_checks(r, cfg, state, gpu, flavor, cuda)
-    if r.facts.docker_version:
-        out.append(_port(r, cfg.ssh_port, up))
-    if up and (ports := _job_ports(r)):
-        out.append(ports)
-    if up and r.facts.docker_version:
-        mine = bool(r.facts.container and r.facts.container.cluster == cfg.name
-                    and r.facts.container.owner == owner)
-        out += _container(r, state, cfg, mine, gpu)
-    return out
-
-
-def judge_across(readings: list[Reading]) -> list[Finding]:
-    """What is judged by comparing the hosts: their clocks, their NICs, their NVIDIA drivers."""
-    return _clocks(readings) + _nics(readings) + _drivers(readings)
 
 
 def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool,
@@ -328,3 +301,51 @@ def judge_pairs(results: dict[str, dict[str, tuple[int, str]]], names: dict[str,
                            f"{', '.join(bad)}: {said or f'exit {code}'}", "see the port and container lines of this "
                            "host and `docker logs` of its container; `kit up` restarts the container"))
     return out
+
+
+# ---------------------------------------------------------------- a host, the hosts
+
+def judge_host(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool, flavor: str,
+               cuda: str | None, owner) -> list[Finding]:
+    """One reachable host's findings. `state`: the cluster as `up` recorded it (None: hosts before `up`)."""
+    up = state is not None
+    out = []
+    if other := r.facts.foreign(cfg.name, owner):  # nothing of theirs is read as this cluster's
+        out.append(Finding(r.name, "owner", FAIL, f"a cluster named {cfg.name} of {other} is here; kit "
+                           "leaves another's cluster alone", "choose another cluster name (--name or "
+                           "cluster.name in kit.yaml), or ask its owner to run kit down"))
+        r.container_pidns, r.shm_bytes, r.memlock, r.workspace_free = "", None, "", None
+    out += _host_checks(r, cfg, state, gpu, flavor, cuda)
+    if r.facts.docker_version:
+        out.append(_port(r, cfg.ssh_port, up))
+    if up and (ports := _job_ports(r)):
+        out.append(ports)
+    if up and r.facts.docker_version:
+        mine = bool(r.facts.container and r.facts.container.cluster == cfg.name
+                    and r.facts.container.owner == owner)
+        out += _container(r, state, cfg, mine, gpu)
+    return out
+
+
+def judge_across(readings: list[Reading]) -> list[Finding]:
+    """What is judged by comparing the hosts: their clocks, their NICs, their NVIDIA drivers."""
+    return _clocks(readings) + _nics(readings) + _drivers(readings)
+
+
+def unreachable(readings: list[Reading]) -> list[Finding]:
+    return [Finding(r.name, "ssh", FAIL, f"cannot reach or read the host: {r.error}",
+                    "check that the host is up and that `ssh` to it works as in hosts.txt")
+            for r in readings if r.error]
+
+
+def judge_workspace(primary: str, others: list[str], state: st.ClusterState, cfg: ClusterConfig,
+                    failures: dict[str, KitError], error: KitError | None = None) -> list[Finding]:
+    """The shared workspace check: `failures`, the hosts that did not see the primary's file; `error`, the check
+    itself failed on the primary."""
+    if error is not None:
+        return [Finding(primary, "workspace", FAIL, error.message, error.hint or "")]
+    return [Finding(n, "workspace", FAIL, failures[n].message, failures[n].hint or "")
+            if n in failures else
+            Finding(n, "workspace", OK, f"{cfg.workspace_path} is shared ({state.storage}): a file the "
+                    "primary wrote is seen here")
+            for n in others]
