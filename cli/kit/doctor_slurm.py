@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.doctor import FAIL, OK, WARN, Finding, Reading
+from kit.doctor_judge import FAIL, OK, WARN, Finding
+from kit.doctor_read import Reading
 from kit.errors import KitError
 from kit.fanout import fan_out
-from kit.steps.facts import MARK, sections
+from kit.hostoutput import MARK, lines, number, sections
 from kit.steps.node import Node
 
 SLURM_CONF = "/etc/slurm/slurm.conf"
@@ -54,18 +55,18 @@ HOST_SCRIPT = (f"echo '{MARK}hostname'; hostname -s; echo '{MARK}unmunge'; "
 
 def parse_ping(text: str) -> tuple[bool, str]:
     """(the controller answers, what scontrol said), from `scontrol ping`: `Slurmctld(primary) at NAME is UP`. Pure."""
-    lines = [line.strip() for line in text.splitlines() if line.strip().strip("*")]
-    said = next((line for line in lines if line.startswith("Slurmctld(primary)")), None)
+    said_lines = [line.strip() for line in lines(text) if line.strip().strip("*")]
+    said = next((line for line in said_lines if line.startswith("Slurmctld(primary)")), None)
     if said:
         return said.endswith(" is UP"), said
-    return False, lines[-1] if lines else "scontrol printed nothing"
+    return False, said_lines[-1] if said_lines else "scontrol printed nothing"
 
 
 def parse_sinfo(text: str) -> dict[str, SlurmNode] | None:
     """node name -> SlurmNode, from `sinfo -h -N -o '%N|%o|%T|%E'` (a node is listed once per partition); None
     when sinfo printed no such line (it failed: the controller does not answer). Pure."""
     nodes = {}
-    for line in text.splitlines():
+    for line in lines(text):
         parts = line.strip().split("|", 3)
         if len(parts) != 4 or not parts[0]:
             continue
@@ -77,11 +78,11 @@ def parse_sinfo(text: str) -> dict[str, SlurmNode] | None:
 
 def parse_unmunge(text: str) -> tuple[bool, str]:
     """(the credential decoded, what unmunge said), from its `STATUS: Success (0)` line or its error. Pure."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    status = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("STATUS:")), None)
+    said = [line.strip() for line in lines(text) if line.strip()]
+    status = next((line.split(":", 1)[1].strip() for line in said if line.startswith("STATUS:")), None)
     if status is not None:
         return status.startswith("Success"), status
-    return False, lines[-1].removeprefix("unmunge: ").removeprefix("Error: ") if lines else "unmunge printed nothing"
+    return False, said[-1].removeprefix("unmunge: ").removeprefix("Error: ") if said else "unmunge printed nothing"
 
 
 # ---------------------------------------------------------------- judging
@@ -168,12 +169,12 @@ def examine(nodes: list[Node], readings: list[Reading], configured: bool) -> lis
             f"make these hosts a Slurm cluster (`{PREPARE}`), or check the site's Slurm from its login host")]
     answers, said = parse_ping(s.get("ping", ""))
     findings = [judge_controller(primary.name, answers, said)]
-    creds = s.get("cred", "").splitlines()
+    creds = lines(s.get("cred", ""))
     made = len(creds) == len(seen) and all(c.startswith("MUNGE:") for c in creds)
     read = fan_out("Slurm on the hosts", list(zip([n for n, _ in seen], creds if made else [""] * len(seen))),
                    lambda item: _read_host(*item), lambda item: item[0].name)
     listed = parse_sinfo(s.get("nodes", "")) if answers else None
-    port = int(s["port"]) if s.get("port", "").isdigit() else SLURMD_PORT
+    port = number(s.get("port", "").strip(), SLURMD_PORT)
     for (node, reading), (hostname, decoded, unmunged) in zip(seen, read):
         if listed is not None:
             mine = listed.get(hostname) or next((x for x in listed.values() if x.address == reading.address), None)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from kit.errors import BadInput
 from kit.flavors import AUTO_FLAVORS, CUDA_LINES, min_driver
+from kit.hostoutput import MARK, lines, sections
 
-MARK = "@@kit "  # (kit.steps.facts.MARK: the same sections)
 NVIDIA_SMI_TIMEOUT_S = 30  # a driver in a bad state can hang nvidia-smi
 PCI_DEVICES = "/sys/bus/pci/devices"
 
@@ -30,7 +30,7 @@ SCRIPT = [
     "--format=csv,noheader 2>/dev/null",
     f"echo '{MARK}pcigpus'; {pci_script()}",
 ]
-_VERSION = re.compile(r"^\d+(?:\.\d+)*$")
+_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+)*")  # ASCII digits only (\d takes any script's)
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class Gpus:
 
 def parse(sections: dict[str, str]) -> Gpus:
     """SCRIPT's sections -> Gpus. What a failing nvidia-smi prints (on stdout) is neither a GPU nor a version."""
-    return Gpus(listed=sum(l.startswith("GPU ") for l in sections.get("gpus", "").splitlines()),
-                drivers=tuple(l.strip() for l in sections.get("drivers", "").splitlines() if _VERSION.match(l.strip())),
-                pci=sum(l.strip().startswith("0x03") for l in sections.get("pcigpus", "").splitlines()))
+    return Gpus(listed=sum(l.startswith("GPU ") for l in lines(sections.get("gpus", ""))),
+                drivers=tuple(l.strip() for l in lines(sections.get("drivers", "")) if _VERSION.fullmatch(l.strip())),
+                pci=sum(l.strip().startswith("0x03") for l in lines(sections.get("pcigpus", ""))))
 
 
 # ---------------------------------------------------------------- build.flavor auto
@@ -121,5 +121,4 @@ def driver_problem(drivers: tuple[str, ...], flavor: str, line: str | None) -> t
 
 def probe(runner) -> Gpus:
     """One machine's GPUs, read with SCRIPT alone (changes nothing; no root needed)."""
-    from kit.steps.facts import sections  # (the facts script carries SCRIPT: the same sections)
     return parse(sections(runner.run("\n".join(SCRIPT), timeout=NVIDIA_SMI_TIMEOUT_S * 3).stdout))

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 from pathlib import Path
@@ -122,6 +123,35 @@ def test_bench_train_prints_the_scaling_table_and_draws_it(cluster, lab):
                          rf"{row['speedup']:.2f}x │\s+{row['efficiency']:.0%} │ {row['job']} │", r.stdout), r.stdout
     jobs = [json.loads(line) for line in run_kit("jobs", "--json", cwd=cluster, env=lab.env).stdout.splitlines()]
     assert {(j["id"], j["state"]) for j in jobs} >= {(one["job"], "succeeded"), (three["job"], "succeeded")}, jobs
+
+
+# A job is root in its container: it can replace what doctor runs there (nvidia-smi here) and name its processes.
+# Each try puts another line break of str.splitlines (not a line feed) before a forged section that lists no socket.
+FORGED = "".join(f"{brk}@@kit {name}" for brk in ("\x0b", "\r", "\x1c", "\u2028", "\x85", "\x0c")
+                 for name in ("listen", "owners", "cpidns"))
+FORGER = "#!/bin/sh\nprintf '%s\\n' " + shlex.quote("No devices were found" + FORGED) + "\n"
+BACKDOOR = ("import ctypes, socket, time; ctypes.CDLL(None).prctl(15, b'\\x0b@@kit listen', 0, 0, 0); "
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('0.0.0.0', 23456)); s.listen(); time.sleep(600)")
+
+
+def test_a_container_cannot_forge_a_doctor_section(cluster, lab):
+    h = lab.hosts[1]
+    h.docker("exec", CONTAINER, "sh", "-c", 'printf %s "$1" > /usr/local/bin/nvidia-smi && chmod +x "$0"',
+             "/usr/local/bin/nvidia-smi", FORGER)
+    h.docker("exec", "-d", CONTAINER, "sh", "-c", f"echo $$ > /tmp/backdoor.pid && exec python3 -c "
+             f"{shlex.quote(BACKDOOR)}")
+    try:
+        wait_for("the backdoor's socket", lambda: h.listening(23456), timeout=30)
+        said = h.docker("exec", CONTAINER, "nvidia-smi", "-L").stdout
+        assert said.count("@@kit listen") == 6, repr(said)  # the forger is what doctor runs there
+        code, report = doctor(cluster, lab)
+    finally:
+        h.docker("exec", CONTAINER, "sh", "-c", "kill $(cat /tmp/backdoor.pid); rm -f /usr/local/bin/nvidia-smi "
+                 "/tmp/backdoor.pid", check=False)
+    warned = [f for f in report["findings"] if f["level"] == "warn"]
+    assert [(f["host"], f["check"]) for f in warned] == [(h.address, "listening")], report
+    assert "kit?listen on 0.0.0.0 port 23456" in warned[0]["text"], warned  # its name, made harmless
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The documentation: README.md as a short front page whose links resolve, and the MkDocs site in docs/, built
 strictly and offline, whose reference pages hold every kit.yaml key, every command and flag and every doctor
 check that kit's code has. The code is read here on other paths than the site's generator (docs/hooks/kitref.py)
-takes: config.py's syntax tree, `kit --help` as a user runs it, doctor.py's text."""
+takes: config.py's syntax tree, `kit --help` as a user runs it, the doctor's text."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def test_every_command_and_every_flag_is_in_the_reference(site):
 # ---------------------------------------------------------------- troubleshooting: every doctor check
 
 def test_every_doctor_check_is_in_troubleshooting(site):
-    source = (REPO / "cli/kit/doctor.py").read_text()
+    source = "".join((REPO / f"cli/kit/{name}.py").read_text() for name in ("doctor", "doctor_judge"))
     named = set(re.findall(r'Finding\(\s*[\w.\[\]]+,\s*"([^"]+)"', source))
     named |= set(re.findall(r'_disk\(\s*[\w.]+,\s*"([^"]+)"', source))  # its helper: the check's name is its 2nd
     assert {"ssh", "docker disk", "shm", "ssh mesh", "gpu"} <= named

@@ -3,7 +3,7 @@ and munge 0.5.15), and the findings judged from it."""
 
 import subprocess
 
-from kit.doctor import FAIL, OK, WARN
+from kit.doctor_judge import FAIL, OK, WARN
 from kit.doctor_slurm import (HOST_SCRIPT, PREPARE, SlurmNode, judge_controller, judge_munge, judge_node,
                               parse_ping, parse_sinfo, parse_unmunge, primary_script)
 from kit.steps.facts import sections
@@ -156,7 +156,7 @@ MUNGE:AAA3:
 
 
 def scripted_cluster(**third):
-    from kit.doctor import Reading
+    from kit.doctor_read import Reading
     from kit.inventory import Host
     from kit.steps.facts import HostFacts
     from kit.steps.node import Node

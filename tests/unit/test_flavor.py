@@ -277,7 +277,8 @@ def gpu_host(name: str, driver: str, count: int = 4):
 
 
 def test_preflight_and_the_doctor_refuse_driver_535_for_cuda_13_the_same_way():
-    from kit import doctor as dr
+    from kit import doctor_judge as jd
+    from kit import doctor_read as rd
     from kit.config import ClusterConfig
     from kit.errors import HostsFailed
     from kit.steps import preflight
@@ -288,21 +289,22 @@ def test_preflight_and_the_doctor_refuse_driver_535_for_cuda_13_the_same_way():
     assert {h: f.message for h, f in e.value.failures.items()} == {"a": text, "c": text} and e.value.hint == hint
     preflight.check_drivers(nodes, "gpu", "12.8")  # 12.8 runs on both
     for n in nodes:
-        r = dr.Reading(n.name, facts=n.facts, drivers=n.facts.drivers)
-        found = {f.check: f for f in dr._host_checks(r, ClusterConfig(name="lab"), None, True, "gpu", "13.0")}
+        r = rd.Reading(n.name, facts=n.facts, drivers=n.facts.drivers)
+        found = {f.check: f for f in jd._host_checks(r, ClusterConfig(name="lab"), None, True, "gpu", "13.0")}
         assert (found["cuda"].level, found["cuda"].text, found["cuda"].fix) == (
             ("fail", text, hint) if n.name != "b" else
             ("ok", "NVIDIA driver 580.159.04 runs CUDA 13.0 (it needs 580 or newer)", ""))
 
 
 def test_the_doctor_decides_auto_as_up_does_and_fails_mixed_hosts_on_each():
-    from kit import doctor as dr
-    readings = [dr.Reading(n.name, facts=n.facts) for n in (gpu_host("a", "580.1"), gpu_host("b", "580.1", count=0))]
-    flavor, found = dr._flavor("auto", "build.flavor (default auto)", readings)
+    from kit import doctor_judge as jd
+    from kit import doctor_read as rd
+    readings = [rd.Reading(n.name, facts=n.facts) for n in (gpu_host("a", "580.1"), gpu_host("b", "580.1", count=0))]
+    flavor, found = jd.decide_flavor("auto", "build.flavor (default auto)", readings)
     assert [(f.host, f.check, f.level) for f in found] == [("a", "flavor", "fail"), ("b", "flavor", "fail")]
     assert found[0].text == "the flavor cannot follow the hosts' GPUs: build.flavor (default auto): a has NVIDIA GPUs " \
                             "and b has none; one image cannot serve both"
-    assert dr._flavor("auto", "x", readings[:1]) == ("gpu", []) and dr._flavor("cpu", "x", readings) == ("cpu", [])
+    assert jd.decide_flavor("auto", "x", readings[:1]) == ("gpu", []) and jd.decide_flavor("cpu", "x", readings) == ("cpu", [])
 
 
 def test_the_gpu_facts_script_as_it_ran_on_an_h200_host():

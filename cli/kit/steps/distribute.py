@@ -32,6 +32,7 @@ from typing import Callable, Iterator, Protocol
 
 from kit import relay
 from kit.errors import HostsFailed, KitError
+from kit.hostoutput import is_number
 from kit.runners.base import Conversation, TAIL_LINES
 from kit.steps.image import Blob, Layers, chunks
 from kit.steps.node import Node
@@ -307,7 +308,7 @@ def _start(hop: Hop, params: dict, head: bool, stall: float) -> None:
     except TimeoutError:
         first = ""
     words = first.split()
-    if len(words) == 2 and words[0] == "LISTEN" and words[1].isdigit():
+    if len(words) == 2 and words[0] == "LISTEN" and is_number(words[1]):
         hop.port, hop.state = int(words[1]), "listening"
         return
     hop.talk.close()

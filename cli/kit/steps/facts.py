@@ -12,11 +12,11 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit import gpus as nvidia
+from kit.hostoutput import INNER, MARK, PREFIX_INNER, is_number, lines, sections
 from kit.identity import Owner
 from kit.place import Place
 from kit.steps import storage
 
-MARK = "@@kit "
 END = "end"  # the last section: the script ran to its end
 FACTS_TIMEOUT_S = 120
 
@@ -96,10 +96,11 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
     """A POSIX sh script that prints each fact under a `@@kit NAME` line. sources: the host paths of cluster.mounts."""
     q = shlex.quote
     container, kit_dir = place.container, place.kit_dir
-    # The cluster port is open where the container's sshd listens: the host's network, or the container's own.
-    tcp = "cat /proc/net/tcp /proc/net/tcp6"
+    # The cluster port is open where the container's sshd listens: the host's network, or the container's own (what
+    # the container prints goes with INNER in front: none of its lines can start a section)
+    tcp = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"
     if place.private:
-        tcp = f"docker exec {q(container)} {tcp}"
+        tcp = f"docker exec {q(container)} {tcp} | {PREFIX_INNER}"
     return "\n".join([
         f"echo '{MARK}docker'; docker version --format '{{{{.Server.Version}}}}' 2>&1",
         # One docker info for all it says (each call costs the engine a full reading); its first line, Docker's data
@@ -108,7 +109,7 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
         f"{{{{\"\\n{MARK}driverstatus\\n\"}}}}{{{{json .DriverStatus}}}}' 2>/dev/null)",
         f"echo '{MARK}dockerroot'; printf '%s\\n' \"$info\"; root=$(printf '%s\\n' \"$info\" | head -n 1)",
         f"echo '{MARK}df'; df -Pk \"${{root:-/}}\" 2>/dev/null | tail -n 1",
-        f"echo '{MARK}tcp'; {tcp} 2>/dev/null",
+        f"echo '{MARK}tcp'; {tcp}",
         f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
         f"echo '{MARK}image'; docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null",
         f"echo '{MARK}layers'; docker image ls -q --no-trunc 2>/dev/null | sort -u | xargs -r docker image inspect "
@@ -135,33 +136,21 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
 
 
 def complete(text: str) -> bool:
-    return f"{MARK}{END}" in text.splitlines()
-
-
-def sections(text: str) -> dict[str, str]:
-    out: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            current = line[len(MARK):].strip()
-            out[current] = []
-        elif current is not None:
-            out[current].append(line)
-    return {k: "\n".join(v).strip() for k, v in out.items()}
+    return f"{MARK}{END}" in lines(text)
 
 
 def listening_ports(proc_net_tcp: str) -> frozenset[int]:
-    """TCP ports in LISTEN state (st 0A) from /proc/net/tcp and tcp6."""
+    """TCP ports in LISTEN state (st 0A) from /proc/net/tcp and tcp6 (a container's, with INNER in front)."""
     ports = set()
-    for line in proc_net_tcp.splitlines():
-        cols = line.split()
-        if len(cols) > 3 and cols[3] == "0A" and ":" in cols[1]:
+    for line in lines(proc_net_tcp):
+        cols = line.removeprefix(INNER).split()
+        if len(cols) > 3 and cols[3] == "0A" and re.fullmatch(r"[0-9A-F]+:[0-9A-F]{4}", cols[1]):
             ports.add(int(cols[1].rsplit(":", 1)[1], 16))
     return frozenset(ports)
 
 
 def ipv4_addresses(ip_addr: str) -> tuple[tuple[str, str, int], ...]:
-    found = re.findall(r"^\d+:\s+(\S+)\s+inet\s+([\d.]+)/(\d+)", ip_addr, re.M)
+    found = re.findall(r"^[0-9]+:\s+(\S+)\s+inet\s+([0-9.]+)/([0-9]+)", ip_addr, re.M)
     return tuple((ifname, address, int(prefix)) for ifname, address, prefix in found)
 
 
@@ -191,38 +180,38 @@ CAP_SYS_RESOURCE = 24
 
 
 def _limits(text: str) -> tuple[int | None, bool]:
-    lines = text.split("\n")
-    hard = lines[0].strip() if lines else "unlimited"
-    bounding = next((l.split()[1] for l in lines if l.startswith("CapBnd:")), None)
-    can_raise = bounding is None or bool(int(bounding, 16) >> CAP_SYS_RESOURCE & 1)
-    return (int(hard) if hard.isdigit() else None), can_raise
+    said = lines(text)
+    hard = said[0].strip() if said else "unlimited"
+    bounding = next((l.split()[1] for l in said if l.startswith("CapBnd:") and len(l.split()) > 1), "")
+    can_raise = not re.fullmatch(r"[0-9a-f]+", bounding) or bool(int(bounding, 16) >> CAP_SYS_RESOURCE & 1)
+    return (int(hard) if is_number(hard) else None), can_raise
 
 
 def parse_facts(uid: int, text: str) -> HostFacts:
     s = sections(text)
     memlock_kb, can_raise = _limits(s.get("limits", ""))
     docker = s.get("docker", "")
-    answers = bool(re.fullmatch(r"\d+\.\d+\S*", docker))
+    answers = bool(re.fullmatch(r"[0-9]+\.[0-9]+\S*", docker))
     df = s.get("df", "").split()
     runtimes = s.get("runtimes", "")
     gpus = nvidia.parse(s)
     return HostFacts(
         uid=uid,
         docker_version=docker if answers else None,
-        docker_error="" if answers else docker.splitlines()[-1] if docker else "docker: command not found",
+        docker_error="" if answers else lines(docker)[-1] if docker else "docker: command not found",
         docker_root=s.get("dockerroot", ""),
-        free_bytes=int(df[3]) * 1024 if len(df) >= 4 and df[3].isdigit() else 0,
+        free_bytes=int(df[3]) * 1024 if len(df) >= 4 and is_number(df[3]) else 0,
         listening=listening_ports(s.get("tcp", "")),
         ipv4=ipv4_addresses(s.get("addr", "")),
         image_id=s.get("image") or None,
         container=_container(s.get("container", "")),
-        kit_files={name: digest for digest, name in (l.split(None, 1) for l in s.get("kitfiles", "").splitlines() if l)},
+        kit_files={name: digest for digest, name in (l.split(None, 1) for l in lines(s.get("kitfiles", "")) if l)},
         kit_dir_exists=s.get("kitdir") == "yes",
         workspace_exists=s.get("workspace") == "yes",
         gpus=gpus.listed,
         drivers=gpus.drivers,
         pci_gpus=gpus.pci,
-        tags=dict(l.split(" ", 1) for l in s.get("tags", "").splitlines() if " " in l and "<none>" not in l),
+        tags=dict(l.split(" ", 1) for l in lines(s.get("tags", "")) if " " in l and "<none>" not in l),
         runtimes=frozenset(json.loads(runtimes)) if runtimes.startswith("{") else frozenset(),
         hostname=s.get("hostname", ""),
         network=_network(s.get("network", "")),
@@ -235,7 +224,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         layer_chains=_layer_chains(s.get("layers", "")),
         python3=bool(s.get("python3")),
         containerd_store=_containerd_store(s.get("driverstatus", "")),
-        sources={path: kind for kind, _, path in (l.partition(" ") for l in s.get("sources", "").splitlines()) if path},
+        sources={path: kind for kind, _, path in (l.partition(" ") for l in lines(s.get("sources", ""))) if path},
     )
 
 
@@ -260,7 +249,7 @@ def containerd_store(driver_status: object) -> bool:
 
 def _layer_chains(text: str) -> tuple[tuple[str, ...], ...]:
     chains = []
-    for line in text.splitlines():
+    for line in lines(text):
         try:
             layers = json.loads(line)
         except ValueError:
