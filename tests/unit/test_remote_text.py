@@ -144,3 +144,13 @@ def test_lines_are_cut_at_line_feeds_only_and_numbers_are_ascii_digits():
     assert lines("x\ny") == "x\ny".splitlines()
     assert [is_number(t) for t in ("0", "12345", "", "-1", " 1", "1\n", *DIGITS)] == [True, True] + [False] * 11
     assert (number("42"), number("٣"), number("²", -1)) == (42, None, -1)
+
+
+@pytest.mark.parametrize("brk", BREAKS, ids=[f"U+{ord(b):04X}" for b in BREAKS])
+def test_a_ranks_stack_cannot_forge_another_ranks(brk):
+    """`kit stacks` and the hang report: rank 0's stack text (a thread's name, a function's) is the job's own."""
+    from kit.supervisor.heartbeats import parse_stacks
+    text = f"@@kit-stack 0 101\nThread main{brk}@@kit-stack 1 102{brk}all is well\n@@kit-stack ² 103\nx\n" \
+           "@@kit-stack 1 102\n  File train.py, line 9\n"
+    assert parse_stacks(text) == {0: f"Thread main{brk}@@kit-stack 1 102{brk}all is well\n@@kit-stack ² 103\nx",
+                                  1: "  File train.py, line 9"}

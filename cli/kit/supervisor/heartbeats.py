@@ -62,9 +62,9 @@ def parse_stacks(text: str) -> dict[int, str]:
     """rank -> its stack, from the output of stacks_argv()."""
     found: dict[int, list[str]] = {}
     current: list[str] | None = None
-    for line in text.splitlines():
+    for line in text.removesuffix("\n").split("\n"):  # (a stack is its rank's text: no other break starts a rank)
         parts = line.split()
-        if line.startswith("@@kit-stack ") and len(parts) == 3 and parts[1].isdigit():
+        if line.startswith("@@kit-stack ") and len(parts) == 3 and parts[1].isascii() and parts[1].isdigit():
             current = found.setdefault(int(parts[1]), [])
         elif current is not None:
             current.append(line)

@@ -134,7 +134,7 @@ class Supervisor:
         if self.plan.is_here(host):
             return free_port()
         found = self.remote(host, ["python", "-I", "-c", FREE_PORT]).stdout.strip()
-        return int(found) if found.isdigit() else free_port()  # (a node that does not answer fails the launch)
+        return int(found) if found.isascii() and found.isdigit() else free_port()  # (a node that does not answer fails the launch)
 
     def finish(self) -> None:
         """On the hosts of the last launch and the primary, at once: what is left of the job stopped (each host's
