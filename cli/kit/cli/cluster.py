@@ -195,7 +195,7 @@ def status(
     rows = cluster_status(state, connector(cfg.connect_timeout), identity.owner)
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
-                                 "hosts": [r.as_dict() for r in rows]})
+                                 "hosts": [r.as_dict() for r in rows]}, ensure_ascii=True)  # a host's C1 as \u009b
     else:
         _print_status(state, rows)
     if not all(r.reachable and r.container == "running" and r.image_matches for r in rows):
@@ -210,7 +210,7 @@ def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
         mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
         table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
                       mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
-                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
+                      escape(r.container), mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
                       str(r.slots))
     console.print(table)
 

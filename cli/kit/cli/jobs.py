@@ -25,6 +25,7 @@ from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
                                   exit_report, parse_hosts, pick_hosts, rank_command, split_rank)
 from kit.errors import BadInput, KitError
+from kit.shown import visible
 from kit.cli.common import (CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state, recorded,
                             reports_errors)
 from kit.cli import slurm as slurm_cli
@@ -37,7 +38,7 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
 
     def show(rank: int | None, host: str | None, text: str) -> None:
         prefix = f"[{host} rank {rank}] " if rank is not None else "" if text.startswith("kit: ") else label + " "
-        console.print(f"{prefix}{text}", markup=False, highlight=False)
+        console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)  # as printed
     return show
 
 
@@ -414,14 +415,14 @@ def jobs_(
     for row in rows:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
         restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
-        table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
-                      row["state"] + (" (hung)" if row["hang"] and row["state"] == "failed" else ""), started,
+        table.add_row(escape(row["id"]), escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
+                      escape(row["state"]) + (" (hung)" if row["hang"] and row["state"] == "failed" else ""), started,
                       _duration(row["seconds"]),
                       "" if row["exit"] is None else str(row["exit"]), escape(restarts))
     console.print(table)
     for row in rows:
         if row["hang"]:
-            console.print(f"{row['id']} hung: {escape(row['hang'])}", highlight=False)
+            console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}", highlight=False)
 
 
 @contextlib.contextmanager
@@ -518,4 +519,4 @@ def stacks(
         console.print(f"no rank of job {job} is running a Python script now")
     for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
         console.print(f"[bold]rank {rank} on {escape(host)}[/]")
-        console.print(text, markup=False, highlight=False)
+        console.print(visible(text), markup=False, highlight=False)
