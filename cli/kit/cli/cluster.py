@@ -195,7 +195,7 @@ def status(
     rows = cluster_status(state, connector(cfg.connect_timeout), identity.owner)
     if as_json:
         console.print_json(data={"cluster": state.cluster, "image": state.image, "ssh_port": state.ssh_port,
-                                 "hosts": [r.as_dict() for r in rows]}, ensure_ascii=True)  # a host's C1 as \u009b
+                                 "hosts": [r.as_dict() for r in rows]})
     else:
         _print_status(state, rows)
     if not all(r.reachable and r.container == "running" and r.image_matches for r in rows):
@@ -266,7 +266,7 @@ def exec_(
     argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
     options = (*(["-i"] if interactive else []), *(["-t"] if tty else []))
     (node,) = recorded_nodes([found], connector(cfg.connect_timeout))
-    try:
+    try:  # raw, not through kit.shown: the user's own command in their own session (a shell, cat f > f), as ssh is
         code = node.runner.interact(command(exec_argv(found.place.container, argv, options)),
                                     stdin=sys.stdin.buffer if interactive else None, stdout=sys.stdout.buffer,
                                     stderr=sys.stderr.buffer, tty=tty)

@@ -98,6 +98,10 @@ class ShownConsole(Console):
     def render_str(self, text: str, **options):
         return super().render_str(visible(text), **options)
 
+    def print_json(self, *args, ensure_ascii: bool = True, **options) -> None:
+        """JSON of remote text (--json of status, doctor, bench): a C1 or U+2028 in it as \\u009b, not as is."""
+        super().print_json(*args, ensure_ascii=ensure_ascii, **options)
+
 
 # soft_wrap: long lines (Dockerfile, commands) stay whole, so they can be copied. No emoji: `-H a:x:` is no icon.
 console = ShownConsole(highlight=False, soft_wrap=True, emoji=False)
