@@ -34,7 +34,7 @@ def test_a_ranks_escape_sequences_reach_the_terminal_visible(project, lab, clust
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     shows_it_visibly(run.stdout)
     job = re.search(r"✓ job (\S+) finished", run.stdout)[1]
-    assert re.search(rf"^\[\S+ rank 0\] before\\x1b\[2J", run.stdout, re.M), run.stdout[-3000:]  # its prefix kept
+    assert re.search(r"^\[\S+ rank 0\] before\\x1b\[2J", run.stdout, re.M), run.stdout[-3000:]  # its prefix kept
 
     logs = kit(project, lab, "logs", job)
     assert logs.returncode == 0, logs.stderr
