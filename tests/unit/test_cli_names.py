@@ -16,7 +16,7 @@ from kit import state as st
 from kit.app import app
 from kit.cli import cluster as cli_cluster
 from kit.cli.common import WORKFLOW, KitGroup
-from kit.cli.jobs import _LogLines
+from kit.cli.joblogs import _LogLines
 from kit.config import ClusterConfig
 from kit.errors import BadInput
 
