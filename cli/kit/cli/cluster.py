@@ -174,8 +174,13 @@ def prepare(
                                        munge_key=key)
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
-        code = subprocess.run(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
-                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+        with subprocess.Popen(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
+                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace") \
+                as playbook:
+            for line in playbook.stdout:  # the hosts' own output is in it: shown as all remote text is (kit.shown)
+                console.print(line.rstrip("\n"), markup=False)
+        code = playbook.returncode
     if code != 0:
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
