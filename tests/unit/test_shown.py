@@ -77,7 +77,8 @@ def test_print_sites_sanitise(monkeypatch):
     with console.capture() as out:
         slurm.printer("torchrun")(1, "n1", HOSTILE)
         slurm.printer("torchrun")(None, "n1", HOSTILE)
-        doctor._print(dr.Report([dr.Finding("h1", "sshd", dr.FAIL, HOSTILE, fix=HOSTILE)], ["h1"]), "lab", True)
+        doctor._print(dr.Report([dr.Finding("h1", "sshd", dr.FAIL, HOSTILE, fix=HOSTILE),
+                                 dr.Finding("h1", "ports", dr.WARN, "bad\n  ✓ forged  fine")], ["h1"]), "lab", True)
         state = types.SimpleNamespace(cluster="lab", image="img", ssh_port=12345)
         cluster._print_status(state, [HostStatus("h1", "10.0.0.2", True, False, error=HOSTILE, container=HOSTILE)])
         cluster._print_status(state, [HostStatus("h1", "10.0.0.2", True, True, container="[bold]x[/bold]\x1b[2J")])
@@ -86,6 +87,7 @@ def test_print_sites_sanitise(monkeypatch):
     assert raw(shown) == [] and "[n1 rank 1] before\\x1b[2J" in shown and "[n1 torchrun] before" in shown
     assert shown.count("\\x1b]52;c:aGFja2Vk\\x07") >= 5 and shown.count("[bold]x[/bold]") >= 5, shown
     assert "\\u009b" in shown  # kit status --json: a C1 in JSON as its escape
+    assert "bad\\x0a  ✓ forged  fine" in shown and "\n  ✓ forged" not in shown  # a finding is one line
 
     failure = KitError("docker exec failed", host="h2", command="docker exec kit-lab true", output_tail=HOSTILE)
     with err_console.capture() as err:

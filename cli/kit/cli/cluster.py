@@ -215,8 +215,8 @@ def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
         mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
         table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
                       mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
-                      escape(r.container), mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
-                      str(r.slots))
+                      escape(r.container), mark(r.image_matches), "listening" if r.port_listening else "closed",
+                      str(r.gpus), str(r.slots))
     console.print(table)
 
 

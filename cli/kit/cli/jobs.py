@@ -1,5 +1,5 @@
-"""`kit run`: a job on the cluster, followed to its end; how a job ended (also `kit attach`'s). `kit logs`, `kit attach`,
-`kit stacks` are kit.cli.joblogs'; `kit jobs`, `kit stop` kit.cli.joblist's."""
+"""`kit run`: a job on the cluster, followed to its end; how a job ended (also `kit attach`'s). `kit logs`,
+`kit attach`, `kit stacks` are kit.cli.joblogs'; `kit jobs`, `kit stop` kit.cli.joblist's."""
 
 from __future__ import annotations
 
