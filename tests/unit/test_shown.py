@@ -1,6 +1,8 @@
 """kit.shown: remote text (a rank's line, a host's stderr, a container's answer) reaches the terminal with its
 control characters made visible and its lines capped, at every place kit prints it (issue 32, finding 3)."""
 
+import os
+import sys
 import types
 
 CONTROLS = [chr(c) for c in (*range(0x00, 0x20), 0x7f, *range(0x80, 0xa0), 0x2028, 0x2029, *range(0x200b, 0x2010),
@@ -66,7 +68,7 @@ def test_rich_markup_in_remote_text_is_printed_as_is():
 def test_print_sites_sanitise(monkeypatch):
     """Each place that prints remote text without a host: kit run's/logs'/attach's rank lines, a Slurm job's lines,
     an error's message and output tail (a host's stderr), kit doctor's findings, kit status's table and JSON, the
-    progress column of kit up."""
+    progress column of kit up, kit prepare's ansible-playbook output."""
     from kit import doctor as dr
     from kit.cli import cluster, doctor, slurm
     from kit.cli.common import LiveProgress, console, err_console, progress_bar, _report
@@ -83,9 +85,11 @@ def test_print_sites_sanitise(monkeypatch):
         cluster._print_status(state, [HostStatus("h1", "10.0.0.2", True, False, error=HOSTILE, container=HOSTILE)])
         cluster._print_status(state, [HostStatus("h1", "10.0.0.2", True, True, container="[bold]x[/bold]\x1b[2J")])
         console.print_json(data={"container": HOSTILE})
+        playbook = cluster.run_playbook([sys.executable, "-c", f"print({HOSTILE!r}); exit(3)"], dict(os.environ))
+    assert playbook == 3  # kit prepare: ansible-playbook's output, the hosts' text in it
     shown = out.get()
     assert raw(shown) == [] and "[n1 rank 1] before\\x1b[2J" in shown and "[n1 torchrun] before" in shown
-    assert shown.count("\\x1b]52;c:aGFja2Vk\\x07") >= 5 and shown.count("[bold]x[/bold]") >= 5, shown
+    assert shown.count("\\x1b]52;c:aGFja2Vk\\x07") >= 6 and shown.count("[bold]x[/bold]") >= 5, shown
     assert "\\u009b" in shown  # kit status --json: a C1 in JSON as its escape
     assert "bad\\x0a  ✓ forged  fine" in shown and "\n  ✓ forged" not in shown  # a finding is one line
 

@@ -174,17 +174,22 @@ def prepare(
                                        munge_key=key)
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
-        with subprocess.Popen(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
-                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace") \
-                as playbook:
-            for line in playbook.stdout:  # the hosts' own output is in it: shown as all remote text is (kit.shown)
-                console.print(line.rstrip("\n"), markup=False)
-        code = playbook.returncode
+        code = run_playbook(argv, {"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
+                                   "ANSIBLE_RETRY_FILES_ENABLED": "0"})
     if code != 0:
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
     console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
+
+
+def run_playbook(argv: list[str], env: dict[str, str]) -> int:
+    """ansible-playbook's exit code; its output as it comes, through kit.shown as all remote text: the hosts' own text
+    is in it (a failed task's stderr), and ansible writes a C1 or U+2028 of it as it is."""
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
+                          errors="replace") as playbook:
+        for line in playbook.stdout:
+            console.print(line.rstrip("\n"), markup=False)
+    return playbook.returncode
 
 
 @app.command()
