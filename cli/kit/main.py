@@ -8,7 +8,8 @@ import os
 import sys
 
 # Each command, by the module of kit.cli that has it (tests/unit/test_cli_names.py checks it against kit.app).
-MODULES = {"run": "jobs", "logs": "jobs", "jobs": "jobs", "stop": "jobs", "attach": "jobs", "stacks": "jobs",
+MODULES = {"run": "jobs", "logs": "joblogs", "jobs": "joblist", "stop": "joblist", "attach": "joblogs",
+           "stacks": "joblogs",
            "build": "build", "up": "cluster", "prepare": "cluster", "status": "cluster", "down": "cluster",
            "exec": "cluster", "cp": "data", "demo": "demo", "doctor": "doctor", "bench": "bench",
            "export": "export"}

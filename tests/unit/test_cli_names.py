@@ -16,7 +16,7 @@ from kit import state as st
 from kit.app import app
 from kit.cli import cluster as cli_cluster
 from kit.cli.common import WORKFLOW, KitGroup
-from kit.cli.jobs import _LogLines
+from kit.cli.joblogs import _LogLines
 from kit.config import ClusterConfig
 from kit.errors import BadInput
 
@@ -143,8 +143,7 @@ def test_shell_completion_is_on(in_tmp):
 def test_prepare_dry_run_is_ansibles_check_mode(in_tmp, monkeypatch, flag):
     (in_tmp / "hosts.txt").write_text("192.0.2.1\n")
     ran = []
-    monkeypatch.setattr(cli_cluster.subprocess, "run", lambda argv, env: ran.append(argv) or
-                        subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(cli_cluster, "run_playbook", lambda argv, env: ran.append(argv) or 0)
     r = CliRunner().invoke(app, ["prepare", "--hosts", "hosts.txt", flag], prog_name="kit")
     assert r.exit_code == 0, r.output
     assert ran[0][1] == "-i" and ran[0][3:5] == ["--check", "--diff"]

@@ -174,12 +174,22 @@ def prepare(
                                        munge_key=key)
         argv = prepare_hosts.playbook_argv(program, prepare_hosts.write_inventory(Path(folder), data), check=check)
         console.print(f"running {shlex.join(argv)}", style="dim")
-        code = subprocess.run(argv, env={"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
-                                         "ANSIBLE_RETRY_FILES_ENABLED": "0"}).returncode
+        code = run_playbook(argv, {"ANSIBLE_PIPELINING": "1", **os.environ, "ANSIBLE_NOCOLOR": "1",
+                                   "ANSIBLE_RETRY_FILES_ENABLED": "0"})
     if code != 0:
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
     console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
+
+
+def run_playbook(argv: list[str], env: dict[str, str]) -> int:
+    """ansible-playbook's exit code; its output as it comes, through kit.shown as all remote text: the hosts' own text
+    is in it (a failed task's stderr), and ansible writes a C1 or U+2028 of it as it is."""
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8",
+                          errors="replace") as playbook:
+        for line in playbook.stdout:
+            console.print(line.rstrip("\n"), markup=False)
+    return playbook.returncode
 
 
 @app.command()
@@ -210,8 +220,8 @@ def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
         mark = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
         table.add_row(r.name + (" (primary)" if r.primary else ""), r.address,
                       mark(r.reachable) if r.reachable else f"[red]no[/]: {escape(r.error)}",
-                      r.container, mark(r.image_matches), "listening" if r.port_listening else "closed", str(r.gpus),
-                      str(r.slots))
+                      escape(r.container), mark(r.image_matches), "listening" if r.port_listening else "closed",
+                      str(r.gpus), str(r.slots))
     console.print(table)
 
 
@@ -266,7 +276,7 @@ def exec_(
     argv = argv[1:] if argv[:1] == ["--"] else argv  # `kit exec HOST -- CMD`: the -- only ends kit's options
     options = (*(["-i"] if interactive else []), *(["-t"] if tty else []))
     (node,) = recorded_nodes([found], connector(cfg.connect_timeout))
-    try:
+    try:  # raw, not through kit.shown: the user's own command in their own session (a shell, cat f > f), as ssh is
         code = node.runner.interact(command(exec_argv(found.place.container, argv, options)),
                                     stdin=sys.stdin.buffer if interactive else None, stdout=sys.stdout.buffer,
                                     stderr=sys.stderr.buffer, tty=tty)

@@ -25,6 +25,7 @@ from kit.identity import Identity
 from kit.lock import cluster_lock
 from kit.runners.local import LocalRunner
 from kit.runners.ssh import SshRunner
+from kit.shown import visible
 
 
 # `kit --help` lists the commands in the order of a user's work; a name not here is left out of the order (a command
@@ -86,9 +87,25 @@ class KitGroup(TyperGroup):
 
 app = typer.Typer(cls=KitGroup, no_args_is_help=True, rich_markup_mode=None,
                   help="Turn a few Linux servers into a Horovod / PyTorch cluster of Docker containers.")
+
+
+class ShownConsole(Console):
+    """A console whose every string (console.print's, a table cell's) passes kit.shown.visible first: text of a host
+    or a job in it reaches the terminal with its control characters made visible, its lines capped. Rich markup in
+    remote text is still the caller's to escape (rich.markup.escape, or print with markup=False). Text a Rich object
+    makes itself (a status spinner's, a progress column's) does not pass here: its callers use visible()."""
+
+    def render_str(self, text: str, **options):
+        return super().render_str(visible(text), **options)
+
+    def print_json(self, *args, ensure_ascii: bool = True, **options) -> None:
+        """JSON of remote text (--json of status, doctor, bench): a C1 or U+2028 in it as \\u009b, not as is."""
+        super().print_json(*args, ensure_ascii=ensure_ascii, **options)
+
+
 # soft_wrap: long lines (Dockerfile, commands) stay whole, so they can be copied. No emoji: `-H a:x:` is no icon.
-console = Console(highlight=False, soft_wrap=True, emoji=False)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+console = ShownConsole(highlight=False, soft_wrap=True, emoji=False)
+err_console = ShownConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def reports_errors(command: Callable) -> Callable:
@@ -165,7 +182,7 @@ class LiveProgress:
         return self.tasks[host]
 
     def status(self, host: str, text: str) -> None:
-        self.bar.update(self._task(host), what=text)
+        self.bar.update(self._task(host), what=escape(visible(text, one_line=True)))  # a column of Rich markup
 
     def transfer(self, host: str, done: int, total: int) -> None:
         self.bar.update(self._task(host), completed=done, total=total)

@@ -15,6 +15,7 @@ from kit.config import AUTO_FLAVORS, build_config, cuda_line, requested_flavor, 
 from kit.identity import Identity
 from kit.inventory import read_hosts
 from kit.steps.node import Node
+from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, not_recorded, reports_errors
 
 MARKS = {dr.OK: "[green]ok  [/]", dr.WARN: "[yellow]warn[/]", dr.FAIL: "[red]fail[/]"}
@@ -75,9 +76,11 @@ def _print(report: dr.Report, cluster: str, up: bool) -> None:
     for host in report.hosts:
         console.print(f"[bold]{escape(host)}[/]")
         for f in report.of(host):
-            console.print(f"  {MARKS[f.level]} {f.check:<{width}}  {escape(f.text)}")
+            # a finding is one line: a host's text in it cannot start a forged one (kit.shown)
+            console.print(f"  {MARKS[f.level]} {f.check:<{width}}  {escape(visible(f.text, one_line=True))}")
             if f.fix:
-                console.print(f"       {'':<{width}}  fix: {escape(f.fix)}", style="dim" if f.level == dr.OK else "")
+                console.print(f"       {'':<{width}}  fix: {escape(visible(f.fix, one_line=True))}",
+                              style="dim" if f.level == dr.OK else "")
     what = f"cluster {cluster}" if up else f"{len(report.hosts)} hosts (before kit up)"
     if report.failed:
         console.print(f"[red]✗[/] {what}: {report.failed} check{'s' if report.failed > 1 else ''} failed"

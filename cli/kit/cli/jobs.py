@@ -1,32 +1,28 @@
-"""`kit run`, `kit logs`, `kit jobs`, `kit stop`, `kit stacks`, `kit attach`: jobs on the cluster."""
+"""`kit run`: a job on the cluster, followed to its end; how a job ended (also `kit attach`'s). `kit logs`,
+`kit attach`, `kit stacks` are kit.cli.joblogs'; `kit jobs`, `kit stop` kit.cli.joblist's."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import json
 import os
 import shlex
-import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
-from kit import jobcontrol, jobenv, jobrecords, jobs, sbatch, slurmjobs
-from kit.commands.docker import command, exec_argv
+from kit import jobenv, jobs, sbatch
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
-                                  exit_report, parse_hosts, pick_hosts, rank_command, split_rank)
+                                  parse_hosts, pick_hosts, rank_command)
 from kit.errors import BadInput, KitError
-from kit.cli.common import (CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state, recorded,
-                            reports_errors)
+from kit.shown import visible
+from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state
+from kit.cli.common import reports_errors
 from kit.cli import slurm as slurm_cli
 from kit.cli.runargs import RunCommand
 
@@ -37,7 +33,7 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
 
     def show(rank: int | None, host: str | None, text: str) -> None:
         prefix = f"[{host} rank {rank}] " if rank is not None else "" if text.startswith("kit: ") else label + " "
-        console.print(f"{prefix}{text}", markup=False, highlight=False)
+        console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)  # as printed
     return show
 
 
@@ -292,230 +288,3 @@ def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterS
     raise KitError(f"job {job_id} failed ({program} exit {outcome.exit_code})",
                    hint=f"its output is above; `kit logs {job_id}` shows it again")
 
-
-@app.command()
-@reports_errors
-def logs(
-    job: Optional[str] = typer.Argument(None, help="The job: its id, a unique start of it, its last 4 characters, or "
-                                        "last (the default)."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank's lines."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the job runs."),
-    tail: Optional[int] = typer.Option(None, "--tail", "-n", help="Only the last N lines (with -f: then what comes)."),
-    config: Optional[Path] = CONFIG,
-    name: Optional[str] = NAME,
-) -> None:
-    """Output of a job, kept on the primary (or, for a Slurm job, in its folder on the login host); per rank with
-    --rank."""
-    ref = jobrecords.check_job_ref(job or "last")
-    if tail is not None and tail < 0:
-        raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
-    cfg, identity, state = recorded(name, config)
-    if record := _slurm_job(ref, state):
-        slurm_cli.logs(record, rank, follow, tail, cfg.connect_timeout, slurm_cli.printer(record.launcher))
-        return
-    state = need_state(cfg, identity, state)
-    primary = state.primary
-    (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
-    try:
-        records = {r.id: r for r in jobrecords.read_records(node)}
-        job = jobrecords.resolve_job(ref, list(records), state.cluster)
-        shown = _LogLines(job_printer(records[job].launcher), list(records[job].hosts), rank, tail)
-        folder = primary.place.job_dir(job)
-        read = 0
-        if not follow or tail is not None:  # what is there now; the last `tail` lines of it
-            read = _read_lines(node, command(exec_argv(primary.place.container, ["cat", f"{folder}/output.log"])),
-                               shown)
-            shown.flush()
-        if follow:  # (a line being written when it was read is shown cut; the rest of it is not)
-            node.runner.stream_out(jobcontrol.follow_command(primary.place.container, folder, job, first=read + 1),
-                                   shown.add)
-    finally:
-        node.runner.close()
-
-
-def _read_lines(node, cmd: str, shown: "_LogLines") -> int:
-    count = 0
-
-    def one(line: str) -> None:
-        nonlocal count
-        count += 1
-        shown.add(line)
-    node.runner.stream_out(cmd, one)
-    return count
-
-
-class _LogLines:
-    """A job's output log read as `kit logs` shows it: kit's own marks left out, each rank's lines with its host, only
-    one rank's with --rank; with --tail, held back until flush() and only the last N of them shown."""
-
-    def __init__(self, printer, hosts: list[str], rank: Optional[int], tail: Optional[int]) -> None:
-        self.printer, self.hosts, self.rank = printer, hosts, rank
-        self.held: Optional[collections.deque] = collections.deque(maxlen=tail) if tail is not None else None
-
-    def add(self, line: str) -> None:
-        if line.startswith(jobcontrol.END_MARK):
-            return
-        if (launched := jobcontrol.launch_ranks(line)) is not None:  # a launch: the host of each of its ranks
-            self.hosts = launched
-            return
-        r, text = split_rank(line)
-        if (self.rank is None or r == self.rank) and exit_report(text) is None:
-            host = self.hosts[r] if r is not None and r < len(self.hosts) else None
-            if self.held is None:
-                self.printer(r, host, text)
-            else:
-                self.held.append((r, host, text))
-
-    def flush(self) -> None:
-        while self.held:
-            self.printer(*self.held.popleft())
-        self.held = None
-
-
-@app.command("jobs")
-@reports_errors
-def jobs_(
-    as_json: bool = typer.Option(False, "--json", help="One JSON object a job."),
-    config: Optional[Path] = CONFIG,
-    name: Optional[str] = NAME,
-) -> None:
-    """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost; and the jobs
-    kit submitted to Slurm, in the state Slurm gives them."""
-    cfg, identity, state = recorded(name, config)
-    if slurm_rows := slurm_cli.rows(cfg.connect_timeout):
-        if as_json:
-            for row in slurm_rows:
-                print(json.dumps({"on": "slurm", **row}))
-        else:
-            console.print(slurm_cli.table(slurm_rows))
-        if state is None:
-            return
-    state = need_state(cfg, identity, state)
-    (node,) = recorded_nodes([state.primary], connector(cfg.connect_timeout))
-    try:
-        records = jobrecords.read_records(node)
-    finally:
-        node.runner.close()
-    now = time.time()
-    rows = [dict(id=r.id, launcher=r.launcher, np=len(r.hosts), hosts=sorted(set(r.hosts)), state=r.state,
-                 started=r.started, seconds=r.seconds(now), exit=r.exit_code, restarts=r.restarts,
-                 left_out=list(r.left_out), hang=r.hang, environment=r.environment)
-            for r in records]
-    if as_json:
-        for row in rows:
-            print(json.dumps(row))
-        return
-    if not rows:
-        console.print(f"no jobs on cluster {state.cluster} yet: `kit run train.py` starts one")
-        return
-    table = Table(box=None, pad_edge=False)
-    for column in ("job", "launcher", "np", "hosts", "state", "started", "duration", "exit", "restarts"):
-        table.add_column(column)
-    for row in rows:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["started"])) if row["started"] else "?"
-        restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
-        table.add_row(row["id"], escape(row["launcher"]), str(row["np"]), escape(" ".join(row["hosts"])),
-                      row["state"] + (" (hung)" if row["hang"] and row["state"] == "failed" else ""), started,
-                      _duration(row["seconds"]),
-                      "" if row["exit"] is None else str(row["exit"]), escape(restarts))
-    console.print(table)
-    for row in rows:
-        if row["hang"]:
-            console.print(f"{row['id']} hung: {escape(row['hang'])}", highlight=False)
-
-
-@contextlib.contextmanager
-def _the_job(job: str, name: Optional[str], config: Optional[Path]):
-    """(the cluster's state, a node a host (the primary first), the job's record), the nodes closed afterwards."""
-    jobrecords.check_job_ref(job)
-    cfg, identity, state = recorded(name, config)
-    state = need_state(cfg, identity, state)
-    nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
-    try:
-        records = {r.id: r for r in jobrecords.read_records(nodes[0])}
-        yield state, nodes, records[jobrecords.resolve_job(job, list(records), state.cluster)]
-    finally:
-        for n in nodes:
-            n.runner.close()
-
-
-def _slurm_job(ref: str, state: st.ClusterState | None) -> slurmjobs.SlurmRecord | None:
-    """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
-    if ref == "last" and state is not None:
-        return None
-    return slurmjobs.resolve(ref)
-
-
-JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "
-                     "`kit jobs` lists them.")
-
-
-def _duration(seconds: int | None) -> str:
-    if seconds is None:
-        return "?"
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-@app.command()
-@reports_errors
-def stop(
-    job: str = JOB,
-    config: Optional[Path] = CONFIG,
-    name: Optional[str] = NAME,
-) -> None:
-    """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it. A Slurm
-    job: scancel, and kit waits until Slurm says it ended."""
-    jobrecords.check_job_ref(job)
-    cfg, _, state = recorded(name, config)
-    if slurm_record := _slurm_job(job, state):
-        console.print(slurm_cli.stop(slurm_record, cfg.connect_timeout))
-        return
-    with _the_job(job, name, config) as (state, nodes, record):
-        job = record.id
-        if record.state not in jobrecords.ACTIVE:
-            console.print(f"job {job} is not running ({record.state}); nothing to stop")
-            return
-        done = jobcontrol.stop(nodes, record.id)
-    killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
-    how = "its launcher stopped its ranks" if done.ended_by_itself else \
-        f"its launcher did not end within {jobcontrol.STOP_WAIT_S} s"
-    console.print(f"[green]✓[/] job {job} stopped on every host: {how}; "
-                  + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
-
-
-@app.command()
-@reports_errors
-def attach(
-    job: str = JOB,
-    config: Optional[Path] = CONFIG,
-    name: Optional[str] = NAME,
-) -> None:
-    """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
-    stops it on every host (`kit logs ID -f` follows without that)."""
-    with _the_job(job, name, config) as (state, nodes, record):
-        job = record.id
-        outcome = jobs.follow_to_end(nodes, job, list(record.hosts), job_printer(record.launcher))
-    report(outcome, job, record.launcher, state)
-
-
-@app.command()
-@reports_errors
-def stacks(
-    job: str = JOB,
-    config: Optional[Path] = CONFIG,
-    name: Optional[str] = NAME,
-) -> None:
-    """Every rank's Python stack now (py-spy dump in each host's container): where a slow or stuck job is."""
-    with _the_job(job, name, config) as (state, nodes, record):
-        job = record.id
-        if record.state not in jobrecords.ACTIVE:
-            raise BadInput(f"job {job} is not running ({record.state})",
-                           hint=f"a hung job's stacks, taken when it was stopped, are in "
-                                f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
-        found = jobcontrol.stacks(nodes, job)
-    if not found:
-        console.print(f"no rank of job {job} is running a Python script now")
-    for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
-        console.print(f"[bold]rank {rank} on {escape(host)}[/]")
-        console.print(text, markup=False, highlight=False)

@@ -15,6 +15,7 @@ from kit import jobs, sbatch, slurmjobs
 from kit.config import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
 from kit.cli.common import console
+from kit.shown import visible
 
 STOP_WAIT_S = 30
 
@@ -98,7 +99,7 @@ def printer(launcher: str):
     def show(rank: int | None, node: str | None, text: str) -> None:
         prefix = (f"[{node} rank {rank}] " if rank is not None else f"[{node} {launcher}] " if node else
                   "" if text.startswith("kit: ") else "[slurm] ")
-        console.print(f"{prefix}{text}", markup=False, highlight=False)
+        console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)
     return show
 
 
@@ -167,8 +168,8 @@ def table(found: list[dict]) -> Table:
     for column in ("job", "slurm id", "login", "launcher", "np", "script", "state", "submitted", "exit"):
         t.add_column(column)
     for row in found:
-        t.add_row(row["id"], row["slurm_id"], escape(row["login"]), row["launcher"], str(row["np"]),
-                  escape(row["script"]), row["state"],
+        t.add_row(escape(row["id"]), escape(row["slurm_id"]), escape(row["login"]), escape(row["launcher"]),
+                  str(row["np"]), escape(row["script"]), escape(row["state"]),
                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
                   "" if row["exit"] is None else str(row["exit"]))
     return t
