@@ -23,7 +23,7 @@ from kit.recipe import make_recipe
 from kit.demo import SCRIPT as DEMO_SCRIPT, Training
 from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES
-from kit.cli.build import ensure_image
+from kit.cli.imagebuild import ensure_image
 from kit.cli.cluster import bring_up
 from kit.cluster import where_to_bring_up
 from kit.cli.flavor import build_flavor

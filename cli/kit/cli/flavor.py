@@ -20,6 +20,7 @@ from kit.runners.local import LocalRunner
 from kit.steps.image import LocalImage, local_image
 from kit.steps.node import Node
 from kit.cli.common import connector, console
+from kit.cli.imagebuild import ensure_image
 
 THIS_MACHINE = "this machine"
 
@@ -103,7 +104,6 @@ class UpImage:
                           f", key {recipe.key}): no image of these settings is here; kit up builds it first, as kit "
                           "build does (a dry run builds nothing)")
             return LocalImage(f"{recipe.config.tag_prefix}-…", "", 0, flavor, (), line)
-        from kit.cli.build import ensure_image  # (here: kit.cli.build imports this module)
         if self.bar:
             self.bar.stop()
         try:
