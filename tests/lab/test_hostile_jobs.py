@@ -1,4 +1,4 @@
-"""A hostile job on three lab hosts (issue 32, finding 1 and the job-folder half of 4): it forges its exit record,
+"""A hostile job on three lab hosts: it forges its exit record,
 makes its pid file a FIFO, leaves `env -i` daemons adopted by the container's init, makes its exit file a FIFO and
 its output.log a link to /dev/zero. kit still tells it running, stops it within a bound with nothing of it left,
 keeps a later job's variables from it (/run/kit is a tmpfs, the file 0600), and reads its folder without blocking

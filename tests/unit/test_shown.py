@@ -1,5 +1,5 @@
 """kit.shown: remote text (a rank's line, a host's stderr, a container's answer) reaches the terminal with its
-control characters made visible and its lines capped, at every place kit prints it (issue 32, finding 3)."""
+control characters made visible and its lines capped, at every place kit prints it."""
 
 import os
 import sys
