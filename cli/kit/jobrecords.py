@@ -18,12 +18,14 @@ ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job
 
 
 # Runs in the primary's container (the job's own realm: what a rank wrote there is read there, as text, with no
-# link followed, regular files only): one JSON line a job folder, the newest RECORDS_MAX folders of kit's job ids,
-# newest first, until RECORDS_BYTES are printed. A job is alive while its supervisor is in the process table.
-RECORDS_MAX, RECORDS_BYTES = 200, 1 << 20
+# link followed, regular files only): one JSON line a job folder of kit's job ids, at most RECORDS_MAX of them and
+# RECORDS_BYTES in all. First the folders the user's job reference names (a job can make folders of any name, but not
+# crowd out the one named), then those of live jobs (so no flood of made-up folders hides a running job from kit stop),
+# then the newest. A job is alive while its supervisor is in the process table.
+RECORDS_MAX, RECORDS_BYTES = 200, 8 << 20
 RECORDS_SCRIPT = r"""
 import json, os, re, stat, sys
-root, printed = sys.argv[1], 0
+root, ref, printed = sys.argv[1], sys.argv[2], 0
 def read(folder, name):
     try:
         fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -47,8 +49,11 @@ def supervisors():
         live.update(m for m in marks if last == os.path.join(root, m, "plan.json"))
     return live
 live = supervisors()
-names = [n for n in os.listdir(root) if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{4}", n)] if os.path.isdir(root) else []
-for name in sorted(names, reverse=True)[:@RECORDS_MAX@]:
+names = sorted((n for n in os.listdir(root) if re.fullmatch(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}", n)), reverse=True) \
+    if os.path.isdir(root) else []
+named = [n for n in names if ref != "last" and (n.startswith(ref) or n.rsplit("-", 1)[-1] == ref)]
+first = sorted(named, key=lambda n: n != ref) + [n for n in names if n in live]
+for name in list(dict.fromkeys(first + names))[:@RECORDS_MAX@]:
     folder = os.path.join(root, name)
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
@@ -116,13 +121,14 @@ class Record:
         return int((self.ended if self.ended is not None else now) - self.started)
 
 
-def records_command(container: str, jobs_dir: str) -> str:
-    return command(exec_argv(container, ["timeout", "-s", "KILL", "50", "python", "-I", "-c", RECORDS_SCRIPT, jobs_dir]))
+def records_command(container: str, jobs_dir: str, ref: str = "last") -> str:
+    return command(exec_argv(container, ["timeout", "-s", "KILL", "50", "python", "-I", "-c", RECORDS_SCRIPT, jobs_dir,
+                                         check_job_ref(ref)]))
 
 
-def read_records(primary: Node) -> list[Record]:
-    """Every job of the cluster, oldest first."""
-    r = primary.runner.run(records_command(primary.place.container, primary.place.jobs_dir), timeout=60)
+def read_records(primary: Node, ref: str = "last") -> list[Record]:
+    """The jobs of the cluster (RECORDS_SCRIPT's: those `ref` names first), oldest first."""
+    r = primary.runner.run(records_command(primary.place.container, primary.place.jobs_dir, ref), timeout=60)
     r.check(f"cannot read the jobs of {primary.name}")
     found = [rec for line in r.stdout.splitlines() if line.startswith("{")
              if JOB_ID.fullmatch((rec := Record.parse(line)).id)]  # kit's jobs, not what else is in the folder

@@ -43,10 +43,39 @@ def test_the_records_script_reads_hostile_job_folders_within_bounds(tmp_path):
     r = subprocess.run(here(jobrecords.records_command("kit-lab", str(root))), capture_output=True, timeout=60)
     assert r.returncode == 0 and time.monotonic() - began < 30, r.stderr
     lines = r.stdout.decode().splitlines()
-    assert len(r.stdout) <= 1 << 20 and 0 < len(lines) <= 200, (len(r.stdout), len(lines))  # (RECORDS_BYTES, _MAX)
+    assert len(r.stdout) <= jobrecords.RECORDS_BYTES and 0 < len(lines) <= jobrecords.RECORDS_MAX, \
+        (len(r.stdout), len(lines))
     newest = jobrecords.Record.parse(lines[0])
     assert (newest.id, newest.exit_code, newest.started, newest.environment, newest.alive) == \
            ("20261126-235959-ffff", None, None, "", False)
+
+
+def test_no_flood_of_made_up_folders_hides_a_running_job_or_the_one_named(tmp_path):
+    """A job is root where its folders are: it can make any number of folders with later ids, each of the most a
+    record may hold, but the running job (kit stop's) and the one the user names are read first."""
+    root = tmp_path / "jobs"
+    for i in range(jobrecords.RECORDS_MAX + 50):
+        folder = root / f"99991231-{i:06d}-ffff"
+        folder.mkdir(parents=True)
+        for name in ("ranks", "hang", "left_out", "environment", "launcher"):
+            (folder / name).write_bytes(b"\xff" * 4096)  # 6 characters a byte in JSON
+    running, old = root / "20261126-100000-aaaa", root / "20261101-090000-bbbb"
+    for folder in (running, old):
+        folder.mkdir()
+        (folder / "plan.json").write_text("{}")
+    supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(running / "plan.json")],
+                                  env={"KIT_SUPERVISOR": running.name})
+    try:
+        def ids(ref: str) -> list[str]:
+            r = subprocess.run(here(jobrecords.records_command("kit-lab", str(root), ref)), capture_output=True,
+                               timeout=60)
+            assert r.returncode == 0 and len(r.stdout) <= jobrecords.RECORDS_BYTES, r.stderr
+            return [jobrecords.Record.parse(line).id for line in r.stdout.decode().splitlines()]
+        assert ids("last")[0] == running.name
+        assert ids(old.name)[0] == old.name and ids("bbbb")[:2] == [old.name, running.name]
+    finally:
+        supervisor.kill()
+        supervisor.wait()
 
 
 def bounded(argv: list[str], most: int = 1 << 20, seconds: float = 30) -> bytes:

@@ -46,7 +46,8 @@ def test_duration_runs_until_the_end():
 
 
 def run_reader(root) -> list[Record]:
-    r = subprocess.run([sys.executable, "-c", RECORDS_SCRIPT, str(root)], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-c", RECORDS_SCRIPT, str(root), "last"], capture_output=True, text=True,
+                       timeout=30)
     assert r.returncode == 0, r.stderr
     return sorted((Record.parse(line) for line in r.stdout.splitlines()), key=lambda rec: rec.id)
 

@@ -80,7 +80,7 @@ def the_job(job: str, name: Optional[str], config: Optional[Path]):
     state = need_state(cfg, identity, state)
     nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
     try:
-        records = {r.id: r for r in jobrecords.read_records(nodes[0])}
+        records = {r.id: r for r in jobrecords.read_records(nodes[0], job)}
         yield state, nodes, records[jobrecords.resolve_job(job, list(records), state.cluster)]
     finally:
         for n in nodes:

@@ -44,7 +44,7 @@ def logs(
     primary = state.primary
     (node,) = recorded_nodes([primary], connector(cfg.connect_timeout))
     try:
-        records = {r.id: r for r in jobrecords.read_records(node)}
+        records = {r.id: r for r in jobrecords.read_records(node, ref)}
         job = jobrecords.resolve_job(ref, list(records), state.cluster)
         shown = _LogLines(job_printer(records[job].launcher), list(records[job].hosts), rank, tail)
         folder = primary.place.job_dir(job)

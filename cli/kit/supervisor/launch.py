@@ -162,11 +162,13 @@ def reap_script(job_id: str) -> str:
 # sh (in reap_script's rounds): the processes re-parented to the container's init, added to `pids` (then their
 # descendants are). A process that leaves its job's environment (`env -i`) and its parent (setsid, a double fork) is
 # adopted by pid 1, which in kit's containers is the cluster's sshd (images/entrypoint.sh). Of these, kept: the sshd's
-# own connection processes (its program), kit's shared SSH connections (ssh's program, ControlPersist), each job's
-# supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), and the orphans of another job whose
-# supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents. A `docker exec` session's
-# processes have ppid 0 and are not adopted ones.
+# own connection processes (its program, or SSHD_SESSIONS), kit's shared SSH connections (ssh's program,
+# ControlPersist), each job's supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), and the
+# orphans of another job whose supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents.
+# A `docker exec` session's processes have ppid 0 and are not adopted ones.
 # Only where pid 1 is the image's sshd in a container: elsewhere (a unit test's machine) pid 1 adopts what is not kit's.
+# OpenSSH 9.8 and later (trixie, the gpu flavor's base) runs each connection as a program of its own, a child of pid 1.
+SSHD_SESSIONS = ("/usr/lib/openssh/sshd-session", "/usr/lib/openssh/sshd-auth")
 ORPHANS = (
     "init=$(readlink /proc/1/exe 2>/dev/null); "
     "if [ \"$init\" = /usr/sbin/sshd ] && [ -f /.dockerenv ]; then "
@@ -179,11 +181,11 @@ ORPHANS = (
     "case \"$pids$sups\" in *\" $pid \"*) continue;; esac; "
     "sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 1 || continue; "
     "grep -q '^State:[[:space:]]*Z' $p/status 2>/dev/null && continue; "
-    "exe=$(readlink $p/exe 2>/dev/null); [ \"$exe\" = \"$init\" ] && continue; "
+    "exe=$(readlink $p/exe 2>/dev/null); case \"$exe\" in \"$init\"|{sessions}) continue;; esac; "
     "[ -n \"$ssh\" ] && [ \"$exe\" = \"$ssh\" ] && continue; "
     "other=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_JOB=//p' | head -n 1); "
     "if [ -n \"$other\" ] && [ \"$other\" != {job} ]; then case \"$live\" in *\" $other \"*) continue;; esac; fi; "
-    "pids=\"$pids$pid \"; done; fi; ")
+    "pids=\"$pids$pid \"; done; fi; ").replace("{sessions}", "|".join(SSHD_SESSIONS))
 
 
 # A host's workspace: each file's sha256 (find follows no link: a link the job made is neither hashed nor copied).
