@@ -141,3 +141,26 @@ def test_kits_python_helpers_ignore_modules_in_the_workspace(tmp_path):
     from test_jobenv import job
     starter = run(job(()).start_command(), b"")  # the job starter: no request on its stdin, json says so
     assert b"JSONDecodeError" in starter.stderr, starter.stderr.decode()[-2000:]
+
+
+def test_a_link_an_earlier_job_left_for_the_variables_folder_sends_no_variables_through_it(tmp_path, monkeypatch):
+    """A job is root in its container: it can put a link to the workspace where the next job's variables go. They
+    are written into a folder made anew there (on the tmpfs), never through the link, here and on the other hosts."""
+    from kit.supervisor import starter
+    workspace, env_dir = tmp_path / "workspace", tmp_path / "run" / "env"
+    workspace.mkdir()
+    env_dir.parent.mkdir()
+    env_dir.symlink_to(workspace)
+    monkeypatch.setattr(starter, "ENV_DIR", str(env_dir))
+    starter._write_env("20261126-100000-aaaa", "TOKEN=s3cr3t")
+    assert not env_dir.is_symlink() and list(workspace.iterdir()) == []
+    assert (env_dir / "20261126-100000-aaaa").stat().st_mode & 0o777 == 0o600
+
+    other = tmp_path / "other" / "env"  # the same on another host, by the shell kit runs there
+    other.parent.mkdir()
+    other.symlink_to(workspace)
+    (workspace / "20261126-100000-bbbb").symlink_to(tmp_path / "stolen")
+    give = starter.ENV_GIVE.format(dir=shlex.quote(str(other)), job="20261126-100000-bbbb")
+    subprocess.run(["sh", "-c", give], input=b"TOKEN=s3cr3t", check=True, timeout=30)
+    assert not other.is_symlink() and (other / "20261126-100000-bbbb").read_bytes() == b"TOKEN=s3cr3t"
+    assert not (tmp_path / "stolen").exists()

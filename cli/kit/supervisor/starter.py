@@ -46,10 +46,7 @@ def start(inp, out) -> int:
         _write(folder, name, text.rstrip("\n"))
     env_text, workspace = request.get("env_file"), request["workspace"]
     if env_text is not None:
-        os.makedirs(ENV_DIR, exist_ok=True)
-        fd = os.open(os.path.join(ENV_DIR, job), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(env_text)
+        _write_env(job, env_text)
     given: list[str] = []  # the addresses of the other hosts that were given the variables
 
     def abandon() -> int:  # nothing starts, and nothing of the job stays (the folder last: its absence says so)
@@ -97,6 +94,40 @@ def start(inp, out) -> int:
     return 1 if error else 0
 
 
+def _env_folder() -> int:
+    """ENV_DIR (on the container's tmpfs), opened without following a link: what an earlier job left in its place (a
+    link that would send the variables off the tmpfs, into the workspace; a file) is removed and the folder made anew."""
+    for _ in range(3):
+        try:
+            return os.open(ENV_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            os.makedirs(ENV_DIR, mode=0o700, exist_ok=True)
+        except OSError:
+            os.remove(ENV_DIR)
+    raise OSError(f"{ENV_DIR} is not a folder kit can make")
+
+
+def _write_env(job: str, text: str) -> None:
+    """The job's variables, 0600, in a file made new in ENV_DIR (never written through what is there)."""
+    folder = _env_folder()
+    try:
+        try:
+            fd = os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        except FileExistsError:
+            os.unlink(job, dir_fd=folder)
+            fd = os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    finally:
+        os.close(folder)
+
+
+# sh, on another host's container: the job's variables from stdin into a file made new in ENV_DIR, what an earlier job
+# left in the folder's place (a link, a file) removed first (as _env_folder), the file never written through a link.
+ENV_GIVE = ('umask 077; d={dir}; if [ -L "$d" ] || {{ [ -e "$d" ] && [ ! -d "$d" ]; }}; then rm -f "$d"; fi; '
+            'mkdir -p "$d" && [ ! -L "$d" ] && rm -f "$d/{job}" && set -C && cat > "$d/{job}"')
+
+
 def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env_text: str | None) -> dict:
     """One other host of the job: what its workspace lacks of the job's files (files: name -> sha256; None where
     the hosts share the workspace), sent from here, and the job's variables. {"sent": N, "manifest": its workspace
@@ -121,8 +152,8 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
                                      f"{_text(r.stderr).strip()[-500:]}"}
             done.update(sent=len(names), manifest="".join(manifest_line(n, d) for n, d in had.items()))
         if env_text is not None:
-            r = subprocess.run(ssh_argv(address, f"umask 077 && mkdir -p {ENV_DIR} && cat > {ENV_DIR}/{job}",
-                                        stdin=True), input=env_text.encode(), capture_output=True,
+            r = subprocess.run(ssh_argv(address, ENV_GIVE.format(dir=ENV_DIR, job=job), stdin=True),
+                               input=env_text.encode(), capture_output=True,
                                timeout=REMOTE_TIMEOUT_S)
             if r.returncode != 0:
                 return {**done, "error": f"cannot give the job's variables to its container (exit {r.returncode}): "
