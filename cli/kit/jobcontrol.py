@@ -15,21 +15,11 @@ from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
 from kit.supervisor import heartbeats
-from kit.supervisor.launch import RANKS_MARK, reap_script
-
-
-STOP_WAIT_S = 20
+from kit.supervisor.launch import AFTER, ENDING, RANKS_MARK, STOP_WAIT_S, reap_script
 
 
 END_MARK = "@@kit-job-end"
 
-
-# What the supervisor records at the end, which the follower prints after END_MARK (each existing file after a line
-# `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
-# (supervisor.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
-# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
-ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
-AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (supervisor.finish)
 AFTER_MAX = 64 << 20
 # The most of what follows END_MARK that kit keeps: FOLLOW_SCRIPT's ending (each small file up to 4000 bytes)
 ENDING_MAX = AFTER_MAX + len(ENDING) * 4200

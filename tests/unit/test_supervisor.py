@@ -512,3 +512,18 @@ def test_a_launchers_ssh_rides_the_supervisors_connection_and_never_opens_one():
     path = next(o for o in launch.CONNECTION if o.startswith("ControlPath=")).split("=", 1)[1]
     assert re.search(rf"^\s+ControlPath {re.escape(path)}$", config, re.M)
     assert re.search(r"^\s+ControlMaster no$", config, re.M) and "ControlPersist" not in config
+
+
+def test_what_a_rank_writes_under_the_supervisors_names_is_not_read_as_its_end(tmp_path, ssh_shim):
+    """A rank can write its job's folder: hosts named as left out (whose outputs kit would then not spread), a hang,
+    restarts, an after.json. The supervisor writes each of those last, as it recorded them (empty when it did not)."""
+    job = job_id()
+    folder = tmp_path / "jobs" / job
+    forge = "".join(f"open({str(folder / name)!r}, 'w').write({text!r})\n" for name, text in
+                    (("left_out", "b c"), ("hang", "rank 1 hung"), ("restarts", "7"), ("env_kept", "10.0.0.9"),
+                     ("after.json", '{"b": ""}')))
+    (tmp_path / "forge.py").write_text(forge)
+    r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["forge.py"] * 2, hosts=HOSTS[:2]))
+    assert (folder / "exit").read_text() == "0\n"
+    assert [n for n in ("left_out", "hang", "restarts", "env_kept", "after.json") if (folder / n).exists()] == []
+    assert (folder / "reaped").exists()  # what the supervisor did record stays

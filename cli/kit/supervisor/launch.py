@@ -41,6 +41,12 @@ SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
 RIDE = (*CONNECTION, "-o", "ControlMaster=no")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
+# What the supervisor records of a job's end, which kit's follower prints after its END_MARK (each file after a line
+# `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
+# (supervise.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
+# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
+ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
+AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (Supervisor.finish)
 
 
 # ------------------------------------------------------------------------------------------------ launch commands

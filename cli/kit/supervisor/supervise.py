@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 
-from kit.supervisor.launch import ENV_DIR, REMOTE_TIMEOUT_S, RANKS_MARK, SHARED, SSH, STOP_WAIT_S  # shipped together
+from kit.supervisor.launch import AFTER, ENDING, ENV_DIR, REMOTE_TIMEOUT_S, RANKS_MARK, SHARED, SSH  # shipped together
+from kit.supervisor.launch import STOP_WAIT_S  # shipped together
 from kit.supervisor.launch import Plan, Slot, at_once, discovery_script, end_script, parse_discovery  # shipped together
 from kit.supervisor.launch import parse_end, reap_script, ssh_argv, _run_quietly, _text, _write  # shipped together
 from kit.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats, parse_stacks  # shipped together
@@ -28,6 +29,21 @@ class Supervisor:
         self.plan = plan
         self.hosts = list(plan.hosts)  # those of the last launch
         self.log = open(os.path.join(plan.folder, "output.log"), "a", buffering=1)
+        self.ending: dict[str, str] = {}  # what the supervisor recorded of the job's end (ENDING), as it wrote it
+
+    def record(self, name: str, text: str) -> None:
+        self.ending[name] = text
+        _write(self.plan.folder, name, text)
+
+    def seal(self) -> None:
+        """Each ENDING file (and AFTER) written once more, last, as the supervisor recorded it, or removed when it
+        recorded none: the job's ranks can write their folder, and what one left under such a name must not be read
+        as the supervisor's (a missing `reaped` tells kit to stop what is left itself)."""
+        for name in (*ENDING, AFTER):
+            if name in self.ending:
+                _write(self.plan.folder, name, self.ending[name])
+            elif os.path.lexists(path := os.path.join(self.plan.folder, name)):
+                os.remove(path)
 
     def say(self, text: str) -> None:
         self.log.write(f"kit: {text}\n")
@@ -85,8 +101,8 @@ class Supervisor:
                 break
             attempt += 1
             left_out += [h.host for h in gone]
-            _write(folder, "restarts", str(attempt))
-            _write(folder, "left_out", " ".join(left_out))
+            self.record("restarts", str(attempt))
+            self.record("left_out", " ".join(left_out))
             self.say(f"restart {attempt} of {plan.restarts}: " +
                      (f"left out {', '.join(h.host for h in gone)} (no answer); " if gone else "") +
                      f"{plan.np_on(alive)} processes on {', '.join(h.host for h in alive)}, KIT_RESTART={attempt}")
@@ -143,9 +159,9 @@ class Supervisor:
         hosts = self.hosts + ([] if any(plan.is_here(h) for h in self.hosts) else [Slot(plan.primary, plan.here, 0)])
         ends = self.on_all(hosts, ["sh", "-c", end_script(plan.id, plan.workspace if plan.spread else None)])
         found = {h.host: parse_end(r.stdout) for h, r in zip(hosts, ends) if r.returncode == 0}
-        _write(plan.folder, "reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
+        self.record("reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
         if plan.spread:
-            _write(plan.folder, "after.json", json.dumps({host: m for host, (_, m) in found.items() if m is not None}))
+            self.record(AFTER, json.dumps({host: m for host, (_, m) in found.items() if m is not None}))
 
     def beats(self, hosts: list[Slot]) -> list[Beat]:
         found = self.on_all(hosts, ["sh", "-c", progress_script(self.plan.id)])
@@ -159,7 +175,7 @@ class Supervisor:
             for rank, text in parse_stacks(r.stdout).items():
                 _write(stacks, f"rank-{rank}.txt", f"rank {rank} on {h.host}\n{text}")
         report = hang_report(watch.last, watch.quiet())
-        _write(self.plan.folder, "hang", report)
+        self.record("hang", report)
         self.say(f"{report}. Every rank's stack: {stacks}; stopping the job")
 
 
@@ -175,9 +191,9 @@ def free_port() -> int:
     return port
 
 
-def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
-    """The job's variables removed from every host's container, also when no kit waits for the job any more; a
-    host where that failed goes in env_kept."""
+def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> str:
+    """The job's variables removed from every host's container, also when no kit waits for the job any more; the
+    hosts where that failed (env_kept), one a line."""
     path = os.path.join(env_dir, plan.id)
     kept = []
 
@@ -192,8 +208,7 @@ def tidy_env(plan: Plan, env_dir: str = ENV_DIR) -> None:
     at_once([h for h in plan.hosts if not plan.is_here(h)], one)
     if os.path.exists(path):
         os.remove(path)
-    if kept:
-        _write(plan.folder, "env_kept", "\n".join(kept))
+    return "\n".join(kept)
 
 
 def main(plan_path: str) -> None:
@@ -211,8 +226,9 @@ def main(plan_path: str) -> None:
     except Exception as e:  # noqa: BLE001 - said in the job's output, and the job still gets its end
         supervisor.say(f"the supervisor failed: {e!r}")
     finally:
-        if plan.env:
-            tidy_env(plan)
+        if plan.env and (kept := tidy_env(plan)):
+            supervisor.ending["env_kept"] = kept
+        supervisor.seal()
         _write(folder, "ended", str(int(time.time())))
         _write(folder, "exit", str(code))
 
