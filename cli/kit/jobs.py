@@ -26,16 +26,15 @@ from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, ex
 from kit.commands.launchers import tf_config
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
-from kit.jobcontrol import (AFTER, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
+from kit.jobcontrol import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
                             parse_ending, parse_reaped, reap, stop)
 from kit.jobrecords import _int
-from kit.runners.base import STDOUT_KEPT
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
 from kit.supervisor import shipped, starter
-from kit.supervisor.launch import (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX, NodeCommand, Plan,
-                                   Slot, placement, torch_ranks, torchrun_argv)
+from kit.supervisor.launch import (AFTER, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX, NodeCommand,
+                                   Plan, Slot, placement, torch_ranks, torchrun_argv)
 from kit.supervisor.supervise import FREE_PORT
 
 
@@ -181,6 +180,11 @@ class Synced:
         return f"; left out {' and '.join(said)} (.kitignore and kit's defaults)" if said else ""
 
 
+# The most of one line of the starter's answers that kit reads: every other host's workspace manifest is one line
+# (about 110 bytes a file and host: 2M of them).
+ANSWERS_KEPT = 256 << 20
+
+
 class Starting:
     """kit's side of supervisor.start: the conversation with the primary's container that copies the job there and,
     from there, to the job's other hosts, starts it, and (follow) goes on with its output."""
@@ -188,7 +192,7 @@ class Starting:
     def __init__(self, job: Job, primary: Node, follow: bool, others: list[Node], files: dict[str, str] | None):
         self.job, self.primary = job, primary
         self.talk = primary.runner.converse(job.start_command(), silence=workspace.COPY_TIMEOUT_S)
-        self.said = self.talk.lines(STDOUT_KEPT)  # its answers: one line holds every other host's manifest
+        self.said = self.talk.lines(ANSWERS_KEPT)  # its answers: one line holds every other host's manifest
         self.talk.send(job.request(follow_script(job.folder, job.id, ending=True) if follow else None, others, files))
 
     def answer(self, until: str) -> list[str]:
@@ -333,6 +337,10 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
         else:
             for line in starting.said:
                 handle(line)
+                if ended.seen and line == f"@@{AFTER}":  # then kit's own line of every host's manifest, long
+                    for rest in starting.talk.lines(AFTER_MAX):
+                        handle(rest)
+                    break
     except KeyboardInterrupt:
         raise Interrupted(job_id, stop(nodes, job_id).killed) from None
     finally:

@@ -197,3 +197,27 @@ def test_what_follows_an_end_mark_is_kept_only_up_to_the_endings_size():
     assert sum(len(line) + 1 for line in end.rest) <= most
     assert end.feed(f"{jobcontrol.END_MARK} 4") and (end.code, end.rest) == (4, [])
     assert end.feed("@@hang") and end.rest == ["@@hang"]
+
+
+def test_kits_own_line_of_every_hosts_manifest_after_the_end_is_read_whole(tmp_path):
+    """kit run follows the job on the starter's conversation, whose lines are cut at LINE_KEPT (a rank's may never
+    end); the follower's after.json line, after its END_MARK, holds every host's manifest and is read whole."""
+    import json as _json
+    from types import SimpleNamespace
+
+    from kit.runners.base import LINE_KEPT
+    from kit.runners.local import LocalRunner
+    manifest = "".join(f"{i:064x}  ./data/file-{i}.bin\n" for i in range(2000))  # 150 KB a host
+    after = _json.dumps({"a": manifest, "b": manifest})
+    assert len(after) > 2 * LINE_KEPT
+    (tmp_path / "said").write_text(f"[0]<stdout>:step 1\n{jobcontrol.END_MARK} 0\n@@reaped\n\n@@after.json\n{after}\n")
+    talk = LocalRunner("a").converse(f"cat {tmp_path / 'said'}", silence=30)
+    from kit.inventory import Host
+    from kit.place import Place
+    from kit.steps.node import Node
+    nodes = [Node(Host(h, primary=h == "a"), None, Place("kit-lab", "/var/lib/kit/lab"), address=address)
+             for h, address in (("a", "10.0.0.1"), ("b", "10.0.0.2"))]
+    starting = SimpleNamespace(said=talk.lines(), talk=talk)
+    outcome = jobs.follow_to_end(nodes, "j1", ["a", "b"], lambda rank, host, text: None, starting)
+    from kit.steps.workspace import parse_manifest
+    assert outcome.exit_code == 0 and outcome.after == {h: parse_manifest(manifest) for h in ("a", "b")}

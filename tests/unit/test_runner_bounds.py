@@ -147,3 +147,14 @@ def test_a_conversation_reads_kits_own_long_answers_whole_and_the_jobs_lines_cut
         assert rest == ["b" * LINE_KEPT + f" [kit: {(1 << 20) - LINE_KEPT} more bytes of this line left out]"]
     finally:
         runner.close()
+
+
+def test_a_commands_output_cut_at_the_head_kept_fails_its_check():
+    """What kit parses of a command is its stdout's head (STDOUT_KEPT): a parser must never read a cut one as whole."""
+    from kit.errors import KitError
+    from kit.runners.base import STDOUT_KEPT
+    from kit.runners.local import LocalRunner
+    r = LocalRunner("a").run(f"head -c {STDOUT_KEPT + 10} /dev/zero", timeout=60)
+    assert r.ok and r.cut == 10
+    with pytest.raises(KitError, match="longer than the 16 MiB kit reads"):
+        r.check("cannot list the workspace")

@@ -26,6 +26,7 @@ class Result:
     exit_code: int
     stdout: str = ""
     stderr: str = ""
+    cut: int = 0  # bytes of stdout past the STDOUT_KEPT that kit keeps: what a parser would read is not whole
 
     @property
     def ok(self) -> bool:
@@ -41,6 +42,9 @@ class Result:
             how = f"exit {self.exit_code}" if self.exit_code >= 0 else "it ended without an exit status"
             raise KitError(f"{what} ({how})", host=self.host, command=self.command, output_tail=self.tail(),
                            hint=hint)
+        if self.cut:
+            raise KitError(f"{what}: its output is longer than the {STDOUT_KEPT >> 20} MiB kit reads ({self.cut} "
+                           "bytes more)", host=self.host, command=self.command, hint=hint)
         return self
 
 

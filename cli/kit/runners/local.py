@@ -59,7 +59,7 @@ class LocalRunner:
         threading.Thread(target=_write, args=(proc, stdin or b""), daemon=True).start()
         if not _ended(proc, out, err, deadline):
             return Result(self.host, command, 124, out.text(), f"timed out: it did not end within {timeout:g} s")
-        return Result(self.host, command, proc.returncode, out.text(), err.text())
+        return Result(self.host, command, proc.returncode, out.text(), err.text(), out.left_out)
 
     def stream_in(self, command: str, chunks: Iterable[bytes], on_bytes: Callable[[int], None], *,
                   changes: bool = True, timeout: float | None = STALL_S, finish: float | None = None) -> Result:
@@ -81,7 +81,7 @@ class LocalRunner:
                 pass
         if not _ended(proc, out, err, None if timeout is None else time.monotonic() + timeout):
             return Result(self.host, command, 124, "", f"timed out: still running {timeout:g} s after its input")
-        return Result(self.host, command, proc.returncode, out.text(), err.text())
+        return Result(self.host, command, proc.returncode, out.text(), err.text(), out.left_out)
 
     def stream_out(self, command: str, on_line: Callable[[str], None], *, stdin: bytes | None = None) -> int:
         """Run command (given stdin), handing each line of its output (stderr merged) to on_line; its exit code."""

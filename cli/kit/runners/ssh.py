@@ -219,7 +219,7 @@ class SshRunner:
         except socket.timeout:
             chan.close()
             return Result(self.host, command, 124, out.text(), f"timed out: it did not end within {seconds:g} s")
-        return Result(self.host, command, code, out.text(), err.text())
+        return Result(self.host, command, code, out.text(), err.text(), out.left_out)
 
     def close(self) -> None:
         self.closed = True
