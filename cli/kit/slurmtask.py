@@ -15,14 +15,20 @@ KIT_PORT (from the job id: two jobs on one node never share it); KIT_SUBNET, whe
 the ranks' network.
 """
 
-import fcntl
-import ipaddress
-import json
-import os
-import signal
-import socket
-import struct
+import os  # (os and sys were loaded as the interpreter started: no folder can give other ones)
 import sys
+
+# kit's own imports with neither the job's folder nor PYTHONPATH on the path (a json.py of the job's replaces none of
+# them), then the path as Python gave it: the nodes' torch or Horovod may come from PYTHONPATH (`module load`).
+_GIVEN, sys.path[:] = list(sys.path), [p for p in sys.path if p not in ("", os.getcwd(), *os.environ.get(
+    "PYTHONPATH", "").split(os.pathsep))]
+import fcntl  # noqa: E402
+import ipaddress  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+sys.path[:] = _GIVEN
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kit_rank.py")
 SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
@@ -104,7 +110,7 @@ def horovod_env(env, nodes):
 def torchrun_argv(env, nodes, address, command):
     """torchrun on this node: a c10d rendezvous whose store the first node hosts, at the job's port."""
     node = int(env["SLURM_NODEID"])
-    return [sys.executable, "-I", "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
             "--nproc-per-node=%s" % env["KIT_NPROC_PER_NODE"], "--rdzv-backend=c10d",
             "--rdzv-endpoint=%s:%s" % (nodes[0][1], env["KIT_PORT"]), "--rdzv-id=%s" % env["SLURM_JOB_ID"],
             *(["--rdzv-conf=is_host=1"] if node == 0 else []), "--local-addr=%s" % address, "--tee=3",

@@ -65,7 +65,7 @@ def test_the_pyxis_script_runs_every_task_in_the_enroot_image():
 
 def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
     text = sbatch.render(golden_job("tf", "none"))
-    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u -I .kit/kit_task.py " \
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u .kit/kit_task.py " \
            "tf train.py --epochs 2 --name 'it'\"'\"'s mine'" in text
     task = text.split("<<'KIT_TASK'\n", 1)[1].split("KIT_TASK\n", 1)[0]
     assert task == Path(slurmtask.__file__).read_text()
@@ -168,7 +168,7 @@ def test_horovod_ranks_get_what_horovodrun_would_give_them():
 def test_torchrun_hosts_its_store_on_the_first_node_at_the_jobs_port():
     first = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="0"), NODES, "10.1.0.11", ["train.py", "--x"])
     other = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="1"), NODES, "10.1.0.12", ["train.py", "--x"])
-    assert first[1:] == ["-I", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+    assert first[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                          "--rdzv-endpoint=10.1.0.11:24242", "--rdzv-id=4242", "--rdzv-conf=is_host=1",
                          "--local-addr=10.1.0.11", "--tee=3", "--no-python", sys.executable, "-u", slurmtask.RANK,
                          "train.py", "--x"]
@@ -313,7 +313,7 @@ def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in r.stdout
-    assert "python3 -u -I .kit/kit_task.py horovod train.py --epochs 2 || code=$?" in r.stdout
+    assert "python3 -u .kit/kit_task.py horovod train.py --epochs 2 || code=$?" in r.stdout
     assert "export KIT_JOB=slurm-$SLURM_JOB_ID" in r.stdout and "sbatch THIS_FILE" in r.stdout
     written = run_kit("export", "--to", "slurm", "--launcher", "tf", "-o", "job.sbatch", "train.py", cwd=tmp_path)
     assert written.returncode == 0 and "sbatch job.sbatch" in (tmp_path / "job.sbatch").read_text()
