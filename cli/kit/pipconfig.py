@@ -161,9 +161,10 @@ class PipSettings:
 # Lab indexes put tokens in the path (https://host/<token>/org/repo/python/simple/), in the query (?access_token=,
 # pre-signed X-Amz-Signature=...) and before the host (user:password@): a URL is harmless only when it has no
 # user, no query, no fragment and every path segment is plain: words of letters or digits joined by . _ - ~ +
-# (devpi's +simple), none of them token-like (below). A git+ URL may end in @<revision>: a tag word or a commit.
+# (devpi's +simple, Azure's _packaging; GitLab's lone -), none of them token-like (below). A git+ URL may end in
+# @<revision>: a tag word or a commit.
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]")
-_SEGMENT = re.compile(r"\+?[A-Za-z0-9]+(?:[._~+-]+[A-Za-z0-9]+)*[._~+-]?")
+_SEGMENT = re.compile(r"[+_]?[A-Za-z0-9]+(?:[._~+-]+[A-Za-z0-9]+)*[._~+-]?|-")
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
