@@ -193,7 +193,9 @@ def interrupt_command(container: str, folder: str, job_id: str) -> str:
     which stops its ranks as for Ctrl-C; to that process only if it is still the job's."""
     d = shlex.quote(folder)
     return command(exec_argv(container, ["timeout", "-s", "KILL", "50", "sh", "-c", _PID.format(folder=d) +
-        f"rm -rf {d}/stopped; date +%s > {d}/stopped; p=$(launcher_of {job_id}) && kill -INT $p; true"]))
+        # (written to a file of its own, then renamed: never through a FIFO or a link the job put there)
+        f"t=$(mktemp {d}/.stopped.XXXXXX) && date +%s > \"$t\" && rm -rf {d}/stopped && mv -Tf \"$t\" {d}/stopped; "
+        f"p=$(launcher_of {job_id}) && kill -INT $p; true"]))
 
 
 def reap_command(container: str, job_id: str) -> str:
