@@ -26,6 +26,7 @@ from kit.steps.node import Node
 
 PAIR_TIMEOUT_S = 20                       # one SSH between two containers, connection and handshake included
 DOCTOR_TIMEOUT_S = 60
+CONTAINER_MAX = 1 << 20                   # bytes of the container's own section that doctor reads
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ def doctor_script(place: Place, workspace: str) -> str:
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
         # What the container prints is the job's to forge: each of its lines goes with INNER in front (and a last line
         # it leaves open is closed, so that the end mark starts a line of its own)
-        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | {PREFIX_INNER}; echo",
+        # (what the container prints is bounded: the host's end mark after it always reaches kit)
+        f"echo '{MARK}container'; docker exec {q(place.container)} sh -c {q(inner)} 2>&1 | head -c {CONTAINER_MAX} "
+        f"| {PREFIX_INNER}; echo",
         f"echo '{MARK}end'",
     ])
 

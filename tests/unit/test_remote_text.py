@@ -154,3 +154,17 @@ def test_a_ranks_stack_cannot_forge_another_ranks(brk):
            "@@kit-stack 1 102\n  File train.py, line 9\n"
     assert parse_stacks(text) == {0: f"Thread main{brk}@@kit-stack 1 102{brk}all is well\n@@kit-stack ² 103\nx",
                                   1: "  File train.py, line 9"}
+
+
+def test_a_container_that_floods_its_section_leaves_the_hosts_end_mark_to_kit(tmp_path):
+    """The real script on this machine, with a `docker` whose exec never stops printing: what the container prints
+    is cut at CONTAINER_MAX, and the host's end mark still comes (else the host reads as cut short)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text("#!/bin/sh\n[ \"$1\" = exec ] || exit 1\nexec yes 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'\n")
+    docker.chmod(docker.stat().st_mode | stat.S_IEXEC)
+    script = rd.doctor_script(Place("kit-doctor-none", str(tmp_path)), str(tmp_path))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60, env=env).stdout.decode()
+    assert out.split("\n")[-2:] == ["@@kit end", ""] and len(out) < 2 * rd.CONTAINER_MAX
