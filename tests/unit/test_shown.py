@@ -106,3 +106,17 @@ def test_print_sites_sanitise(monkeypatch):
     LiveProgress(bar).status("h1", HOSTILE)
     column = bar.columns[1].render(bar.tasks[0])
     assert raw(column.plain) == [] and "[bold]x[/bold]" in column.plain
+
+
+def test_every_control_and_format_character_of_unicode_is_made_visible():
+    """Not a list of the known tricks (U+061C, U+2060-2064, U+FFF9-FFFB, the tag characters U+E0000...): every code
+    point of Unicode's control, format, surrogate and separator categories, as this Python knows them."""
+    import sys
+    import unicodedata
+    hidden = [chr(c) for c in range(sys.maxunicode + 1)
+              if unicodedata.category(chr(c)) in ("Cc", "Cf", "Cs", "Zl", "Zp") and chr(c) not in "\t\n"]
+    assert len(hidden) > 200
+    from kit.shown import visible
+    shown = visible("".join(hidden), cap=len(hidden) * 10)
+    assert not [c for c in shown if c not in "\\xuU0123456789abcdef"], "a control character came through"
+    assert visible("日本語 — ümlaut ✓ █▌") == "日本語 — ümlaut ✓ █▌"  # printable text is left as it is
