@@ -1,7 +1,7 @@
 """Environment variables for a job's ranks: `kit run -e NAME=VALUE`, `-e NAME` (this shell's value) and
 `--env-file FILE` (docker's format: NAME=VALUE or NAME a line, # comments). Pure.
 
-Values reach the ranks through a file in every host's container (kit.commands.horovod.ENV_DIR, 0600, written
+Values reach the ranks through a file in every host's container (kit.supervisor.launch.ENV_DIR, 0600, written
 over kit's SSH session's input and removed when the job ends), never through a command line, which every user
 of a host can read with `ps` (a container's processes are the host's). kit prints a value only for a name of a
 short allow-list of harmless settings (SHOWN), and the job's record keeps the names alone.

@@ -1,7 +1,7 @@
 """A job's supervisor, and the launch commands it starts: Python's standard library only.
 
 kit sends this package's modules, as one script (shipped.source()), to the primary's container, where it runs
-as the job's supervisor (`python -c SOURCE PLAN`), apart from kit's session: it starts the launcher (horovodrun, or a
+as the job's supervisor (`python -I -c SOURCE PLAN`), apart from kit's session: it starts the launcher (horovodrun, or a
 script that starts torchrun or a TF worker on every host over the cluster SSH), keeps the job's record in its folder
 (pid, output.log, started, ended, exit), watches the ranks' progress (the rank launcher's heartbeat, see
 kit.commands.horovod) and, by the job's failure policy, starts it again on the hosts that still answer
@@ -13,7 +13,7 @@ what is left of a job (reap_script) never stops the supervisor, which records th
 
 launch      the launch commands and the shell scripts kit and the supervisor both build; the job's Plan
 heartbeats  the ranks' heartbeats and stacks, and the hang watch
-starter     kit's conversation that starts a job (`python -c SOURCE --start`)
+starter     kit's conversation that starts a job (`python -I -c SOURCE --start`)
 supervise   the supervisor proper and its restart policy; the script's entry point
 shipped     the script itself, made of the modules above (kit's side only: not shipped)
 """

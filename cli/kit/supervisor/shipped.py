@@ -1,5 +1,5 @@
 """The supervisor's script: the modules of kit.supervisor as one standard-library-only Python source, which kit sends
-to the primary's container and runs there (`python -c SOURCE PLAN`, `python -c SOURCE --start`)."""
+to the primary's container and runs there (`python -I -c SOURCE PLAN`, `python -I -c SOURCE --start`)."""
 
 from __future__ import annotations
 

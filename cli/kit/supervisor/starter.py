@@ -1,4 +1,4 @@
-"""The starter: kit's one conversation with the primary's container that starts a job (`python -c SOURCE --start`),
+"""The starter: kit's one conversation with the primary's container that starts a job (`python -I -c SOURCE --start`),
 which copies the job's files into the workspaces, gives every host the job's variables and starts the supervisor
 apart from kit's session. Standard library only: shipped in the supervisor's script (kit.supervisor.shipped)."""
 
@@ -25,7 +25,7 @@ COPY_TIMEOUT_S = 3600   # one copy of a job's files to a host (a job's folder ma
 
 
 def start(inp, out) -> int:
-    """kit's one conversation with the primary's container that starts a job (`python -c SOURCE --start`), in JSON
+    """kit's one conversation with the primary's container that starts a job (`python -I -c SOURCE --start`), in JSON
     lines on stdin, the starter answering on stdout:
     1. the request: the job's files written into its folder (kit's own names: the plan, what kit showed of the
        variables), the variables' file for this container's ranks, and this container's workspace, listed;

@@ -1,4 +1,4 @@
-"""The supervisor proper, in the primary's container (`python -c SOURCE PLAN`): it writes the job's record, launches
+"""The supervisor proper, in the primary's container (`python -I -c SOURCE PLAN`): it writes the job's record, launches
 it, watches its ranks and, by the job's failure policy, starts it again on the hosts that still answer; at its end,
 what is left of the job is stopped on every host and the job's variables removed. Standard library only: the last
 part of the supervisor's script (kit.supervisor.shipped), whose entry point is here."""
