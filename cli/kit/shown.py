@@ -18,6 +18,9 @@ LINE_CAP = 4096  # characters of one line; a rank's real lines are far shorter
 _SUSPECT = re.compile(r"[^\t\x20-\x7e]")  # what may be a control: judged by its Unicode category
 _HIDDEN = ("Cc", "Cf", "Cs", "Zl", "Zp")
 _CUT_ROOM = 64  # room kept for the cut mark, so that a cut line stays within LINE_CAP
+# The mark kit's runners end a line with when they kept only its start (kit.runners.base.Lines): kept through a cut
+# here, so that a rank's endless line still says how long it was.
+_RUNNER_MARK = re.compile(r" \[kit: [0-9]+ more bytes of this line left out\]$")
 
 
 def _visible(char: str) -> str:
@@ -31,8 +34,9 @@ def _line(line: str, cap: int) -> str:
     line = _SUSPECT.sub(lambda m: _visible(m.group()), line[:-1] if line.endswith("\r") else line)
     if len(line) <= cap:
         return line
-    kept = cap - _CUT_ROOM
-    return f"{line[:kept]}… ({len(line) - kept} more characters cut)"
+    mark = found.group() if (found := _RUNNER_MARK.search(line)) else ""
+    kept = cap - _CUT_ROOM - len(mark)
+    return f"{line[:kept]}… ({len(line) - kept - len(mark)} more characters cut){mark}"
 
 
 def visible(text: str, one_line: bool = False, cap: int = LINE_CAP) -> str:

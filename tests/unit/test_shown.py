@@ -120,3 +120,16 @@ def test_every_control_and_format_character_of_unicode_is_made_visible():
     shown = visible("".join(hidden), cap=len(hidden) * 10)
     assert not [c for c in shown if c not in "\\xuU0123456789abcdef"], "a control character came through"
     assert visible("日本語 — ümlaut ✓ █▌") == "日本語 — ümlaut ✓ █▌"  # printable text is left as it is
+
+
+def test_a_line_the_runner_cut_still_says_how_long_it_was_when_shown():
+    """A rank's endless line: the runner keeps its first LINE_KEPT bytes and says how many more there were; the
+    sanitiser's shorter cut keeps that saying, so the user reads the line's real length."""
+    from kit.runners.base import LINE_KEPT, Lines
+    from kit.shown import LINE_CAP, visible
+    lines = Lines()
+    lines.feed(b"x" * (LINE_KEPT + 150_000_000 % 7919) + b"\n")
+    (line,) = lines.ready
+    shown = visible(line)
+    assert len(shown) <= LINE_CAP and shown.endswith(f" [kit: {150_000_000 % 7919} more bytes of this line left out]")
+    assert "more characters cut)" in shown
