@@ -1,6 +1,6 @@
 """A job whose rank writes what would drive the user's terminal: clear the screen, move the cursor to print a fake
 `✓ job finished`, write the clipboard (OSC 52), a C1 CSI, a line separator, Rich markup. It also writes the same
-into its job folder's `hang` record (where the job can write it), which `kit jobs` prints."""
+into its job folder's `hang` record (the job can write its folder), which the supervisor's record of the end replaces."""
 
 import glob
 import os
