@@ -111,11 +111,11 @@ def _write_env(job: str, text: str) -> None:
     """The job's variables, 0600, in a file made new in ENV_DIR (never written through what is there)."""
     folder = _env_folder()
     try:
-        try:
-            fd = os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
-        except FileExistsError:
+        try:  # (what an earlier job left under this name goes, unfollowed)
             os.unlink(job, dir_fd=folder)
-            fd = os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        fd = os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
         with os.fdopen(fd, "w") as f:
             f.write(text)
     finally:
