@@ -133,7 +133,7 @@ def rendezvous(env, nodes, ready, every=0.2):
 
     size = int(env["KIT_NTASKS"])
     server = RendezvousServer(False)
-    port = server.start()
+    port = server.start() if not env.get("KIT_RENDEZVOUS_PORT") else start_at(server, int(env["KIT_RENDEZVOUS_PORT"]))
     server.init(get_host_assignments(parse_hosts(",".join("%s:%d" % (n, size // len(nodes)) for n, _ in nodes)),
                                      size))
     with open(ready + ".new", "w") as f:
@@ -142,6 +142,17 @@ def rendezvous(env, nodes, ready, every=0.2):
     while not os.path.exists(ready + ".done") and not signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, every):
         pass
     server.stop()
+
+
+def start_at(server, port):
+    """Start Horovod's rendezvous at the job's port (a Kubernetes pod's, kit.podtask: every pod knows it) instead of
+    one it picks, as its start would (RendezvousServer.start)."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    from horovod.runner.util.threads import in_thread
+
+    server._httpd = RendezvousHTTPServer(("", port), RendezvousHandler, False)
+    server._listen_thread = in_thread(target=server._httpd.serve_forever)
+    return port
 
 
 def main(argv, env):

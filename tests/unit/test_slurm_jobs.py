@@ -323,8 +323,10 @@ def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--to", "slurm"], "error: --to slurm needs the training script"),
     (["--to", "slurm", "--launcher", "mpi", "t.py"], "error: --launcher: 'mpi' is not a launcher"),
-    (["--to", "slurm", "-e", "X", "t.py"], "error: -e is not an option of kit export"),
-    (["--to", "enroot", "--nodes", "2"], "error: --nodes: a job's, for --to slurm"),
+    (["--to", "slurm", "-e", "X", "t.py"], "error: -e: for --to k8s"),
+    (["--to", "enroot", "--nodes", "2"], "error: --nodes: a job's, for --to slurm or k8s"),
+    (["--to", "enroot", "--kind", "mpijob"], "error: --kind: for --to k8s"),
+    (["--to", "k8s", "--partition", "p", "t.py"], "error: --partition: Slurm's"),
 ])
 def test_export_refuses_what_is_not_a_job_of_its_target(tmp_path, args, says):
     from helpers import run_kit

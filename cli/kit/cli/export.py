@@ -1,4 +1,5 @@
-"""`kit export`: kit's image as a file for a Slurm site's container runtime (enroot/pyxis, Apptainer)."""
+"""`kit export`: kit's image as a file for a Slurm site's container runtime (enroot/pyxis, Apptainer), or a job as an
+sbatch script or Kubernetes manifests."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from rich.markup import escape
 
 from kit.build import connect, find_built
 from kit.config import build_config, cluster_config, read_config
-from kit.errors import BadInput
+from kit.errors import BadInput, KitError
+from kit import jobenv
 from kit.export import check_tools, default_output, export_docker_archive, export_enroot
 from kit.recipe import make_recipe
-from kit import sbatch
-from kit.cli import slurm as slurm_cli
-from kit.cli.common import app, console, reports_errors
+from kit import k8s, sbatch
+from kit.cli import k8s as k8s_cli, slurm as slurm_cli
+from kit.cli.common import app, console, err_console, reports_errors
 from kit.cli.runargs import RunCommand
 from kit.commands.launchers import check_launcher
 from kit.cli.flavor import build_flavor
@@ -28,6 +30,7 @@ class Target(str, Enum):
     enroot = "enroot"
     docker_archive = "docker-archive"
     slurm = "slurm"
+    k8s = "k8s"
 
 
 @app.command(cls=RunCommand)
@@ -36,23 +39,33 @@ def export(
     script: Optional[Path] = typer.Argument(None, help="--to slurm: the training script, in the job's folder."),
     args: Optional[List[str]] = typer.Argument(None, help="--to slurm: the script's arguments (as kit run takes "
                                                "them)."),
-    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive|slurm",
+    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive|slurm|k8s",
                               help="enroot: the image's root filesystem as one squashfs (.sqsh) for pyxis's srun "
                                    "--container-image, made as `enroot import dockerd://` makes it; docker-archive: "
                                    "the image as `docker save` writes it (.tar), for `apptainer build`; slurm: the "
-                                   "sbatch script `kit run --on slurm` would submit, to stdout or -o."),
+                                   "sbatch script `kit run --on slurm` would submit, to stdout or -o; k8s: the "
+                                   "job's Kubernetes manifests (--kind), to stdout or -o."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
                                           help="The file to write (default: named after the image, in this folder)."),
     image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE:TAG",
                                         help="The image to export (default: cluster.image_tag, else the image kit "
                                              "build makes from kit.yaml's build settings)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
-    launcher: str = typer.Option("horovod", help="--to slurm: horovod, torchrun or tf."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="--to slurm: nodes of the job (default 1)."),
-    np: Optional[int] = typer.Option(None, "--np", "-np", help="--to slurm, horovod: ranks in all."),
-    ntasks_per_node: Optional[int] = typer.Option(None, help="--to slurm: ranks, processes (torchrun) or workers "
-                                                  "(tf) on each node."),
-    gpus_per_node: Optional[int] = typer.Option(None, help="--to slurm: GPUs of each node for the job."),
+    launcher: str = typer.Option("horovod", help="--to slurm or k8s: horovod, torchrun or tf."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="--to slurm or k8s: nodes (k8s: pods) of the "
+                                        "job (default 1)."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", help="--to slurm or k8s, horovod: ranks in all."),
+    ntasks_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: ranks, processes (torchrun) or "
+                                                  "workers (tf) on each node."),
+    gpus_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: GPUs of each node for the job."),
+    kind: str = typer.Option("indexed-job", help="--to k8s: " + ", ".join(k8s.KINDS) + " (see kit export --help)."),
+    namespace: Optional[str] = typer.Option(None, help="--to k8s: the namespace (default: kubectl's)."),
+    workspace_pvc: Optional[str] = typer.Option(None, metavar="NAME", help="--to k8s: a PersistentVolumeClaim that "
+                                                "holds the job's folder (SCRIPT is its path there); default: the "
+                                                "script's folder in a ConfigMap."),
+    env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="--to k8s: a variable for every rank, "
+                                            "NAME=VALUE or NAME (repeatable); a secret one is read from a Secret."),
+    env_file: Optional[List[Path]] = typer.Option(None, help="--to k8s: variables from a file of NAME=VALUE lines."),
     partition: Optional[str] = typer.Option(None, help="--to slurm: the partition."),
     account: Optional[str] = typer.Option(None, help="--to slurm: the account."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
@@ -60,22 +73,37 @@ def export(
     """Write kit's image as one file a Slurm site runs: a squashfs for enroot/pyxis, or a docker-archive for
     Apptainer (a second export of the same image to the same file does nothing); or, with --to slurm SCRIPT, the
     sbatch script kit run --on slurm would submit, commented, for submitting by hand: it needs no kit.yaml (then
-    runtime none) and contacts nothing.
+    runtime none) and contacts nothing; or, with --to k8s SCRIPT, the job's Kubernetes objects as one YAML stream
+    for `kubectl apply -f`: --kind indexed-job or jobset (any launcher, no operator needed but JobSet's),
+    pytorchjob or trainjob (torchrun), tfjob (tf), mpijob (horovod).
 
     \b
       kit export --to enroot -o /shared/images/kit.sqsh
       kit export --to slurm train.py --epochs 2 --nodes 3 -o train.sbatch
+      kit export --to k8s train.py --nodes 2 --gpus-per-node 4 --image registry.lab:5000/kit/train:1 -o job.yaml
     """
     job = {"SCRIPT": script, "--launcher": None if launcher == "horovod" else launcher, "--nodes": nodes, "--np": np,
            "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node, "--partition": partition,
            "--account": account, "--time": time_limit}
+    k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
+                "--workspace-pvc": workspace_pvc, "-e": env, "--env-file": env_file}
+    if to is Target.k8s:
+        if given := [name for name in ("--partition", "--account", "--time") if job[name] is not None]:
+            raise BadInput(f"{', '.join(given)}: Slurm's", hint="drop it for --to k8s")
+        _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
+                                                                     gpus_per_node),
+                    image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc, output,
+                    config)
+        return
+    if given := [name for name, value in k8s_only.items() if value]:
+        raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
     if to is Target.slurm:
         _export_slurm(script, args or [], launcher, nodes, np, ntasks_per_node, gpus_per_node, partition, account,
                       time_limit, output, config)
         return
     if given := [name for name, value in job.items() if value is not None]:
-        raise BadInput(f"{', '.join(given)}: a job's, for --to slurm", hint=f"drop it to export the image --to "
-                       f"{to.value}, or write the job's sbatch script with --to slurm")
+        raise BadInput(f"{', '.join(given)}: a job's, for --to slurm or k8s", hint=f"drop it to export the image "
+                       f"--to {to.value}, or write the job's sbatch script (--to slurm) or manifests (--to k8s)")
     if to is Target.enroot:
         check_tools("enroot")  # before any work: nothing is unpacked to be thrown away
     if output is not None:
@@ -108,6 +136,35 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
     path.write_text(text)
     console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where {escape(script.as_posix())} "
                   f"leads to the script, on storage every node sees: sbatch {escape(path.name)}", highlight=False)
+
+
+def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
+                image: Optional[str], variables, namespace, workspace_pvc, output: Optional[Path],
+                config: Optional[Path]) -> None:
+    if script is None:
+        raise BadInput("--to k8s needs the training script", hint="kit export --to k8s train.py [ARGS] [--nodes N]")
+    check_launcher(launcher)
+    if kind not in k8s.KINDS:
+        raise BadInput(f"--kind: '{kind}' is not a kind kit writes", hint=f"use one of: {', '.join(k8s.KINDS)}")
+    job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
+                           workspace_pvc, k8s.job_name(script.as_posix()))
+    k8s_cli.write(k8s.render(job), output, writable)
+    k8s_cli.secret_note(job)
+
+
+def k8s_image(config: Optional[Path]) -> str:
+    """cluster.image_tag, else the image kit build made here (if this machine's Docker answers). A cluster pulls it
+    from a registry: the line on stderr says how it gets there."""
+    tag = cluster_config(read_config(config), {}).image_tag
+    if tag is None:
+        try:
+            tag = default_image(connect(), config)
+        except KitError as e:
+            raise BadInput(f"no image for the pods ({e})", hint="give --image REGISTRY/REPO:TAG, the image `kit push` "
+                           "put in your registry") from None
+    err_console.print(f"kit: the pods run {escape(tag)}; a Kubernetes cluster pulls it from a registry: push it with "
+                      "`kit push REGISTRY/REPO:TAG` and give that with --image", highlight=False)
+    return tag
 
 
 def writable(path: Path) -> Path:

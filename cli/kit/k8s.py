@@ -1,0 +1,319 @@
+"""A kit job as Kubernetes manifests: settings in, one YAML stream out. Pure.
+
+It is what `kit export --to k8s` prints and what `kit run --on k8s` applies. As under Slurm (kit.sbatch), the
+scheduler starts every rank and no SSH runs between pods, except in an MPIJob, whose operator brings its own:
+
+    indexed-job   a batch/v1 Indexed Job and its headless Service (any cluster: no operator). Each pod is one node
+                  of the job; kit's pod task (kit.podtask) starts the node's ranks as srun would, with
+                  Horovod's Gloo rendezvous on the first pod, torchrun's c10d store there, or TF_CONFIG.
+    jobset        the same pods as one JobSet (jobset.x-k8s.io): its own headless Service, all-or-nothing restarts.
+    pytorchjob    torchrun under the training operator (kubeflow.org/v1): the operator's PET_* variables.
+    tfjob         one TensorFlow worker a pod under the training operator: the operator's TF_CONFIG.
+    mpijob        horovodrun (kit's Gloo build) under the MPI operator (kubeflow.org/v2beta1): its SSH keys and
+                  hostfile, host keys checked, the launcher made once every worker is ready.
+    trainjob      torchrun as a Kubeflow Trainer TrainJob on the `torch-distributed` runtime.
+
+The job's folder travels as a ConfigMap (copied into the pod's /workspace before the job starts), or the job runs
+in a PersistentVolumeClaim that already holds it (--workspace-pvc). A variable whose name is not on kit's short
+list of harmless settings (kit.jobenv.SHOWN) is read from a Secret by reference: its value is never in a manifest.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+from kit import podtask, slurmtask
+from kit.commands.horovod import rank_launcher
+from kit.errors import BadInput
+from kit.jobenv import shows_value
+from kit.sbatch import IMAGE_PYTHON, Shape
+from kit.supervisor.launch import TORCHRUN_PREFIX
+
+KINDS = {"indexed-job": ("horovod", "torchrun", "tf"), "jobset": ("horovod", "torchrun", "tf"),
+         "pytorchjob": ("torchrun",), "tfjob": ("tf",), "mpijob": ("horovod",), "trainjob": ("torchrun",)}
+FILES = "/kit/job"              # the ConfigMap's mount: the job's files and kit's (.kit/)
+WORKSPACE = "/workspace"        # where the job runs: an emptyDir the files are copied into, or the PVC
+POD = f"{FILES}/.kit/kit_pod.py"
+RANK = f"{FILES}/.kit/kit_rank.py"
+# torchrun's c10d store and Horovod's rendezvous, on the first pod; each pod has its own network namespace.
+PORT, RENDEZVOUS_PORT = 29500, 29400
+MPI_SSH = "/root/.ssh"          # the MPI operator's keys: mode 0600 only at this path
+CONFIGMAP_BYTES = 768 * 1024    # of files; a ConfigMap holds 1 MiB in all, and base64 grows binary files by a third
+NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+LABEL = "app.kubernetes.io/instance"
+
+
+@dataclass(frozen=True)
+class K8sJob:
+    name: str                    # the objects' name (DNS-1035), also the pods' subdomain
+    kind: str
+    launcher: str
+    script: str                  # relative to the job's folder
+    args: tuple[str, ...]
+    shape: Shape
+    image: str
+    files: dict[str, tuple[bytes, bool]] = field(default_factory=dict)  # path -> (content, executable)
+    variables: tuple[tuple[str, str], ...] = ()
+    namespace: str | None = None
+    workspace_pvc: str | None = None
+
+    @property
+    def secret(self) -> str:
+        return f"{self.name}-env"
+
+    @property
+    def secret_names(self) -> list[str]:
+        """The variables read from the Secret: every one whose value kit would not print."""
+        return [n for n, v in self.variables if not shows_value(n, v)]
+
+
+def job_name(script: str, suffix: str = "") -> str:
+    """kit-<script's stem>[-suffix], as a Kubernetes name: lower case, letters, digits and -, at most 40 characters
+    (an Indexed Job's pod names add -<index>, a JobSet's -node-0-<index>, within 63)."""
+    stem = script.rsplit("/", 1)[-1].removesuffix(".py").lower()
+    stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[: 36 - len(suffix)].strip("-") or "job"
+    return f"kit-{stem}" + (f"-{suffix}" if suffix else "")
+
+
+def check(job: K8sJob) -> None:
+    """What the kind can run and the names Kubernetes accepts; bad input names the flag."""
+    if job.launcher not in KINDS[job.kind]:
+        raise BadInput(f"--kind {job.kind} runs {' or '.join(KINDS[job.kind])}, not {job.launcher}",
+                       hint="kinds for " + job.launcher + ": " + ", ".join(k for k, v in KINDS.items()
+                                                                           if job.launcher in v))
+    if job.kind == "tfjob" and job.shape.tasks_per_node != 1:
+        raise BadInput("--kind tfjob runs one TensorFlow worker a pod", hint="drop --ntasks-per-node, or use "
+                       "--kind indexed-job or jobset for several workers a pod")
+    if job.namespace is not None and not (NAME.fullmatch(job.namespace) and len(job.namespace) <= 63):
+        raise BadInput(f"--namespace: '{job.namespace}' is not a Kubernetes namespace name",
+                       hint="lower-case letters, digits and -, starting with a letter, at most 63")
+    if job.workspace_pvc is not None and not (PVC.fullmatch(job.workspace_pvc) and len(job.workspace_pvc) <= 253):
+        raise BadInput(f"--workspace-pvc: '{job.workspace_pvc}' is not a PersistentVolumeClaim name",
+                       hint="lower-case letters, digits, - and ., at most 253")
+    if any(ord(c) < 32 or c == "\x7f" for c in job.script):
+        raise BadInput(f"{job.script!r}: a script's path with a control character", hint="rename the script")
+    size = sum(len(data) for data, _ in job.files.values())
+    if job.workspace_pvc is None and size > CONFIGMAP_BYTES:
+        raise BadInput(f"the job's folder is {size // 1024} KiB, more than a ConfigMap carries "
+                       f"({CONFIGMAP_BYTES // 1024} KiB of files)",
+                       hint="put the folder on a PersistentVolumeClaim and give --workspace-pvc NAME, or leave "
+                            "large files out with .kitignore")
+
+
+def render(job: K8sJob) -> str:
+    """The job's objects as one YAML stream, in the order `kubectl apply -f` should create them."""
+    check(job)
+    objects = [_configmap(job)]
+    if job.kind == "indexed-job":
+        objects += [_service(job), _indexed_job(job)]
+    else:
+        objects.append({"jobset": _jobset, "pytorchjob": _pytorchjob, "tfjob": _tfjob, "mpijob": _mpijob,
+                        "trainjob": _trainjob}[job.kind](job))
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Files of several lines as YAML's literal blocks, readable as they are in the job's folder."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+# ------------------------------------------------------------------------------------------------------ objects
+
+def _meta(job: K8sJob, name: str | None = None) -> dict:
+    meta = {"name": name or job.name}
+    if job.namespace:
+        meta["namespace"] = job.namespace
+    meta["labels"] = {"app.kubernetes.io/managed-by": "kit", LABEL: job.name}
+    return meta
+
+
+def _configmap(job: K8sJob) -> dict:
+    """kit's task and rank launcher, and the job's files unless a PVC holds them. A key cannot hold a /: the files
+    are keys file-N, and the volume's items put each at its path."""
+    data, binary = {}, {}
+    for key, (path, (content, _)) in zip(_keys(job), sorted(_all_files(job).items())):
+        try:
+            data[key] = content.decode()
+        except UnicodeDecodeError:
+            binary[key] = base64.b64encode(content).decode()
+    out = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, f"{job.name}-files"), "data": data}
+    if binary:
+        out["binaryData"] = binary
+    return out
+
+
+def _all_files(job: K8sJob) -> dict[str, tuple[bytes, bool]]:
+    own = {".kit/kit_pod.py": (inspect.getsource(podtask).encode(), False),
+           ".kit/kit_task.py": (inspect.getsource(slurmtask).encode(), False),
+           ".kit/kit_rank.py": (rank_launcher().encode(), False)}
+    return {**({} if job.workspace_pvc else job.files), **own}
+
+
+def _keys(job: K8sJob) -> list[str]:
+    return [f"file-{i}" for i in range(len(_all_files(job)))]
+
+
+def _service(job: K8sJob) -> dict:
+    """The pods' DNS names (<job>-<index>.<job>), there as soon as a pod has an address."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL: job.name}}}
+
+
+def _indexed(job: K8sJob, pods: int, pod: dict) -> dict:
+    return {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 0,
+            "template": pod}
+
+
+def _indexed_job(job: K8sJob) -> dict:
+    names = [f"{job.name}-{i}.{job.name}" for i in range(job.shape.nodes)]
+    pod = _pod(job, _container(job, "kit", _task_command(job), _pod_env(job, names)), subdomain=job.name)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job),
+            "spec": _indexed(job, job.shape.nodes, pod)}
+
+
+def _jobset(job: K8sJob) -> dict:
+    names = [f"{job.name}-node-0-{i}.{job.name}" for i in range(job.shape.nodes)]
+    pod = _pod(job, _container(job, "kit", _task_command(job), _pod_env(job, names)))
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(job),
+            "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                     "failurePolicy": {"maxRestarts": 0},
+                     "replicatedJobs": [{"name": "node", "replicas": 1,
+                                         "template": {"spec": _indexed(job, job.shape.nodes, pod)}}]}}
+
+
+def _pytorchjob(job: K8sJob) -> dict:
+    """Master and workers: the operator gives each pod PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and
+    PET_MASTER_PORT, which torchrun reads; its container must be named pytorch."""
+    s = job.shape
+    pod = _pod(job, _container(job, "pytorch", _staged(job, _torchrun(job)), _torchrun_env(job)))
+    specs = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": pod}}
+    if s.nodes > 1:
+        specs["Worker"] = {"replicas": s.nodes - 1, "restartPolicy": "Never", "template": pod}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job),
+            "spec": {"nprocPerNode": str(s.nproc_per_node), "runPolicy": {"cleanPodPolicy": "None",
+                                                                          "backoffLimit": 0},
+                     "pytorchReplicaSpecs": specs}}
+
+
+def _tfjob(job: K8sJob) -> dict:
+    """One worker a pod; the operator writes each pod's TF_CONFIG (its container must be named tensorflow)."""
+    container = _container(job, "tensorflow", _staged(job, [IMAGE_PYTHON, "-u", RANK, job.script, *job.args]), [])
+    container["ports"] = [{"name": "tfjob-port", "containerPort": 2222}]
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _meta(job),
+            "spec": {"runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0},
+                     "tfReplicaSpecs": {"Worker": {"replicas": job.shape.nodes, "restartPolicy": "Never",
+                                                   "template": _pod(job, container)}}}}
+
+
+def _mpijob(job: K8sJob) -> dict:
+    """horovodrun on the launcher, over the operator's SSH to the workers' sshd. The operator's key pair is also the
+    workers' host key, so the launcher pins it for the workers' names: host keys stay checked."""
+    s = job.shape
+    launcher = _container(job, "launcher", [IMAGE_PYTHON, "-I", POD, "mpi-launcher", str(s.ranks), job.name,
+                                            job.script, *job.args], [], gpus=False)
+    worker = _container(job, "worker", [IMAGE_PYTHON, "-I", POD, "mpi-worker"], [])
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _meta(job),
+            "spec": {"slotsPerWorker": s.tasks_per_node, "runPolicy": {"cleanPodPolicy": "Running",
+                                                                       "backoffLimit": 0},
+                     "sshAuthMountPath": MPI_SSH, "mpiImplementation": "OpenMPI",
+                     "launcherCreationPolicy": "WaitForWorkersReady",
+                     "mpiReplicaSpecs": {
+                         "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": _pod(job, launcher)},
+                         "Worker": {"replicas": s.nodes, "restartPolicy": "Never", "template": _pod(job, worker)}}}}
+
+
+def _trainjob(job: K8sJob) -> dict:
+    """On Kubeflow Trainer's torch-distributed runtime, which gives torchrun its PET_* variables; kit's volumes
+    reach the runtime's `node` job through podTemplateOverrides."""
+    s = job.shape
+    container = _container(job, "node", _staged(job, _torchrun(job)), _torchrun_env(job))
+    trainer = {"image": job.image, "command": container["command"], "numNodes": s.nodes,
+               "numProcPerNode": s.nproc_per_node, "env": container["env"]}
+    if "resources" in container:
+        trainer["resourcesPerNode"] = container["resources"]
+    mounts = {"name": "node", "volumeMounts": container["volumeMounts"]}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job),
+            "spec": {"runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                    "kind": "ClusterTrainingRuntime"},
+                     "trainer": trainer,
+                     "podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
+                                               "spec": {"volumes": _volumes(job), "containers": [mounts]}}]}}
+
+
+# ------------------------------------------------------------------------------------------- pods and containers
+
+def _pod(job: K8sJob, container: dict, subdomain: str | None = None) -> dict:
+    spec = {"restartPolicy": "Never"}
+    if subdomain:
+        spec["subdomain"] = subdomain
+    spec |= {"containers": [container], "volumes": _volumes(job)}
+    return {"metadata": {"labels": {LABEL: job.name}}, "spec": spec}
+
+
+def _volumes(job: K8sJob) -> list[dict]:
+    files = _all_files(job)
+    items = [{"key": key, "path": path, "mode": 0o755 if executable else 0o644}
+             for key, (path, (_, executable)) in zip(_keys(job), sorted(files.items()))]
+    workspace = ({"persistentVolumeClaim": {"claimName": job.workspace_pvc}} if job.workspace_pvc
+                 else {"emptyDir": {}})
+    # Docker's and the kubelet's 64 MB /dev/shm breaks NCCL and DataLoader workers: memory, as much as the pod may use.
+    return [{"name": "kit-files", "configMap": {"name": f"{job.name}-files", "items": items}},
+            {"name": "workspace", **workspace},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+
+
+def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus: bool = True) -> dict:
+    c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent", "workingDir": WORKSPACE,
+         "command": command, "env": [*env, *_variables(job), {"name": "PYTHONUNBUFFERED", "value": "1"},
+                                     {"name": "PYTHONFAULTHANDLER", "value": "1"},
+                                     # where kit's task copies the job's files from into the workspace (none: a PVC)
+                                     {"name": "KIT_STAGE", "value": "" if job.workspace_pvc else FILES}]}
+    if gpus and job.shape.gpus_per_node:
+        c["resources"] = {"limits": {"nvidia.com/gpu": job.shape.gpus_per_node}}
+    c["volumeMounts"] = [{"name": "kit-files", "mountPath": FILES, "readOnly": True},
+                         {"name": "workspace", "mountPath": WORKSPACE}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    return c
+
+
+def _variables(job: K8sJob) -> list[dict]:
+    secret = set(job.secret_names)
+    return [{"name": n, "valueFrom": {"secretKeyRef": {"name": job.secret, "key": n}}} if n in secret
+            else {"name": n, "value": v} for n, v in job.variables]
+
+
+def _task_command(job: K8sJob) -> list[str]:
+    """An Indexed Job's or a JobSet's pod: kit's task starts the node's part of the job."""
+    return [IMAGE_PYTHON, "-I", POD, "pod", job.launcher, job.script, *job.args]
+
+
+def _pod_env(job: K8sJob, names: list[str]) -> list[dict]:
+    s = job.shape
+    env = {"KIT_JOB_ID": job.name, "KIT_POD_NAMES": " ".join(names), "KIT_TASKS_PER_NODE": str(s.tasks_per_node),
+           "KIT_PORT": str(PORT), "KIT_RENDEZVOUS_PORT": str(RENDEZVOUS_PORT)}
+    if job.launcher == "torchrun":
+        env |= {"KIT_NPROC_PER_NODE": str(s.nproc_per_node), "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX}
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _staged(job: K8sJob, argv: list[str]) -> list[str]:
+    """An operator's pod: kit's task copies the job's files into the workspace, then runs argv."""
+    return [IMAGE_PYTHON, "-I", POD, "exec", *argv]
+
+
+def _torchrun(job: K8sJob) -> list[str]:
+    """torchrun with the operator's rendezvous (PET_* variables), every process kit's rank launcher."""
+    return [IMAGE_PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={job.shape.nproc_per_node}", "--tee=3",
+            "--no-python", IMAGE_PYTHON, "-u", RANK, job.script, *job.args]
+
+
+def _torchrun_env(job: K8sJob) -> list[dict]:
+    return [{"name": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "value": TORCHRUN_PREFIX}]
