@@ -146,6 +146,16 @@ def check_job_ref(text: str) -> str:
     return text
 
 
+def pick_record(ref: str, found: dict, where: str):
+    """The record (of a scheduler's jobs, by kit's id) that `ref` names, None when it names none of them: then it is
+    the cluster's to look up. A ref that fits several is refused with them."""
+    ids = [i for i in found if JOB_ID.fullmatch(i)]
+    if not ids or ref != "last" and ref not in ids and \
+            not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
+        return None
+    return found[resolve_job(ref, ids, where)]
+
+
 def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
     """The job `ref` names among the cluster's job ids (check_job_ref's forms). Ids start with their time, so the
     newest is the greatest; a start or tail that fits several is refused with them listed."""

@@ -276,7 +276,8 @@ def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus
          "command": command, "env": [*env, *_variables(job), {"name": "PYTHONUNBUFFERED", "value": "1"},
                                      {"name": "PYTHONFAULTHANDLER", "value": "1"},
                                      # where kit's task copies the job's files from into the workspace (none: a PVC)
-                                     {"name": "KIT_STAGE", "value": "" if job.workspace_pvc else FILES}]}
+                                     {"name": "KIT_STAGE", "value": "" if job.workspace_pvc else FILES},
+                                     {"name": "KIT_WORKSPACE", "value": WORKSPACE}]}
     if gpus and job.shape.gpus_per_node:
         c["resources"] = {"limits": {"nvidia.com/gpu": job.shape.gpus_per_node}}
     c["volumeMounts"] = [{"name": "kit-files", "mountPath": FILES, "readOnly": True},

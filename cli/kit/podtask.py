@@ -8,7 +8,7 @@ installed in the image's pods, so it uses the standard library alone:
     kit_pod.py mpi-worker                      an MPIJob's worker: sshd with the operator's keys
     kit_pod.py mpi-launcher NP NAME SCRIPT ARGS    an MPIJob's launcher: horovodrun to the operator's hostfile
 
-Each first copies the job's files from the ConfigMap (KIT_STAGE) into the workspace, its working folder.
+Each first goes to the workspace (KIT_WORKSPACE) and copies the job's files there from the ConfigMap (KIT_STAGE).
 """
 
 import os  # (os and sys were loaded as the interpreter started: no folder can give other ones)
@@ -124,7 +124,7 @@ def run_tasks(argvs, envs, ranks):
             relays[-1].start()
     signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs])  # the pod is deleted
     first = None
-    while any(p.poll() is None for p in procs):
+    while [p.poll() for p in procs].count(None):  # every one polled: a failure is seen whatever its place
         if first is None and (failed := [p for p in procs if p.returncode not in (None, 0)]):
             first = failed[0]
             for p in procs:
@@ -168,6 +168,8 @@ def mpi_launcher(env, np, name, command):
 
 def main(argv, env):
     mode, command = argv[1], argv[2:]
+    if env.get("KIT_WORKSPACE"):  # (a TrainJob's container has no workingDir of kit's)
+        os.chdir(env["KIT_WORKSPACE"])
     if mode == "pod":
         return pod(env, command[0], command[1:])
     if mode == "exec":

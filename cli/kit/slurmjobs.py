@@ -416,10 +416,5 @@ def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callab
 def resolve(ref: str) -> SlurmRecord | None:
     """The Slurm job `ref` names (kit's forms of a job id: jobrecords.JOB_FORMS), None when it names none; a ref that
     fits several is refused with them."""
-    from kit.jobrecords import JOB_ID, resolve_job
-    found = {r.id: r for r in records() if JOB_ID.fullmatch(r.id)}
-    ids = list(found)
-    if not ids or ref != "last" and ref not in ids and \
-            not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
-        return None
-    return found[resolve_job(ref, ids, "Slurm")]
+    from kit.jobrecords import pick_record
+    return pick_record(ref, {r.id: r for r in records()}, "Slurm")

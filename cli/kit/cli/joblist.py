@@ -14,10 +14,10 @@ from rich.table import Table
 
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
-from kit import jobcontrol, jobrecords, slurmjobs
+from kit import jobcontrol, jobrecords, k8sjobs, slurmjobs
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, recorded, reports_errors
-from kit.cli import slurm as slurm_cli
+from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 
 
 @app.command("jobs")
@@ -113,11 +113,14 @@ def stop(
     name: Optional[str] = NAME,
 ) -> None:
     """Stop a running job on every host: its launcher first, as Ctrl-C does, then whatever is left of it. A Slurm
-    job: scancel, and kit waits until Slurm says it ended."""
+    job: scancel, and kit waits until Slurm says it ended. A Kubernetes job: its objects are deleted."""
     jobrecords.check_job_ref(job)
     cfg, _, state = recorded(name, config)
     if slurm_record := slurm_job(job, state):
         console.print(slurm_cli.stop(slurm_record, cfg.connect_timeout))
+        return
+    if (job != "last" or state is None) and (k8s_record := k8sjobs.resolve(job)):
+        console.print(k8s_cli.stop(k8s_record))
         return
     with the_job(job, name, config) as (state, nodes, record):
         job = record.id

@@ -15,7 +15,7 @@ from rich.markup import escape
 from kit import state as st
 from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
-from kit import jobenv, jobs, sbatch
+from kit import jobenv, jobs, k8s, sbatch
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
                                   parse_hosts, pick_hosts, rank_command)
@@ -23,7 +23,7 @@ from kit.errors import BadInput, KitError
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state
 from kit.cli.common import reports_errors
-from kit.cli import slurm as slurm_cli
+from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.runargs import RunCommand
 
 
@@ -75,12 +75,20 @@ def run(
     hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
                                      "never), every rank's stack goes in the job's folder and the job is stopped "
                                      "(or restarted)."),
-    on: str = typer.Option("cluster", "--on", help="cluster (kit's containers on the hosts of `kit up`) or slurm "
-                           "(submitted to Slurm as kit.yaml's slurm: section says)."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="slurm: nodes of the job (default 1)."),
-    ntasks_per_node: Optional[int] = typer.Option(None, help="slurm: ranks (horovod), processes (torchrun) or "
+    on: str = typer.Option("cluster", "--on", help="cluster (kit's containers on the hosts of `kit up`), slurm "
+                           "(submitted to Slurm as kit.yaml's slurm: section says) or k8s (applied with kubectl to "
+                           "its current context)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="slurm, k8s: nodes (pods) of the job (default "
+                                        "1)."),
+    ntasks_per_node: Optional[int] = typer.Option(None, help="slurm, k8s: ranks (horovod), processes (torchrun) or "
                                                   "workers (tf) on each node (default: --gpus-per-node, else 1)."),
-    gpus_per_node: Optional[int] = typer.Option(None, help="slurm: GPUs of each node for the job."),
+    gpus_per_node: Optional[int] = typer.Option(None, help="slurm, k8s: GPUs of each node for the job."),
+    kind: str = typer.Option("indexed-job", help="k8s: the job's kind (kit export --help says which runs what)."),
+    namespace: Optional[str] = typer.Option(None, help="k8s: the namespace (default: the context's)."),
+    image: Optional[str] = typer.Option(None, metavar="REGISTRY/REPO:TAG", help="k8s: the image the pods pull "
+                                        "(default: cluster.image_tag; `kit push` puts kit's image in a registry)."),
+    workspace_pvc: Optional[str] = typer.Option(None, metavar="NAME", help="k8s: a PersistentVolumeClaim that holds "
+                                                "the job's folder (SCRIPT is its path there)."),
     partition: Optional[str] = typer.Option(None, help="slurm: the partition (default: slurm.partition, else "
                                             "Slurm's default)."),
     account: Optional[str] = typer.Option(None, help="slurm: the account (default: slurm.account)."),
@@ -104,19 +112,32 @@ def run(
     check_launcher(launcher)
     slurm_flags = {"--nodes": nodes, "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node,
                    "--partition": partition, "--account": account, "--time": time_limit}
-    if on not in ("cluster", "slurm"):
-        raise BadInput(f"--on: '{on}' is not where kit runs jobs", hint="use cluster (the default) or slurm")
-    if on == "slurm":
+    if on not in ("cluster", "slurm", "k8s"):
+        raise BadInput(f"--on: '{on}' is not where kit runs jobs", hint="use cluster (the default), slurm or k8s")
+    k8s_flags = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace, "--image": image,
+                 "--workspace-pvc": workspace_pvc}
+    if on != "k8s" and (given := [flag for flag, value in k8s_flags.items() if value is not None]):
+        raise BadInput(f"{', '.join(given)}: for --on k8s", hint="add --on k8s, or drop it")
+    if on in ("slurm", "k8s"):
         cluster_only = {"-H": hosts, "--nproc-per-node": nproc_per_node, "--restarts": restarts or None,
                         "--min-np": min_np, "--fusion-threshold-mb": fusion_threshold_mb,
                         "--cycle-time-ms": cycle_time_ms, "--timeline": timeline,
                         "--verbose-horovod": verbose_horovod or None, "--fp16-allreduce": fp16_allreduce or None,
                         "--hang-timeout": None if hang_timeout == "10m" else hang_timeout,
                         "--start-timeout": None if start_timeout == 60 else start_timeout}
+        if on == "k8s":
+            cluster_only |= {"--partition": partition, "--account": account, "--time": time_limit,
+                             "--workdir": workdir}
         if given := [flag for flag, value in cluster_only.items() if value is not None]:
-            raise BadInput(f"{', '.join(given)}: not for --on slurm", hint="drop it: under Slurm, --nodes, --np or "
-                           "--ntasks-per-node and --gpus-per-node say where ranks run")
+            raise BadInput(f"{', '.join(given)}: not for --on {on}", hint=f"drop it: under {SCHEDULERS[on]}, --nodes, "
+                           "--np or --ntasks-per-node and --gpus-per-node say where ranks run")
         cfg_file, cfg = cluster_settings(config, dict(name=name))
+        if on == "k8s":
+            _run_on_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
+                                                                         gpus_per_node),
+                        image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
+                        workspace_pvc, detach)
+            return
         settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
@@ -159,6 +180,23 @@ def run(
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
         run_job(cfg, state, script, args or [], np, workdir, options, variables, job_printer(launcher), launcher,
                  nproc_per_node, detach, jobs.Policy(restarts, min_np, hang), hosts=picked)
+
+
+SCHEDULERS = {"slurm": "Slurm", "k8s": "Kubernetes"}
+
+
+def _run_on_k8s(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: Optional[str],
+                variables, namespace: Optional[str], workspace_pvc: Optional[str], detach: bool) -> None:
+    if kind not in k8s.KINDS:
+        raise BadInput(f"--kind: '{kind}' is not a kind kit writes", hint=f"use one of: {', '.join(k8s.KINDS)}")
+    if image is None:
+        raise BadInput("--on k8s needs the image the pods pull", hint="push kit's image with `kit push "
+                       "REGISTRY/REPO:TAG` and give it with --image (or set cluster.image_tag in kit.yaml)")
+    job_id = jobs.new_job_id()
+    job = k8s_cli.make_job(script, args, launcher, kind, shape, image, variables, namespace, workspace_pvc,
+                           k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]))
+    k8s.check(job)  # before kubectl is asked anything
+    k8s_cli.run_on_k8s(job, job_id, detach)
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:

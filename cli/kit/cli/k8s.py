@@ -1,15 +1,20 @@
-"""`kit export --to k8s`: a kit job as Kubernetes manifests (kit.k8s), from the job's folder as kit run copies it."""
+"""`kit export --to k8s`: a kit job as Kubernetes manifests (kit.k8s), from the job's folder as kit run copies it;
+`kit run --on k8s`, which applies them and follows the job (kit.k8sjobs), and `kit stop` for such a job."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
+import yaml
 from rich.markup import escape
 
-from kit import k8s, sbatch
-from kit.errors import BadInput
+from kit import k8s, k8sjobs, sbatch
+from kit.errors import BadInput, KitError
+from kit.runners.local import LocalRunner
+from kit.shown import visible
 from kit.steps.workspace import Ignore, scan
 from kit.cli.common import console, err_console
 
@@ -52,3 +57,61 @@ def write(text: str, output: Optional[Path], writable) -> None:
     path = writable(output.absolute())
     path.write_text(text)
     console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply -f {escape(path.name)}", highlight=False)
+
+
+# ------------------------------------------------------------------------------------------------ kit run --on k8s
+
+def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
+    """Apply the job where the current kube context answers, and follow it to its end (or return, with --detach)."""
+    runner = LocalRunner("kubectl")
+    context = k8sjobs.check_cluster(runner)
+    text = k8s.render(job)
+    secret = {n: v for n, v in job.variables if n in job.secret_names}
+    record = k8sjobs.K8sRecord(job_id, job.name, job.kind, context, job.namespace, job.launcher, job.script,
+                               job.shape.ranks, time.time(),
+                               k8sjobs.objects(list(yaml.safe_load_all(text)), bool(secret)))
+    k8sjobs.save(record)
+    k8sjobs.apply(runner, record, text, secret)
+    console.print(f"kit: job {job_id} is {job.kind} {job.name} in kube context {escape(context)}"
+                  + (f", namespace {job.namespace}" if job.namespace else "") + f": {escape(sbatch.describe(job))}",
+                  highlight=False)
+    if detach:
+        console.print(f"kit stop {job_id} deletes it; kubectl get pods -l {k8s.LABEL}={job.name} shows its pods",
+                      highlight=False)
+        return
+    try:
+        ending = k8sjobs.follow(runner, record, show)
+    except KeyboardInterrupt:
+        k8sjobs.delete(runner, record)
+        k8sjobs.ended(record, k8sjobs.Ending("stopped"))
+        raise KitError(f"job {job_id} interrupted: its objects were deleted", hint="kit run starts it again") from None
+    k8sjobs.ended(record, ending)
+    report(job_id, ending)
+
+
+def show(pod: str, rank: int | None, text: str) -> None:
+    prefix = f"[{pod} rank {rank}] " if rank is not None else f"[{pod}] "
+    console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)
+
+
+def report(job_id: str, ending: k8sjobs.Ending) -> None:
+    if ending.state == "succeeded":
+        console.print(f"[green]✓[/] job {job_id} finished")
+        return
+    if ending.state == "stopped":
+        raise KitError(f"job {job_id} was deleted before it ended", hint="kit run starts it again")
+    where = f": pod {ending.pod} failed first (exit {ending.exit_code})" if ending.pod else ""
+    failed = KitError(f"job {job_id} failed{where}", hint="its output is above; `kubectl describe` on its pods says "
+                      "more (an image that cannot be pulled, a pod that was evicted)")
+    code = ending.exit_code
+    failed.exit_code = code if code and 0 < code < 255 else 1
+    raise failed
+
+
+def stop(record: k8sjobs.K8sRecord) -> str:
+    if record.ended:
+        return f"job {record.id} is not running ({record.ended['state']}); nothing to stop"
+    runner = LocalRunner("kubectl")
+    k8sjobs.delete(runner, record)
+    k8sjobs.ended(record, k8sjobs.Ending("stopped"))
+    return f"[green]✓[/] job {record.id} stopped: {', '.join(record.objects)} deleted"

@@ -1,0 +1,365 @@
+"""kit's jobs as Kubernetes manifests (kit.k8s), the pure parts: every kind for every launcher it runs, against
+reviewed golden files and the objects' own schemas (core objects with kubernetes-validate --strict, the operators'
+kinds with their CRDs' schemas, TrainJob with Kubeflow Trainer's models: tests/unit/k8sschemas.py); secrets by
+reference only; what a pod's task (kit.podtask) does, run for real with local processes. tests/lab/test_k8s_pods.py
+runs the pods of the manifests in containers of kit's image, as the kubelet would."""
+
+import inspect
+import json
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit import k8s, podtask, sbatch, slurmtask
+from kit.commands.horovod import rank_launcher
+from kit.errors import BadInput
+
+DATA = Path(__file__).parent / "data" / "k8s-golden"
+IMAGE = "registry.lab.example:5000/kit/horovod-cpu:1"
+FILES = {"train.py": (b"import horovod.torch as hvd\nhvd.init()\nprint(hvd.rank())\n", False),
+         "run.sh": (b"#!/bin/sh\nexec python train.py\n", True),
+         "data/labels.bin": (bytes(range(256)), False)}
+VARIABLES = (("OMP_NUM_THREADS", "4"), ("WANDB_API_KEY", "s3cr3t-wandb"), ("DATABASE_URL", "postgres://u:pw@db/x"))
+SHAPES = {"horovod": (2, 4, None, 2), "torchrun": (2, None, 4, 4), "tf": (3, None, None, None)}
+CASES = [(kind, launcher) for kind, launchers in k8s.KINDS.items() for launcher in launchers]
+OWN = {".kit/kit_pod.py": inspect.getsource(podtask), ".kit/kit_task.py": inspect.getsource(slurmtask),
+       ".kit/kit_rank.py": rank_launcher()}
+
+
+def job(kind: str, launcher: str, **changes) -> k8s.K8sJob:
+    nodes, np, per_node, gpus = SHAPES[launcher]
+    values = dict(name="kit-train", kind=kind, launcher=launcher, script="train.py", args=("--epochs", "2", "it's"),
+                  shape=sbatch.shape(launcher, nodes, np, per_node, gpus), image=IMAGE, files=FILES,
+                  variables=VARIABLES, namespace="ml")
+    return k8s.K8sJob(**{**values, **changes})
+
+
+def reviewed(text: str) -> str:
+    """The stream with kit's own files in the ConfigMap said by name (test_the_configmap_holds_kits_files_as_they_are
+    checks them): the golden files hold what a reviewer reads."""
+    docs = list(yaml.safe_load_all(text))
+    paths = {i["key"]: i["path"] for v in _volumes(docs) for i in v["configMap"]["items"]}
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            for key in doc["data"]:
+                if paths[key] in OWN:
+                    doc["data"][key] = f"(kit's {paths[key]})"
+    return yaml.dump_all(docs, Dumper=k8s._Dumper, sort_keys=False, width=120)
+
+
+def _volumes(docs):
+    for doc in docs:
+        yield from _find(doc, lambda d: isinstance(d, dict) and "configMap" in d)
+
+
+def _find(node, wanted):
+    if wanted(node):
+        yield node
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _find(value, wanted)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _find(value, wanted)
+
+
+@pytest.mark.parametrize("kind, launcher", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+def test_each_kinds_manifests_are_the_reviewed_ones(kind, launcher):
+    """KIT_UPDATE_GOLDEN=1 writes them again: then read the diff as a reviewer would."""
+    text = reviewed(k8s.render(job(kind, launcher)))
+    golden = DATA / f"{kind}-{launcher}.yaml"
+    if os.environ.get("KIT_UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("kind, launcher", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+@pytest.mark.parametrize("pvc", [None, "team-datasets"], ids=["configmap", "pvc"])
+def test_each_kinds_manifests_pass_their_schemas(kind, launcher, pvc):
+    from k8sschemas import problems_in_stream
+    assert problems_in_stream(k8s.render(job(kind, launcher, workspace_pvc=pvc))) == []
+
+
+def test_every_golden_file_is_one_of_the_cases():
+    assert sorted(p.name for p in DATA.glob("*.yaml")) == sorted(f"{k}-{w}.yaml" for k, w in CASES)
+
+
+@pytest.mark.parametrize("kind, launcher", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+def test_a_secret_value_is_never_in_the_manifests(kind, launcher):
+    text = k8s.render(job(kind, launcher))
+    assert "s3cr3t" not in text and "pw@db" not in text
+    refs = [e for e in _find(list(yaml.safe_load_all(text)), lambda d: isinstance(d, dict) and "valueFrom" in d)]
+    assert {(e["name"], e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in refs} == {
+        ("WANDB_API_KEY", "kit-train-env", "WANDB_API_KEY"), ("DATABASE_URL", "kit-train-env", "DATABASE_URL")}
+    assert {"name": "OMP_NUM_THREADS", "value": "4"} in _find(list(yaml.safe_load_all(text)),
+                                                            lambda d: isinstance(d, dict) and "value" in d)
+    assert not any(doc["kind"] == "Secret" for doc in yaml.safe_load_all(text))
+
+
+def test_the_configmap_holds_kits_files_as_they_are_and_the_jobs_at_their_paths():
+    docs = list(yaml.safe_load_all(k8s.render(job("indexed-job", "horovod"))))
+    cm = docs[0]
+    items = {i["path"]: i for v in _volumes(docs) for i in v["configMap"]["items"]}
+    for path, text in OWN.items():
+        assert cm["data"][items[path]["key"]] == text
+    assert cm["data"][items["train.py"]["key"]] == FILES["train.py"][0].decode()
+    import base64
+    assert base64.b64decode(cm["binaryData"][items["data/labels.bin"]["key"]]) == bytes(range(256))
+    assert items["run.sh"]["mode"] == 0o755 and items["train.py"]["mode"] == 0o644
+
+
+def test_a_pvc_workspace_carries_kits_files_alone():
+    docs = list(yaml.safe_load_all(k8s.render(job("indexed-job", "horovod", workspace_pvc="team-datasets"))))
+    assert {i["path"] for v in _volumes(docs) for i in v["configMap"]["items"]} == set(OWN)
+    claims = list(_find(docs, lambda d: isinstance(d, dict) and "persistentVolumeClaim" in d))
+    assert claims == [{"name": "workspace", "persistentVolumeClaim": {"claimName": "team-datasets"}}]
+    assert {"name": "KIT_STAGE", "value": ""} in docs[2]["spec"]["template"]["spec"]["containers"][0]["env"]
+
+
+def test_the_operators_quirks():
+    """PyTorchJob's container is pytorch, TFJob's tensorflow; MPIJob's launcher waits for its workers, with the
+    operator's SSH at /root/.ssh (mode 0600 only there) and its hostfile passed by name; /dev/shm is memory."""
+    pt = list(yaml.safe_load_all(k8s.render(job("pytorchjob", "torchrun"))))[-1]
+    assert {s["template"]["spec"]["containers"][0]["name"] for s in pt["spec"]["pytorchReplicaSpecs"].values()} == \
+        {"pytorch"}
+    assert pt["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes: a master and a worker
+    tf = list(yaml.safe_load_all(k8s.render(job("tfjob", "tf"))))[-1]
+    assert tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] == "tensorflow"
+    mpi = list(yaml.safe_load_all(k8s.render(job("mpijob", "horovod"))))[-1]
+    assert mpi["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady" and mpi["spec"]["sshAuthMountPath"] == \
+        "/root/.ssh"
+    assert mpi["spec"]["slotsPerWorker"] == 2 and mpi["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert "nvidia.com/gpu" not in str(mpi["spec"]["mpiReplicaSpecs"]["Launcher"])
+    assert "/etc/mpi/hostfile" in inspect.getsource(podtask.mpi_launcher)
+    for kind, launcher in CASES:
+        docs = list(yaml.safe_load_all(k8s.render(job(kind, launcher))))
+        shm = list(_find(docs, lambda d: isinstance(d, dict) and d.get("name") == "dshm" and "emptyDir" in d))
+        assert shm and all(v["emptyDir"] == {"medium": "Memory"} for v in shm), kind
+
+
+@pytest.mark.parametrize("changes, says", [
+    (dict(kind="pytorchjob", launcher="horovod"), "--kind pytorchjob runs torchrun, not horovod"),
+    (dict(kind="mpijob", launcher="tf"), "--kind mpijob runs horovod, not tf"),
+    (dict(kind="tfjob", launcher="tf", shape=sbatch.shape("tf", 2, None, 2, None)), "one TensorFlow worker a pod"),
+    (dict(namespace="ML_team"), "--namespace: 'ML_team' is not"),
+    (dict(workspace_pvc="a b"), "--workspace-pvc: 'a b' is not"),
+    (dict(files={"big.bin": (b"x" * (800 * 1024), False)}), "more than a ConfigMap carries"),
+    (dict(script="train\n.py"), "a control character"),
+])
+def test_what_kubernetes_would_refuse_is_bad_input(changes, says):
+    kind, launcher = changes.pop("kind", "indexed-job"), changes.pop("launcher", "horovod")
+    with pytest.raises(BadInput, match=says.replace("(", r"\(")):
+        k8s.render(job(kind, launcher, **changes))
+
+
+@pytest.mark.parametrize("script, name", [("train.py", "kit-train"), ("src/My_Model v2.py", "kit-my-model-v2"),
+                                          ("___.py", "kit-job"), ("x" * 80 + ".py", "kit-" + "x" * 36)])
+def test_job_names_are_kubernetes_names(script, name):
+    assert k8s.job_name(script) == name and k8s.NAME.fullmatch(k8s.job_name(script, "ab12"))
+
+
+def test_export_needs_no_kit_yaml_and_contacts_nothing(tmp_path):
+    from helpers import run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = run_kit("export", "--to", "k8s", "--kind", "jobset", "--launcher", "torchrun", "--nodes", "2",
+                "--image", IMAGE, "train.py", "--epochs", "2", "-e", "HF_TOKEN=hf_s3cr3t", "-o", "job.yaml",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "job.yaml").read_text()
+    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["ConfigMap", "JobSet"]
+    assert "hf_s3cr3t" not in text + r.stdout + r.stderr
+    assert "kubectl create secret generic kit-train-env --from-literal=HF_TOKEN=..." in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "train.py"]
+
+
+def test_export_to_stdout_is_the_stream_alone(tmp_path):
+    from helpers import run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = run_kit("export", "--to", "k8s", "--image", IMAGE, "train.py", cwd=tmp_path)
+    assert r.returncode == 0 and [d["kind"] for d in yaml.safe_load_all(r.stdout)] == ["ConfigMap", "Service", "Job"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--kind", "tfjob", "t.py"], "error: --kind tfjob runs tf, not horovod"),
+    (["--kind", "deployment", "t.py"], "error: --kind: 'deployment' is not a kind kit writes"),
+    ([], "error: --to k8s needs the training script"),
+    (["missing.py"], "error: missing.py: no such file"),
+])
+def test_export_k8s_refuses_bad_input(tmp_path, args, says):
+    from helpers import run_kit
+    (tmp_path / "t.py").write_text("")
+    r = run_kit("export", "--to", "k8s", "--image", IMAGE, *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(says), r.stderr
+
+
+# ----------------------------------------------------------------------------------- a pod's task, for real
+
+@pytest.fixture
+def mounted(tmp_path):
+    """A ConfigMap volume as the kubelet lays it out: each item behind a link into ..data, which links to a
+    timestamped folder."""
+    real = tmp_path / "mount" / "..2026_11_26_00_00_00.1"
+    for path, content in {**{p: t.encode() for p, t in OWN.items()},
+                          "train.py": b"import json, os, sys\nc = json.loads(os.environ['TF_CONFIG'])\n"
+                                      b"print('worker', c['task']['index'], len(c['cluster']['worker']))\n"
+                                      b"print('to stderr', file=sys.stderr)\n"
+                                      b"if c['task']['index'] == int(sys.argv[2]):\n    sys.exit(int(sys.argv[1]))\n"
+                                      b"import time\ntime.sleep(0 if sys.argv[2] == '-1' else 60)\n",
+                          "data/x.txt": b"x"}.items():
+        (real / path).parent.mkdir(parents=True, exist_ok=True)
+        (real / path).write_bytes(content)
+    (tmp_path / "mount" / "..data").symlink_to(real.name)
+    for top in (".kit", "train.py", "data"):
+        (tmp_path / "mount" / top).symlink_to(f"..data/{top}")
+    (tmp_path / "workspace").mkdir()
+    return tmp_path
+
+
+def run_pod(mounted, index: int, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "JOB_COMPLETION_INDEX": str(index), "KIT_POD_NAMES": "localhost localhost",
+           "KIT_TASKS_PER_NODE": "2", "KIT_JOB_ID": "kit-train", "KIT_PORT": "29500",
+           "KIT_STAGE": str(mounted / "mount")}
+    return subprocess.run([sys.executable, "-I", str(mounted / "mount" / ".kit" / "kit_pod.py"), "pod", "tf",
+                           "train.py", *args], cwd=mounted / "workspace", env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_pod_copies_the_jobs_files_and_starts_its_ranks_with_their_prefixes(mounted):
+    r = run_pod(mounted, 1, "0", "-1")
+    assert r.returncode == 0, r.stderr
+    assert sorted(line for line in r.stdout.splitlines() if "worker" in line) == \
+        ["[2]<stdout>:worker 2 4", "[3]<stdout>:worker 3 4"]
+    assert sorted(line[:24] for line in r.stdout.splitlines() if "@@kit-exit" in line) == \
+        ["[2]<stdout>:@@kit-exit 0", "[3]<stdout>:@@kit-exit 0"]
+    assert "[2]<stderr>:to stderr" in r.stderr and "[3]<stderr>:to stderr" in r.stderr
+    ws = mounted / "workspace"
+    assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()) == \
+        [".kit/kit_pod.py", ".kit/kit_rank.py", ".kit/kit_task.py", "data/x.txt", "train.py"]
+    assert not any(p.is_symlink() for p in ws.rglob("*"))
+
+
+def test_a_failing_rank_ends_its_pod_with_its_code_and_stops_the_other(mounted):
+    """Rank 3 exits 7 while rank 2 would sleep a minute: the pod ends at once, with 7."""
+    r = run_pod(mounted, 1, "7", "3", timeout=30)
+    assert r.returncode == 7
+    assert "[3]<stdout>:@@kit-exit 7" in r.stdout and "[2]<stdout>:@@kit-exit" not in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------- kit run --on k8s
+
+def kubeconfig(tmp_path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}]}))
+    return path
+
+
+@pytest.mark.skipif(not __import__("shutil").which("kubectl"), reason="kubectl is not installed")
+@pytest.mark.parametrize("server, says", [(None, "error: no Kubernetes cluster to run on: kubectl has no current "
+                                                  "context"),
+                                          ("closed", "error: no Kubernetes cluster answers at kube context lab")])
+def test_run_on_k8s_where_no_cluster_answers_says_so_and_points_to_export(tmp_path, server, says):
+    """With the real kubectl: no context at all, and a context whose API server refuses the connection."""
+    from helpers import closed_port, run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    config = kubeconfig(tmp_path, f"https://127.0.0.1:{closed_port()}") if server else tmp_path / "none"
+    r = run_kit("run", "--on", "k8s", "--image", IMAGE, "train.py", cwd=tmp_path,
+                env={"KUBECONFIG": str(config), "KIT_HOME": str(tmp_path / "home")})
+    assert r.returncode == 1 and r.stderr.startswith(says), r.stderr
+    assert "kit export --to k8s SCRIPT -o job.yaml" in r.stderr
+    assert not (tmp_path / "home" / "k8s").exists() or not list((tmp_path / "home" / "k8s").iterdir())
+
+
+FAKE_KUBECTL = r'''#!/usr/bin/env python3
+# kubectl's answers for an API server that runs the job: records each call (argv, input) and answers as kubectl does.
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps({"argv": args, "stdin": sys.stdin.read() if "--filename=-" in args else ""}) + "\n")
+calls = sum(1 for _ in open(os.environ["FAKE_LOG"]))
+words = [a for a in args if not a.startswith("--")]
+if words[:2] == ["config", "current-context"]:
+    print("lab")
+elif words[:1] == ["version"]:
+    print(json.dumps({"clientVersion": {}, "serverVersion": {"gitVersion": "v1.33.0"}}))
+elif words[:1] == ["apply"]:
+    print("applied")
+elif words[:2] == ["get", "pods"]:
+    code = int(os.environ["FAKE_EXIT"])
+    pods = [{"metadata": {"name": "kit-train-ab12-%d" % i}, "status": {"phase": "Failed" if code and i else
+             "Succeeded", "containerStatuses": [{"state": {"terminated": {"exitCode": code if i else 0,
+             "finishedAt": "2026-11-26T10:00:0%dZ" % i}}}]}} for i in range(2)]
+    print(json.dumps({"items": pods}))
+elif words[:1] == ["get"]:
+    done = "Failed" if int(os.environ["FAKE_EXIT"]) else "Complete"
+    print(json.dumps({"status": {"conditions": [{"type": done, "status": "True"}] if calls > 6 else []}}))
+elif words[:1] == ["logs"]:
+    rank = int(words[1].rsplit("-", 1)[1])
+    print("[%d]<stdout>:loss 0.5\n[%d]<stderr>:\x1b[2Jwarning" % (rank, rank))
+elif words[:1] == ["delete"]:
+    print("deleted")
+'''
+
+
+@pytest.fixture
+def fake_kubectl(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(FAKE_KUBECTL)
+    (bin_dir / "kubectl").chmod(0o755)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.jsonl"),
+            "KIT_HOME": str(tmp_path / "home")}
+
+
+def calls(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def test_run_on_k8s_applies_follows_each_pod_and_ends_with_the_job(tmp_path, fake_kubectl):
+    """A unit test of what kit asks kubectl, in which order, and how it reads the answers (a stand-in kubectl: no
+    API server can run here)."""
+    from helpers import run_kit
+    r = run_kit("run", "--on", "k8s", "--image", IMAGE, "--nodes", "2", "train.py", "-e", "HF_TOKEN=hf_s3cr3t",
+                cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert r.returncode == 0, r.stderr
+    seen = calls(tmp_path)
+    applied = [c for c in seen if "apply" in c["argv"]]
+    secret, job = json.loads(applied[0]["stdin"]), list(yaml.safe_load_all(applied[1]["stdin"]))
+    assert secret["kind"] == "Secret" and secret["stringData"] == {"HF_TOKEN": "hf_s3cr3t"}
+    assert [d["kind"] for d in job] == ["ConfigMap", "Service", "Job"] and "hf_s3cr3t" not in applied[1]["stdin"]
+    assert not any("hf_s3cr3t" in " ".join(c["argv"]) for c in seen) and "hf_s3cr3t" not in r.stdout + r.stderr
+    assert all(c["argv"][0] == "--context=lab" for c in seen[1:])
+    name = job[2]["metadata"]["name"]
+    assert re.fullmatch(r"kit-train-[0-9a-f]{4}", name)
+    assert "[kit-train-ab12-0 rank 0] loss 0.5" in r.stdout and "[kit-train-ab12-1 rank 1] \\x1b[2Jwarning" in r.stdout
+    assert "finished" in r.stdout
+
+
+def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_it_applied(tmp_path, fake_kubectl):
+    from helpers import run_kit
+    r = run_kit("run", "--on", "k8s", "--image", IMAGE, "--nodes", "2", "train.py", cwd=tmp_path,
+                env={**fake_kubectl, "FAKE_EXIT": "3"})
+    assert r.returncode == 3 and "pod kit-train-ab12-1 failed first (exit 3)" in r.stderr, r.stderr
+    d = run_kit("run", "--on", "k8s", "--image", IMAGE, "-d", "train.py", "-e", "TOKEN=x", cwd=tmp_path,
+                env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert d.returncode == 0, d.stderr
+    job_id = re.search(r"kit: job (\S+) is indexed-job (\S+) ", d.stdout)
+    s = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert s.returncode == 0, s.stderr
+    name = job_id[2]
+    assert calls(tmp_path)[-1]["argv"][1:] == ["delete", f"configmap/{name}-files", f"service/{name}", f"job/{name}",
+                                               f"secret/{name}-env", "--ignore-not-found=true", "--wait=true",
+                                               "--timeout=60s"]
+    again = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert again.returncode == 0 and "nothing to stop" in again.stdout
