@@ -118,8 +118,10 @@ def apply(runner: Runner, record: K8sRecord, manifests: str, secret: dict[str, s
         obj = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                "metadata": {"name": f"{record.name}-env", "labels": {"app.kubernetes.io/managed-by": "kit"}},
                "stringData": secret}
-        runner.run(kubectl(record.context, record.namespace, "apply", "--filename=-"), stdin=json.dumps(obj).encode(),
-                   timeout=APPLY_TIMEOUT_S).check(f"cannot make Secret {record.name}-env for the job's variables")
+        # create, not apply: apply would also keep the values in an annotation of the Secret
+        runner.run(kubectl(record.context, record.namespace, "create", "--filename=-"),
+                   stdin=json.dumps(obj).encode(), timeout=APPLY_TIMEOUT_S).check(
+            f"cannot make Secret {record.name}-env for the job's variables")
     runner.run(kubectl(record.context, record.namespace, "apply", "--filename=-"), stdin=manifests.encode(),
                timeout=APPLY_TIMEOUT_S).check(
         f"kubectl apply of job {record.id} failed",

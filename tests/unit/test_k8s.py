@@ -292,7 +292,7 @@ if words[:2] == ["config", "current-context"]:
     print("lab")
 elif words[:1] == ["version"]:
     print(json.dumps({"clientVersion": {}, "serverVersion": {"gitVersion": "v1.33.0"}}))
-elif words[:1] == ["apply"]:
+elif words[:1] in (["apply"], ["create"]):
     print("applied")
 elif words[:2] == ["get", "pods"]:
     code = int(os.environ["FAKE_EXIT"])
@@ -334,9 +334,10 @@ def test_run_on_k8s_applies_follows_each_pod_and_ends_with_the_job(tmp_path, fak
                 cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     assert r.returncode == 0, r.stderr
     seen = calls(tmp_path)
-    applied = [c for c in seen if "apply" in c["argv"]]
+    applied = [c for c in seen if "apply" in c["argv"] or "create" in c["argv"]]
     secret, job = json.loads(applied[0]["stdin"]), list(yaml.safe_load_all(applied[1]["stdin"]))
     assert secret["kind"] == "Secret" and secret["stringData"] == {"HF_TOKEN": "hf_s3cr3t"}
+    assert applied[0]["argv"][1:] == ["create", "--filename=-"] and applied[1]["argv"][1:] == ["apply", "--filename=-"]
     assert [d["kind"] for d in job] == ["ConfigMap", "Service", "Job"] and "hf_s3cr3t" not in applied[1]["stdin"]
     assert not any("hf_s3cr3t" in " ".join(c["argv"]) for c in seen) and "hf_s3cr3t" not in r.stdout + r.stderr
     assert all(c["argv"][0] == "--context=lab" for c in seen[1:])
@@ -363,3 +364,7 @@ def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_
                                                "--timeout=60s"]
     again = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     assert again.returncode == 0 and "nothing to stop" in again.stdout
+    listed = run_kit("jobs", "--json", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert listed.returncode == 0 and {(r["on"], r["state"], r["exit"]) for r in rows} == {
+        ("k8s", "failed", 3), ("k8s", "stopped", None)}, listed.stderr

@@ -28,16 +28,20 @@ def jobs_(
     name: Optional[str] = NAME,
 ) -> None:
     """The cluster's jobs, as their folders on the primary record them: running, ended, stopped or lost; and the jobs
-    kit submitted to Slurm, in the state Slurm gives them."""
+    kit submitted to Slurm or Kubernetes, in the state the scheduler gives them."""
     cfg, identity, state = recorded(name, config)
-    if slurm_rows := slurm_cli.rows(cfg.connect_timeout):
-        if as_json:
-            for row in slurm_rows:
-                print(json.dumps({"on": "slurm", **row}))
-        else:
-            console.print(slurm_cli.table(slurm_rows))
-        if state is None:
-            return
+    scheduled = False
+    for on, found, table_of in (("slurm", slurm_cli.rows(cfg.connect_timeout), slurm_cli.table),
+                                ("k8s", k8s_cli.rows(), k8s_cli.table)):
+        if found:
+            scheduled = True
+            if as_json:
+                for row in found:
+                    print(json.dumps({"on": on, **row}))
+            else:
+                console.print(table_of(found))
+    if scheduled and state is None:
+        return
     state = need_state(cfg, identity, state)
     (node,) = recorded_nodes([state.primary], connector(cfg.connect_timeout))
     try:

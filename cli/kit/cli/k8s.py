@@ -10,6 +10,7 @@ from typing import Optional
 
 import yaml
 from rich.markup import escape
+from rich.table import Table
 
 from kit import k8s, k8sjobs, sbatch
 from kit.errors import BadInput, KitError
@@ -115,3 +116,36 @@ def stop(record: k8sjobs.K8sRecord) -> str:
     k8sjobs.delete(runner, record)
     k8sjobs.ended(record, k8sjobs.Ending("stopped"))
     return f"[green]✓[/] job {record.id} stopped: {', '.join(record.objects)} deleted"
+
+
+def rows() -> list[dict]:
+    """kit's Kubernetes jobs: an ended one as kit recorded it, a running one as its object's conditions say now (one
+    kubectl call each; unknown where its context does not answer)."""
+    out, now, runner = [], time.time(), LocalRunner("kubectl")
+    for record in k8sjobs.records():
+        how = record.ended.get("state")
+        if how is None:
+            try:
+                how = k8sjobs.state(runner, record)
+            except KitError:
+                how = "unknown"
+            if how in ("succeeded", "failed", "gone"):
+                record = k8sjobs.ended(record, k8sjobs.Ending("stopped" if how == "gone" else how))
+                how = record.ended["state"]
+        out.append(dict(id=record.id, name=record.name, kind=record.kind, context=record.context,
+                        namespace=record.namespace, launcher=record.launcher, np=record.ranks, script=record.script,
+                        state=how, exit=record.ended.get("exit"), submitted=int(record.submitted),
+                        seconds=int(now - record.submitted)))
+    return out
+
+
+def table(found: list[dict]) -> Table:
+    t = Table(box=None, pad_edge=False, title="Kubernetes", title_justify="left")
+    for column in ("job", "name", "kind", "context", "launcher", "np", "script", "state", "submitted", "exit"):
+        t.add_column(column)
+    for row in found:
+        t.add_row(escape(row["id"]), escape(row["name"]), row["kind"], escape(row["context"]), row["launcher"],
+                  str(row["np"]), escape(row["script"]), row["state"],
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
+                  "" if row["exit"] is None else str(row["exit"]))
+    return t
