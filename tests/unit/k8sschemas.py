@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jsonschema
 import kubernetes_validate
@@ -237,7 +238,10 @@ def _model_errors(model: type[pydantic.BaseModel], doc: dict) -> list[tuple[str,
     except pydantic.ValidationError as error:
         found = []
         for entry in error.errors():
-            if entry["type"] == "model_type" and _wrapper_accepts(entry["ctx"]["class_name"], entry["input"]):
+            wrapper = entry["ctx"]["class_name"] if entry["type"] == "model_type" else ""
+            if wrapper in _oneof_wrappers():
+                if not _wrapper_accepts(wrapper, entry["input"]):
+                    found.append((json_path(entry["loc"]), f"{entry['input']!r} is not a {_oneof_wrappers()[wrapper]}"))
                 continue
             found.append((json_path(entry["loc"]), entry["msg"]))
         return found
@@ -245,24 +249,18 @@ def _model_errors(model: type[pydantic.BaseModel], doc: dict) -> list[tuple[str,
 
 
 def _wrapper_accepts(class_name: str, value: Any) -> bool:
-    wrapper = _oneof_wrappers().get(class_name)
-    if wrapper is None:
-        return False
+    models = importlib.import_module("kubeflow_trainer_api.models")
     try:
-        wrapper.from_dict(value)
+        getattr(models, class_name).from_dict(value)
     except (pydantic.ValidationError, ValueError):
         return False
     return True
 
 
-@functools.cache
-def _oneof_wrappers() -> dict[str, Callable]:
-    from kubeflow_trainer_api.models.io_k8s_apimachinery_pkg_api_resource_quantity import (
-        IoK8sApimachineryPkgApiResourceQuantity)
-    from kubeflow_trainer_api.models.io_k8s_apimachinery_pkg_util_intstr_int_or_string import (
-        IoK8sApimachineryPkgUtilIntstrIntOrString)
-    return {cls.__name__: cls for cls in (IoK8sApimachineryPkgApiResourceQuantity,
-                                          IoK8sApimachineryPkgUtilIntstrIntOrString)}
+def _oneof_wrappers() -> dict[str, str]:
+    # The generated oneOf models, which take a plain value through their own from_dict: what they stand for.
+    return {"IoK8sApimachineryPkgApiResourceQuantity": "quantity (a string such as 8Gi, or a number)",
+            "IoK8sApimachineryPkgUtilIntstrIntOrString": "int-or-string"}
 
 
 def _dropped(given: Any, kept: Any, path: Path_) -> list[tuple[str, str]]:
