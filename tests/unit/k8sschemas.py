@@ -9,11 +9,13 @@ apiVersion and kind:
 - core objects (v1, batch/v1, ...): kubernetes-validate's strict schemas of K8S_VERSION (every object
   closed: an unknown field is an error). Its API stops at the first error, so one problem per object.
 - MPIJob (kubeflow.org/v2beta1), PyTorchJob and TFJob (kubeflow.org/v1), JobSet (jobset.x-k8s.io/v1alpha2):
-  the openAPIV3Schema of the operator's own CRD, vendored under data/k8s (SOURCES.md), made strict the
-  way a structural schema is pruned by the API server, except that what it would silently drop is an error
-  here. Every problem is listed. The CRDs' CEL rules (x-kubernetes-validations) are not evaluated. Their
-  metadata and each embedded PodTemplateSpec / JobTemplateSpec are also checked by kubernetes-validate, so
-  a field the pinned Kubernetes does not know is caught even where the CRD's copy of the pod schema is older.
+  the openAPIV3Schema of the operator's own CRD, vendored under data/k8s (SOURCES.md), made strict: what the
+  API server would silently prune is an error here. Every problem is listed. The CRDs' CEL rules
+  (x-kubernetes-validations) are not evaluated. The object's metadata and each embedded PodTemplateSpec /
+  JobTemplateSpec are also checked by kubernetes-validate, so a field the pinned Kubernetes does not know is
+  caught even where the CRD's copy of the pod schema is older. Where the schema passes, the rules the
+  operators apply on top (OPERATOR_RULES: the PyTorchJob container named pytorch, one MPIJob launcher...)
+  are checked too, each reported with "(operator rule)".
 - TrainJob (trainer.kubeflow.org/v1alpha1): the kubeflow-trainer-api pydantic models; the models ignore
   unknown keys, so the model's own output is compared with the input and any key it dropped is reported.
 """
@@ -189,6 +191,8 @@ def _crd_problems(doc: dict, name: str) -> list[tuple[str, str]]:
     found = []
     for error in crd_validator(name).iter_errors(doc):
         found += _schema_error(error, ())
+    if not found and doc["kind"] in OPERATOR_RULES:
+        found += OPERATOR_RULES[doc["kind"]](doc)
     if isinstance(doc.get("metadata"), dict):
         found += _k8s_as({"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}, 0, ())
     for pattern, template_kind in EMBEDDED[doc["kind"]]:
@@ -283,3 +287,93 @@ def _dropped(given: Any, kept: Any, path: Path_) -> list[tuple[str, str]]:
 def _kind(value: Any) -> type:
     # The Quantity model stores an int as a float: 1 and 1.0 are the same quantity, "1" and 1 or True are not.
     return float if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value)
+
+
+# -- what the operators reject beyond their CRD schemas ----------------------------------------------------
+# The API server accepts these objects; the operator's admission webhook (training-operator) or its controller
+# (mpi-operator) then refuses them. Each message ends in "(operator rule)". Sources: training-operator v1.9.0
+# pkg/webhooks/{pytorch,tensorflow}/*_webhook.go; mpi-operator v0.8.0 pkg/apis/kubeflow/validation/validation.go
+# after v2beta1/default.go.
+
+DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+RULE = " (operator rule)"
+
+
+def _dns1035(name: str) -> bool:
+    return len(name) <= 63 and DNS1035.fullmatch(name) is not None
+
+
+def _name_rule(doc: dict) -> list[tuple[str, str]]:
+    name = doc["metadata"].get("name")  # absent: generateName, which the webhook checks on the final name
+    return [] if name is None or _dns1035(name) else [("metadata.name", "not a DNS-1035 label" + RULE)]
+
+
+def _replicas(doc: dict, key: str, default_container: str | None) -> list[tuple[str, str]]:
+    found = []
+    for role, spec in doc["spec"][key].items():
+        where = ("spec", key, role, "template", "spec", "containers")
+        containers = (((spec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+        if not containers:
+            found.append((json_path(where), "at least one container required" + RULE))
+        for index, container in enumerate(containers):
+            if not container.get("image"):
+                found.append((json_path(where + (index, "image")), "required" + RULE))
+        if default_container and containers and all(c.get("name") != default_container for c in containers):
+            found.append((json_path(where), f"needs a container named {default_container}" + RULE))
+    return found
+
+
+def _pytorchjob_rules(doc: dict) -> list[tuple[str, str]]:
+    found = _name_rule(doc)
+    found += _replicas(doc, "pytorchReplicaSpecs", "pytorch")
+    for role, spec in doc["spec"]["pytorchReplicaSpecs"].items():
+        replicas = spec.get("replicas")
+        if role not in ("Master", "Worker"):
+            found.append((json_path(("spec", "pytorchReplicaSpecs", role)), "role not Master or Worker" + RULE))
+        elif role == "Master" and replicas != 1:
+            found.append(("spec.pytorchReplicaSpecs.Master.replicas", "must be 1" + RULE))
+        elif role == "Worker" and replicas is not None and replicas < 1:
+            found.append(("spec.pytorchReplicaSpecs.Worker.replicas", "must be at least 1" + RULE))
+    if "nProcPerNode" in doc["spec"].get("elasticPolicy", {}) and "nprocPerNode" in doc["spec"]:
+        found.append(("spec.elasticPolicy.nProcPerNode", "must not be used with spec.nprocPerNode" + RULE))
+    return found
+
+
+def _tfjob_rules(doc: dict) -> list[tuple[str, str]]:
+    found = _name_rule(doc)
+    found += _replicas(doc, "tfReplicaSpecs", "tensorflow")
+    if len({"Chief", "Master"} & set(doc["spec"]["tfReplicaSpecs"])) > 1:
+        found.append(("spec.tfReplicaSpecs", "not more than one Chief or Master" + RULE))
+    return found
+
+
+def _mpijob_rules(doc: dict) -> list[tuple[str, str]]:
+    spec, path = doc["spec"], ("spec", "mpiReplicaSpecs")
+    roles = spec["mpiReplicaSpecs"]
+    found = _replicas(doc, "mpiReplicaSpecs", None)
+    workers = (roles.get("Worker") or {}).get("replicas") or 1
+    if "name" in doc["metadata"] and not _dns1035(f"{doc['metadata']['name']}-worker-{max(workers, 1) - 1}"):
+        found.append(("metadata.name", "the last worker's host name would not be a DNS-1035 label" + RULE))
+    if "Launcher" not in roles:
+        found.append((json_path(path + ("Launcher",)), "required" + RULE))
+    for role, role_spec in roles.items():
+        replicas = (role_spec or {}).get("replicas", 1 if role == "Launcher" else 0)
+        if role == "Launcher" and replicas != 1:
+            found.append((json_path(path + (role, "replicas")), "must be 1" + RULE))
+        elif role == "Worker" and replicas < 1:
+            found.append((json_path(path + (role, "replicas")), "required, at least 1" + RULE))
+        elif role not in ("Launcher", "Worker"):
+            found.append((json_path(path + (role,)), "role not Launcher or Worker" + RULE))
+        restart = (role_spec or {}).get("restartPolicy", "OnFailure" if role == "Launcher" else "Never")
+        if restart not in ("Never", "OnFailure"):
+            found.append((json_path(path + (role, "restartPolicy")), "must be Never or OnFailure" + RULE))
+    if spec.get("runPolicy", {}).get("cleanPodPolicy", "None") not in ("None", "Running", "All"):
+        found.append(("spec.runPolicy.cleanPodPolicy", "must be None, Running or All" + RULE))
+    # The CRD's enum marker for it is malformed (+kubebuilder:validation:Enum:...), so the API server takes any
+    # string; the operator knows these two.
+    if spec.get("launcherCreationPolicy", "AtStartup") not in ("AtStartup", "WaitForWorkersReady"):
+        found.append(("spec.launcherCreationPolicy", "must be AtStartup or WaitForWorkersReady" + RULE))
+    return found
+
+
+OPERATOR_RULES = {"PyTorchJob": _pytorchjob_rules, "TFJob": _tfjob_rules, "MPIJob": _mpijob_rules}

@@ -294,6 +294,38 @@ def test_a_broken_object_is_reported_with_its_path(name, change, expected):
     assert any(p.startswith(expected) for p in found), found
 
 
+# What the operators refuse although the CRD schema takes it (webhook or controller rules)
+OPERATOR = [
+    ("pytorchjob", put(PT_MASTER + ("template", "spec", "containers", 0, "name"), "trainer"),
+     "PyTorchJob/ddp: spec.pytorchReplicaSpecs.Master.template.spec.containers: needs a container named pytorch"),
+    ("pytorchjob", put(PT_MASTER + ("replicas",), 2), "PyTorchJob/ddp: spec.pytorchReplicaSpecs.Master.replicas: must be 1"),
+    ("pytorchjob", rename(("spec", "pytorchReplicaSpecs", "Worker"), "Workers"),
+     "PyTorchJob/ddp: spec.pytorchReplicaSpecs.Workers: role not Master or Worker"),
+    ("pytorchjob", put(("metadata", "name"), "DDP_1"), "PyTorchJob/DDP_1: metadata.name: not a DNS-1035 label"),
+    ("tfjob", put(TF_WORKER + ("template", "spec", "containers", 0, "name"), "tf"),
+     "TFJob/tf: spec.tfReplicaSpecs.Worker.template.spec.containers: needs a container named tensorflow"),
+    ("tfjob", put(TF_WORKER + ("template", "spec", "containers", 0, "image"), ""),
+     "TFJob/tf: spec.tfReplicaSpecs.Worker.template.spec.containers[0].image: required"),
+    ("mpijob", drop(("spec", "mpiReplicaSpecs", "Launcher")), "MPIJob/hvd: spec.mpiReplicaSpecs.Launcher: required"),
+    ("mpijob", put(("spec", "mpiReplicaSpecs", "Launcher", "replicas"), 2),
+     "MPIJob/hvd: spec.mpiReplicaSpecs.Launcher.replicas: must be 1"),
+    ("mpijob", drop(MPI_WORKER + ("replicas",)), "MPIJob/hvd: spec.mpiReplicaSpecs.Worker.replicas: required, at least 1"),
+    ("mpijob", put(MPI_WORKER + ("restartPolicy",), "Always"),
+     "MPIJob/hvd: spec.mpiReplicaSpecs.Worker.restartPolicy: must be Never or OnFailure"),
+    ("mpijob", put(("spec", "launcherCreationPolicy"), "WaitForWorkers"),
+     "MPIJob/hvd: spec.launcherCreationPolicy: must be AtStartup or WaitForWorkersReady"),
+    ("mpijob", put(("metadata", "name"), "h" * 60), "MPIJob/" + "h" * 60 + ": metadata.name: the last worker's host name"),
+]
+
+
+@pytest.mark.parametrize("name, change, expected", OPERATOR, ids=[o[2].split(": ")[1] for o in OPERATOR])
+def test_what_the_operator_refuses_is_reported_as_its_rule(name, change, expected):
+    broken = doc(name)
+    change(broken)
+    found = problems(broken)
+    assert [p for p in found if p.startswith(expected)] and all(p.endswith("(operator rule)") for p in found), found
+
+
 def test_each_problem_is_reported_once_and_all_are_listed_for_crd_kinds():
     # The CRD schema and kubernetes-validate both see an embedded container's unknown key: one problem.
     broken = doc("mpijob")
