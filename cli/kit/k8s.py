@@ -233,20 +233,22 @@ def _mpijob(job: K8sJob) -> dict:
 
 def _trainjob(job: K8sJob) -> dict:
     """On Kubeflow Trainer's torch-distributed runtime, which gives torchrun its PET_* variables; kit's volumes
-    reach the runtime's `node` job through podTemplateOverrides."""
+    reach the runtime's `node` job and container through a runtime patch (Trainer 2.3's runtimePatches)."""
     s = job.shape
     container = _container(job, "node", _staged(job, _torchrun(job)), _torchrun_env(job))
     trainer = {"image": job.image, "command": container["command"], "numNodes": s.nodes,
                "numProcPerNode": s.nproc_per_node, "env": container["env"]}
     if "resources" in container:
         trainer["resourcesPerNode"] = container["resources"]
-    mounts = {"name": "node", "volumeMounts": container["volumeMounts"]}
+    pod = {"spec": {"volumes": _volumes(job), "containers": [{"name": "node",
+                                                              "volumeMounts": container["volumeMounts"]}]}}
+    node = {"name": "node", "template": {"spec": {"template": pod}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job),
             "spec": {"runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
                                     "kind": "ClusterTrainingRuntime"},
                      "trainer": trainer,
-                     "podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
-                                               "spec": {"volumes": _volumes(job), "containers": [mounts]}}]}}
+                     "runtimePatches": [{"manager": "kit", "trainingRuntimeSpec": {
+                         "template": {"spec": {"replicatedJobs": [node]}}}}]}}
 
 
 # ------------------------------------------------------------------------------------------- pods and containers
