@@ -47,7 +47,7 @@ def push(
 
 
 def _show(rows: LiveProgress, layer: Layer) -> None:
-    row = escape(visible(layer.id, one_line=True, cap=24))  # the engine's words: a column of Rich markup
+    row = escape(visible(layer.id, one_line=True, cap=200))  # the engine's words, in a column of Rich markup
     rows.status(row, layer.state)
     if layer.state == "Pushed" and layer.total:
         rows.transfer(row, layer.total, layer.total)
