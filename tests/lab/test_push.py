@@ -193,7 +193,7 @@ def test_a_push_lands_the_images_own_digest_and_a_second_sends_no_layer(registry
     assert registry.uploads_since(start), "the first push uploaded no blob: the log check below could never fail"
 
     headers, _ = registry.get(f"/v2/{REPO}/manifests/{TAG}", method="HEAD", accept=MANIFEST_V2)
-    assert headers["Docker-Content-Digest"] == digest
+    assert headers["Docker-Content-Digest"] == digest, first.stdout
     _, body = registry.get(f"/v2/{REPO}/manifests/{TAG}", accept=MANIFEST_V2)
     manifest = json.loads(body)
     local = client.images.get(small_image)
