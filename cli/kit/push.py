@@ -44,7 +44,7 @@ def parse_reference(text: str) -> Reference:
     found = _REFERENCE.fullmatch(text)
     why = _why_not(text, found)
     if why:
-        raise BadInput(f"REGISTRY/REPO[:TAG] {visible(text, one_line=True, cap=300)!r}: {why}", hint=f"give {FORM}")
+        raise BadInput(f"REGISTRY/REPO:TAG {visible(text, one_line=True, cap=300)!r}: {why}", hint=f"give {FORM}")
     return Reference(found["host"], f"{found['host']}/{found['repo']}", found["tag"])
 
 

@@ -52,7 +52,7 @@ def test_a_bad_reference_is_bad_input_naming_it_and_the_form(text, why):
     with pytest.raises(BadInput) as e:
         parse_reference(text)
     assert why in str(e.value) and e.value.exit_code == 2
-    assert str(e.value).startswith("REGISTRY/REPO[:TAG] ") and "\n" not in str(e.value)
+    assert str(e.value).startswith("REGISTRY/REPO:TAG ") and "\n" not in str(e.value)
     assert e.value.hint.startswith("give REGISTRY/REPO[:TAG], e.g. ")
 
 
@@ -183,4 +183,4 @@ def test_the_command_refuses_a_bad_name_with_exit_2_before_asking_the_engine(in_
     r = run_kit("push", name, cwd=in_tmp, env={"DOCKER_HOST": "unix:///nonexistent/kit-test.sock"})
     lines = r.stderr.splitlines()
     assert (r.returncode, r.stdout, len(lines)) == (2, "", 2), r.stderr
-    assert lines[0].startswith(f"error: REGISTRY/REPO[:TAG] {name!r}: ") and lines[1].startswith("fix: give ")
+    assert lines[0].startswith(f"error: REGISTRY/REPO:TAG {name!r}: ") and lines[1].startswith("fix: give ")

@@ -18,9 +18,9 @@ from kit.cli.export import default_image
 @app.command()
 @reports_errors
 def push(
-    reference: str = typer.Argument(..., metavar="REGISTRY/REPO[:TAG]",
+    reference: str = typer.Argument(..., metavar="REGISTRY/REPO:TAG",
                                     help="Where to push: the registry (a host with a dot or a port, or localhost), the "
-                                         "repository, and a tag (default: the image's own tag)."),
+                                         "repository, and a tag (:TAG may be left out: the image's own tag is used)."),
     image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE:TAG",
                                         help="The local image to push (default: cluster.image_tag, else the image kit "
                                              "build makes from kit.yaml's build settings)."),
