@@ -1,10 +1,10 @@
 """kit's command line: the commands of kit.cli's modules, on one Typer app."""
 
-from kit.cli import bench, build, cluster, data, demo, doctor, export, joblist, joblogs, jobs
+from kit.cli import bench, build, cluster, data, demo, doctor, export, joblist, joblogs, jobs, push
 from kit.cli.common import app
 
 # importing them adds their commands to the app
-COMMANDS = (bench, build, cluster, data, demo, doctor, export, joblist, joblogs, jobs)
+COMMANDS = (bench, build, cluster, data, demo, doctor, export, joblist, joblogs, jobs, push)
 
 
 def main() -> None:

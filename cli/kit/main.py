@@ -12,7 +12,7 @@ MODULES = {"run": "jobs", "logs": "joblogs", "jobs": "joblist", "stop": "joblist
            "stacks": "joblogs",
            "build": "build", "up": "cluster", "prepare": "cluster", "status": "cluster", "down": "cluster",
            "exec": "cluster", "cp": "data", "demo": "demo", "doctor": "doctor", "bench": "bench",
-           "export": "export"}
+           "export": "export", "push": "push"}
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from kit.shown import visible
 # `kit --help` lists the commands in the order of a user's work; a name not here is left out of the order (a command
 # another branch has not added yet), a command not named here comes at the end.
 WORKFLOW = ("prepare", "build", "up", "status", "run", "jobs", "logs", "attach", "stop", "stacks", "exec", "cp",
-            "export", "doctor", "bench", "down", "demo")
+            "export", "push", "doctor", "bench", "down", "demo")
 
 # What each option's or argument's value is, in help and usage lines (instead of Typer's <str>, <list[str]>, TEXT):
 # by the parameter's name, or by (command, name) where one name means two things.
