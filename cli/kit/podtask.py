@@ -124,7 +124,7 @@ def run_tasks(argvs, envs, ranks):
             relays[-1].start()
     signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs])  # the pod is deleted
     first = None
-    while any(p.poll() is None for p in procs):
+    while [p.poll() for p in procs].count(None):  # every task polled (any() stops at the first that runs)
         if first is None and (failed := [p for p in procs if p.returncode not in (None, 0)]):
             first = failed[0]
             for p in procs:

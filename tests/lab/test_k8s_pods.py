@@ -119,7 +119,7 @@ class Pods:
         self.network = client.networks.create(f"{PREFIX}-{case}", driver="bridge", labels={PREFIX: case})
         self.containers: list = []
 
-    def start(self, objects: list[dict], image: str, secret: dict) -> list:
+    def start(self, objects: list[dict], image: str, secret: dict, indexes: list[int] | None = None) -> list:
         configmap = next(o for o in objects if o["kind"] == "ConfigMap")
         service = next(o for o in objects if o["kind"] == "Service")
         job = next(o for o in objects if o["kind"] == "Job")
@@ -128,7 +128,7 @@ class Pods:
         assert pod["subdomain"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
         (container,) = pod["containers"]
         assert container["image"] == image
-        for index in range(spec["completions"]):
+        for index in range(spec["completions"]) if indexes is None else indexes:
             self.containers.append(self._pod(job["metadata"]["name"], pod, container, configmap, secret, index))
         for c in self.containers:  # the scheduler starts them together
             c.start()
@@ -303,3 +303,21 @@ def test_a_failed_rank_ends_its_pod_with_its_code_and_no_pod_hangs(tmp_path, ima
     assert other["code"] != 0 and not other.get("killed"), show(ends)
     if other["deleted"]:
         assert other["seconds"] < GRACE_S, show(ends)
+
+
+def test_a_pod_deleted_while_it_waits_for_the_others_ends_on_sigterm(tmp_path, image, pods):
+    """Pod 1 alone (pod 0 not scheduled): it waits for pod 0's name to resolve; deleted, it must end at SIGTERM, as
+    the container's PID 1 (which the kernel spares every signal it has no handler for), not at SIGKILL."""
+    objects, secret = export(tmp_path / "job", image, "horovod", HOROVOD_JOB, "--nodes", "2", "--np", "4")
+    p = pods("alone")
+    (pod,) = p.start(objects, image, secret, indexes=[1])
+    time.sleep(3)
+    pod.reload()
+    assert pod.status == "running", pod.logs().decode(errors="replace")
+    started = time.monotonic()
+    pod.stop(timeout=GRACE_S)
+    seconds = time.monotonic() - started
+    pod.reload()
+    code = pod.attrs["State"]["ExitCode"]
+    print(f"pod 1 alone, deleted: exit {code} after {seconds:.1f} s")
+    assert code == 143 and seconds < 5, (code, seconds, pod.logs().decode(errors="replace"))
