@@ -82,6 +82,8 @@ def node_env(env, deadline):
 def pod(env, launcher, command):
     """This pod is node JOB_COMPLETION_INDEX of the job: torchrun (one task a node), or its ranks or workers, one
     task each; for Horovod, the first pod serves the rendezvous at the job's port, and the others wait for it."""
+    # PID 1 of its container, which no signal without a handler reaches: deleted while it waits, it would hang.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     stage(env.get("KIT_STAGE"))
     deadline = time.monotonic() + WAIT_S
     run = node_env(env, deadline)
