@@ -231,9 +231,10 @@ class Pods:
                 {self.network.name: api.create_endpoint_config(aliases=aliases)}))
         return self.client.containers.get(made["Id"])
 
-    def mpijob(self, objects: list[dict], image: str, secret: dict) -> dict:
+    def mpijob(self, objects: list[dict], image: str, secret: dict, impostor: int | None = None) -> dict:
         """The MPI operator's run of an MPIJob: the workers, then (WaitForWorkersReady) the launcher; once the
-        launcher ends, the workers still running are deleted (cleanPodPolicy Running). Bounded by RUN_S."""
+        launcher ends, the workers still running are deleted (cleanPodPolicy Running). Bounded by RUN_S. Worker
+        `impostor` (if given) serves another host key, and admits the operator's key all the same."""
         (mpijob,) = [o for o in objects if o["kind"] == "MPIJob"]
         job, spec = mpijob["metadata"]["name"], mpijob["spec"]
         assert spec["mpiImplementation"] == "OpenMPI" and spec["launcherCreationPolicy"] == "WaitForWorkersReady"
@@ -245,8 +246,13 @@ class Pods:
         for i in range(replicas["Worker"]["replicas"]):
             name = f"{job}-worker-{i}"
             pod = operator_pod(job, replicas["Worker"], "worker", mount, slots)
+            own = sources
+            if i == impostor:
+                other = operator_ssh_secret(job)["data"]["ssh-privatekey"]
+                own = {**sources, f"{job}-ssh": yaml.safe_load(yaml.safe_dump(sources[f"{job}-ssh"]))}
+                own[f"{job}-ssh"]["data"]["ssh-privatekey"] = other
             workers.append(self.pod(f"worker-{i}", name, [f"{name}.{service}", f"{name}.{service}.{NAMESPACE}.svc"],
-                                    pod, sources, {}))
+                                    pod, own, {}))
         self.containers += workers
         deadline = time.monotonic() + RUN_S
         for w in workers:
@@ -327,8 +333,17 @@ def image(project, client) -> str:
     return default_image(client, project / "kit.yaml")
 
 
+def remove_leftovers(client) -> None:
+    """What a killed run of this module left (containers first: a network in use cannot go)."""
+    for c in client.containers.list(all=True, filters={"label": PREFIX}):
+        c.remove(force=True)
+    for n in client.networks.list(filters={"label": PREFIX}):
+        n.remove()
+
+
 @pytest.fixture
 def pods(client):
+    remove_leftovers(client)
     made = []
 
     def make(case: str) -> Pods:
@@ -470,3 +485,22 @@ def test_mpijob_launcher_and_workers_allreduce_over_the_operators_ssh_with_host_
     assert ends["launcher"]["code"] == 0 and not ends["launcher"]["deleted"], context
     check_lines(ends["launcher"]["stdout"], 4, value, lambda r: f"{job}-worker-{r // 2}", context)
     assert not any(e["killed"] for k, e in ends.items() if k != "launcher"), context  # sshd ends at SIGTERM
+
+
+def test_mpijob_launcher_refuses_a_worker_with_another_host_key(tmp_path, image, pods):
+    """Worker 1 admits the operator's key but answers with a host key of its own (an impostor on its name): the
+    launcher's SSH refuses it, and no rank runs."""
+    objects, secret, _ = export(tmp_path / "job", image, "horovod", HOROVOD_JOB, "--nodes", "2", "--np", "4",
+                                kind="mpijob")
+    job = objects[-1]["metadata"]["name"]
+    ends = pods("impostor").mpijob(objects, image, secret, impostor=1)
+    context = "\n".join(f"--- {k}: exit {e['code']}\n{e['stdout'][-4000:]}\n{e['stderr'][-4000:]}"
+                        for k, e in ends.items())
+    print(f"mpijob, worker 1 an impostor:\n{context}")
+    launcher = ends["launcher"]["stdout"] + ends["launcher"]["stderr"]
+    assert ends["launcher"]["code"] != 0 and not ends["launcher"]["deleted"], context
+    assert "Host key verification failed" in launcher, context
+    assert f"ssh not successful for host {job}-worker-1." in launcher, context
+    assert f"ssh not successful for host {job}-worker-0." not in launcher, context
+    assert not LINE.findall(ends["launcher"]["stdout"]), context
+    assert "Accepted publickey" not in ends["worker-1"]["stderr"], context  # no login reached the impostor
