@@ -1,11 +1,18 @@
-"""The pods of `kit export --to k8s --kind indexed-job` run the job: no Kubernetes API server can run on this machine,
-so the test does what the kubelet and the Job controller would do with the manifests kit wrote, on the real Docker
-engine with kit's cpu image: each index's pod a container (its ConfigMap volume made as the kubelet makes one, with
-its items' paths and modes behind a ..data link, mounted read-only; the emptyDir workspace; /dev/shm in memory; env
-from values and from a Secret the test makes; JOB_COMPLETION_INDEX; the hostname <job>-<i> and the headless Service's
-name <job>-<i>.<job> on a network of its own). Horovod's allreduce and torchrun's (gloo) then run across the pods,
-with kit's per-rank prefixes; a rank that fails ends its pod with its code and stops its sibling ranks, and the
-Job's other pod (which the Job controller deletes, backoffLimit 0) ends on SIGTERM instead of hanging."""
+"""The pods of `kit export --to k8s` run the job. No Kubernetes API server can run on this machine, so the test does
+what the kubelet, the Job controller and the MPI operator would do with the manifests kit wrote, on the real Docker
+engine with the lab's cpu image (no image is built here):
+
+- an Indexed Job: each index's pod a container: its ConfigMap volume laid out as the kubelet lays one out (the items'
+  paths and modes behind a ..data link, the folder drwxrwxrwt) and mounted read-only, the emptyDir workspace,
+  /dev/shm in memory, env from values and from a Secret the test makes, JOB_COMPLETION_INDEX, the hostname <job>-<i>
+  and the headless Service's name <job>-<i>.<job> on a network of its own. Horovod's allreduce (two ranks a pod) and
+  torchrun's (gloo, two processes a pod) run across the pods, every rank's line with kit's prefix; a rank that fails
+  ends its pod with its code and stops its sibling, and the other pod, which the Job controller deletes (backoffLimit
+  0), ends at SIGTERM; so does a pod deleted while it waits for the others.
+- an MPIJob: the operator's P-521 key pair as its Secret volume at /root/.ssh, its hostfile at /etc/mpi, the workers
+  then the launcher (WaitForWorkersReady): horovodrun over SSH with host keys checked, and refused where a worker
+  answers with another host key.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +38,15 @@ RUN_S = 180                 # a job's pods, all together
 GRACE_S = 30                # a deleted pod's terminationGracePeriodSeconds (Kubernetes' default)
 SECRET_NAME = "WANDB_API_KEY"
 
+# Each rank says what it got: the allreduce of rank + 1 over all ranks, its rank and size as its launcher set them,
+# a digest of the Secret's value, whether the job's binary file reached it whole, and the pod it runs on.
+REPORT = """\
+secret = hashlib.sha256(os.environ.get("{secret}", "").encode()).hexdigest()[:16]
+data = "ok" if open("data.bin", "rb").read() == bytes(range(256)) else "bad"
+print("allreduce rank=%d size=%d env_rank=%s env_size=%s sum=%g secret=%s data=%s host=%s" % (
+    rank, size, os.environ["{rank_var}"], os.environ["{size_var}"], total, secret, data, socket.gethostname()))
+"""
+
 HOROVOD_JOB = """\
 import hashlib, os, socket, sys, time
 import torch
@@ -47,12 +63,7 @@ if sys.argv[1:2] == ["--fail-rank"]:
     print("rank %d was not stopped" % rank, flush=True)
     sys.exit(0)
 total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
-""" + """\
-secret = hashlib.sha256(os.environ.get("{secret}", "").encode()).hexdigest()[:16]
-data = "ok" if open("data.bin", "rb").read() == bytes(range(256)) else "bad"
-print("allreduce rank=%d size=%d env_rank=%s env_size=%s sum=%g secret=%s data=%s host=%s" % (
-    rank, size, os.environ["{rank_var}"], os.environ["{size_var}"], total, secret, data, socket.gethostname()))
-"""
+""" + REPORT
 
 TORCHRUN_JOB = """\
 import hashlib, os, socket
@@ -64,7 +75,7 @@ rank, size = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 total = t.item()
-""" + HOROVOD_JOB.split('total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()\n')[1]
+""" + REPORT
 
 LINE = re.compile(r"^\[(\d+)\]<stdout>:allreduce rank=(\d+) size=(\d+) env_rank=(\d+) env_size=(\d+) sum=(\S+) "
                   r"secret=(\w+) data=(\w+) host=(\S+)$", re.M)
