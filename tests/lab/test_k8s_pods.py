@@ -66,7 +66,7 @@ total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum).item()
 """ + REPORT
 
 TORCHRUN_JOB = """\
-import hashlib, os, socket
+import hashlib, os, socket, sys
 import torch
 import torch.distributed as dist
 
@@ -75,7 +75,14 @@ rank, size = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 total = t.item()
-""" + REPORT
+""" + REPORT + """\
+# As examples/ddp_train.py ends: torch 2.13 over Gloo at times aborts a finished rank in the interpreter's teardown
+# (SIGABRT, "terminate called without an active exception"), which torchrun reports as a failed job (seen here once).
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
 
 LINE = re.compile(r"^\[(\d+)\]<stdout>:allreduce rank=(\d+) size=(\d+) env_rank=(\d+) env_size=(\d+) sum=(\S+) "
                   r"secret=(\w+) data=(\w+) host=(\S+)$", re.M)
