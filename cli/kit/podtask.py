@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TASK, RANK = os.path.join(HERE, "kit_task.py"), os.path.join(HERE, "kit_rank.py")
 WAIT_S = 600      # for the job's other pods: an image pull or a busy scheduler may hold one back for minutes
 MPI_SSH = "/root/.ssh"  # the MPI operator's keys (mode 0600 only at this path)
+MPI_KEYS = "/etc/kit/mpi-ssh"  # the worker's sshd's copies of them
 
 
 def stage(source, into="."):
@@ -82,6 +83,8 @@ def node_env(env, deadline):
 def pod(env, launcher, command):
     """This pod is node JOB_COMPLETION_INDEX of the job: torchrun (one task a node), or its ranks or workers, one
     task each; for Horovod, the first pod serves the rendezvous at the job's port, and the others wait for it."""
+    # PID 1 of its container, which no signal without a handler reaches: deleted while it waits, it would hang.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     stage(env.get("KIT_STAGE"))
     deadline = time.monotonic() + WAIT_S
     run = node_env(env, deadline)
@@ -124,7 +127,7 @@ def run_tasks(argvs, envs, ranks):
             relays[-1].start()
     signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs])  # the pod is deleted
     first = None
-    while [p.poll() for p in procs].count(None):  # every one polled: a failure is seen whatever its place
+    while [p.poll() for p in procs].count(None):  # every task polled (any() stops at the first that runs)
         if first is None and (failed := [p for p in procs if p.returncode not in (None, 0)]):
             first = failed[0]
             for p in procs:
@@ -139,12 +142,27 @@ def run_tasks(argvs, envs, ranks):
 
 
 def mpi_worker(env):
-    """An MPIJob's worker: sshd with the operator's key pair as its host key, and the launcher's login alone."""
+    """An MPIJob's worker: sshd with the operator's key pair as its host key, and the launcher's login alone. It reads
+    copies of the keys: the kubelet's volume folder is world-writable (drwxrwxrwt), where sshd's StrictModes refuses
+    an authorized_keys."""
     stage(env.get("KIT_STAGE"))
     os.makedirs("/run/sshd", exist_ok=True)
-    argv = ["/usr/sbin/sshd", "-D", "-e", "-p", "22", "-h", MPI_SSH + "/id_rsa",
-            "-o", "AuthorizedKeysFile=%s/authorized_keys" % MPI_SSH, "-o", "PermitRootLogin=prohibit-password"]
+    private_copy(MPI_SSH, ("id_rsa", "authorized_keys"), MPI_KEYS)
+    argv = ["/usr/sbin/sshd", "-D", "-e", "-p", "22", "-h", MPI_KEYS + "/id_rsa",
+            "-o", "AuthorizedKeysFile=%s/authorized_keys" % MPI_KEYS, "-o", "PermitRootLogin=prohibit-password"]
     os.execve(argv[0], argv, env)
+
+
+def private_copy(source, names, into):
+    """The files `names` of `source` in `into`, a folder of root's alone, each 0600."""
+    os.makedirs(into, mode=0o700, exist_ok=True)
+    os.chmod(into, 0o700)
+    for name in names:
+        with open(os.path.join(source, name), "rb") as f:
+            data = f.read()
+        fd = os.open(os.path.join(into, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def mpi_launcher(env, np, name, command):
