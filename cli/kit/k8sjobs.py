@@ -11,14 +11,13 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from kit import schedrecords
 from kit.commands.horovod import split_rank
 from kit.errors import KitError
 from kit.runners.base import Runner
-from kit.identity import state_root
 
 TIMEOUT_S = 30
 APPLY_TIMEOUT_S = 120
@@ -57,28 +56,12 @@ class Ending:
     pod: str | None = None
 
 
-def records_dir() -> Path:
-    return state_root() / "k8s"
-
-
 def save(record: K8sRecord) -> None:
-    folder = records_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"{record.id}.json"
-    path.with_suffix(".new").write_text(json.dumps(asdict(record)))
-    path.with_suffix(".new").replace(path)
+    schedrecords.save("k8s", record)
 
 
 def records() -> list[K8sRecord]:
-    found = []
-    for path in sorted(records_dir().glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            record = K8sRecord(**{**data, "objects": tuple(data.get("objects", ()))})
-        except (OSError, ValueError, TypeError):
-            continue  # not kit's, or half-written: never fatal to listing the others
-        found.append(record)
-    return found
+    return schedrecords.load("k8s", lambda data: K8sRecord(**{**data, "objects": tuple(data.get("objects", ()))}))
 
 
 def resolve(ref: str) -> K8sRecord | None:

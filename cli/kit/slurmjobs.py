@@ -16,14 +16,14 @@ import shlex
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from kit.commands.horovod import exit_report, split_rank
 from kit.config import SlurmConfig
+from kit import schedrecords
 from kit.errors import KitError
-from kit.identity import state_root
 from kit.inventory import Host
 from kit.runners.base import Runner
 from kit.sbatch import ENV_DIR, SCRIPT_NAME
@@ -86,28 +86,19 @@ class SlurmRecord:
         return f"{self.folder}/kit-{self.slurm_id}.out"
 
 
-def records_dir() -> Path:
-    return state_root() / "slurm"
-
-
 def save(record: SlurmRecord) -> None:
-    folder = records_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"{record.id}.json"
-    path.with_suffix(".new").write_text(json.dumps(asdict(record)))
-    path.with_suffix(".new").replace(path)
+    schedrecords.save("slurm", record)
+
+
+def _record(data: dict) -> SlurmRecord:
+    record = SlurmRecord(**data)
+    if not re.fullmatch(r"\d{1,12}", record.slurm_id):  # it reaches the login host's shell
+        raise ValueError(record.slurm_id)
+    return record
 
 
 def records() -> list[SlurmRecord]:
-    found = []
-    for path in sorted(records_dir().glob("*.json")):
-        try:
-            record = SlurmRecord(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue  # not kit's, or half-written: never fatal to listing the others
-        if re.fullmatch(r"\d{1,12}", record.slurm_id):  # it reaches the login host's shell
-            found.append(record)
-    return found
+    return schedrecords.load("slurm", _record)
 
 
 # ------------------------------------------------------------------------------------------------ submitting
