@@ -21,6 +21,7 @@ list of harmless settings (kit.jobenv.SHOWN) is read from a Secret by reference:
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from kit import podtask, slurmtask
 from kit.commands.horovod import rank_launcher
 from kit.errors import BadInput
 from kit.jobenv import shows_value
+from kit.push import is_image_reference
 from kit.sbatch import IMAGE_PYTHON, Shape
 from kit.supervisor.launch import TORCHRUN_PREFIX
 
@@ -43,10 +45,13 @@ RANK = f"{FILES}/.kit/kit_rank.py"
 # torchrun's c10d store and Horovod's rendezvous, on the first pod; each pod has its own network namespace.
 PORT, RENDEZVOUS_PORT = 29500, 29400
 MPI_SSH = "/root/.ssh"          # the MPI operator's keys: mode 0600 only at this path
-CONFIGMAP_BYTES = 768 * 1024    # of files; a ConfigMap holds 1 MiB in all, and base64 grows binary files by a third
+CONFIGMAP_BYTES = 900 * 1024    # a ConfigMap holds 1 MiB in all (kubectl apply --server-side: no copy in an annotation)
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL = "app.kubernetes.io/instance"
+# What kit's pod task, the Job controller or an operator sets in a pod: a user's value would replace theirs.
+POD_SET = {"JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "TF_CONFIG"}
+POD_SET_PREFIXES = ("KIT_", "PET_", "SLURM_", "K_MPI_", "OMPI_MCA_")
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,11 @@ class K8sJob:
     variables: tuple[tuple[str, str], ...] = ()
     namespace: str | None = None
     workspace_pvc: str | None = None
+    pull_secret: str | None = None  # the Secret the pods pull the image with (a registry that asks for a login)
 
     @property
-    def secret(self) -> str:
-        return f"{self.name}-env"
+    def secret_name(self) -> str:
+        return secret_name(self.name)
 
     @property
     def secret_names(self) -> list[str]:
@@ -73,37 +79,74 @@ class K8sJob:
         return [n for n, v in self.variables if not shows_value(n, v)]
 
 
+def secret_name(name: str) -> str:
+    """The Secret a job's variables are read from (kit run --on k8s makes it; kit export says how)."""
+    return f"{name}-env"
+
+
 def job_name(script: str, suffix: str = "") -> str:
-    """kit-<script's stem>[-suffix], as a Kubernetes name: lower case, letters, digits and -, at most 40 characters
+    """kit-<script's stem>[-suffix], as a Kubernetes name: lower case, letters, digits and -, at most 41 characters
     (an Indexed Job's pod names add -<index>, a JobSet's -node-0-<index>, within 63)."""
     stem = script.rsplit("/", 1)[-1].removesuffix(".py").lower()
     stem = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[: 36 - len(suffix)].strip("-") or "job"
     return f"kit-{stem}" + (f"-{suffix}" if suffix else "")
 
 
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise BadInput(f"--kind: '{kind}' is not a kind kit writes", hint=f"use one of: {', '.join(KINDS)}")
+    return kind
+
+
 def check(job: K8sJob) -> None:
-    """What the kind can run and the names Kubernetes accepts; bad input names the flag."""
+    """What the kind can run, the names Kubernetes accepts, and what fits a ConfigMap; bad input names the flag,
+    variable or file."""
+    check_kind(job.kind)
     if job.launcher not in KINDS[job.kind]:
         raise BadInput(f"--kind {job.kind} runs {' or '.join(KINDS[job.kind])}, not {job.launcher}",
                        hint="kinds for " + job.launcher + ": " + ", ".join(k for k, v in KINDS.items()
                                                                            if job.launcher in v))
     if job.kind == "tfjob" and job.shape.tasks_per_node != 1:
-        raise BadInput("--kind tfjob runs one TensorFlow worker a pod", hint="drop --ntasks-per-node, or use "
-                       "--kind indexed-job or jobset for several workers a pod")
-    if job.namespace is not None and not (NAME.fullmatch(job.namespace) and len(job.namespace) <= 63):
-        raise BadInput(f"--namespace: '{job.namespace}' is not a Kubernetes namespace name",
-                       hint="lower-case letters, digits and -, starting with a letter, at most 63")
-    if job.workspace_pvc is not None and not (PVC.fullmatch(job.workspace_pvc) and len(job.workspace_pvc) <= 253):
-        raise BadInput(f"--workspace-pvc: '{job.workspace_pvc}' is not a PersistentVolumeClaim name",
-                       hint="lower-case letters, digits, - and ., at most 253")
+        raise BadInput(f"--kind tfjob runs one TensorFlow worker a pod, and this job has {job.shape.tasks_per_node} "
+                       "a node (--ntasks-per-node, else --gpus-per-node)",
+                       hint="give --ntasks-per-node 1, or use --kind indexed-job or jobset for several workers a pod")
+    for flag, value, pattern, top in (("--namespace", job.namespace, NAME, 63),
+                                      ("--workspace-pvc", job.workspace_pvc, PVC, 253),
+                                      ("--image-pull-secret", job.pull_secret, PVC, 253)):
+        if value is not None and not (pattern.fullmatch(value) and len(value) <= top):
+            raise BadInput(f"{flag}: {value!r} is not a Kubernetes name",
+                           hint=f"lower-case letters, digits and -{'' if pattern is NAME else ' and .'}, starting "
+                                f"with a letter or digit, at most {top}")
+    if not is_image_reference(job.image):
+        raise BadInput(f"--image: {job.image!r} is not an image reference",
+                       hint="give REGISTRY/REPO:TAG, the image `kit push` put in your registry")
+    for name, _ in job.variables:
+        if name in POD_SET or name.startswith(POD_SET_PREFIXES):
+            raise BadInput(f"-e {name}: kit or the operator sets it in every pod", hint=f"drop {name}")
     if any(ord(c) < 32 or c == "\x7f" for c in job.script):
         raise BadInput(f"{job.script!r}: a script's path with a control character", hint="rename the script")
-    size = sum(len(data) for data, _ in job.files.values())
-    if job.workspace_pvc is None and size > CONFIGMAP_BYTES:
-        raise BadInput(f"the job's folder is {size // 1024} KiB, more than a ConfigMap carries "
-                       f"({CONFIGMAP_BYTES // 1024} KiB of files)",
+    for path in job.files:
+        if any(part.startswith("..") for part in path.split("/")):
+            raise BadInput(f"{path}: a name starting with .. (Kubernetes keeps its own files under such names)",
+                           hint="rename it, or leave it out with .kitignore")
+    if job.workspace_pvc is None and (size := carried(job)) > CONFIGMAP_BYTES:
+        raise BadInput(f"the job's folder takes {size // 1024} KiB in a ConfigMap, more than the "
+                       f"{CONFIGMAP_BYTES // 1024} KiB kit puts in one",
                        hint="put the folder on a PersistentVolumeClaim and give --workspace-pvc NAME, or leave "
                             "large files out with .kitignore")
+
+
+def carried(job: K8sJob) -> int:
+    """Bytes of the ConfigMap's data: text as it is, other files in base64."""
+    return sum(len(data) if _text(data) is not None else (len(data) + 2) // 3 * 4
+               for data, _ in _all_files(job).values())
+
+
+def _text(data: bytes) -> str | None:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def render(job: K8sJob) -> str:
@@ -140,11 +183,12 @@ def _configmap(job: K8sJob) -> dict:
     """kit's task and rank launcher, and the job's files unless a PVC holds them. A key cannot hold a /: the files
     are keys file-N, and the volume's items put each at its path."""
     data, binary = {}, {}
-    for key, (path, (content, _)) in zip(_keys(job), sorted(_all_files(job).items())):
-        try:
-            data[key] = content.decode()
-        except UnicodeDecodeError:
+    for key, (_, (content, _)) in _items(job):
+        text = _text(content)
+        if text is None:
             binary[key] = base64.b64encode(content).decode()
+        else:
+            data[key] = text
     out = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, f"{job.name}-files"), "data": data}
     if binary:
         out["binaryData"] = binary
@@ -152,14 +196,19 @@ def _configmap(job: K8sJob) -> dict:
 
 
 def _all_files(job: K8sJob) -> dict[str, tuple[bytes, bool]]:
-    own = {".kit/kit_pod.py": (inspect.getsource(podtask).encode(), False),
-           ".kit/kit_task.py": (inspect.getsource(slurmtask).encode(), False),
-           ".kit/kit_rank.py": (rank_launcher().encode(), False)}
-    return {**({} if job.workspace_pvc else job.files), **own}
+    return {**({} if job.workspace_pvc else job.files), **_own_files()}
 
 
-def _keys(job: K8sJob) -> list[str]:
-    return [f"file-{i}" for i in range(len(_all_files(job)))]
+@functools.cache
+def _own_files() -> dict[str, tuple[bytes, bool]]:
+    return {".kit/kit_pod.py": (inspect.getsource(podtask).encode(), False),
+            ".kit/kit_task.py": (inspect.getsource(slurmtask).encode(), False),
+            ".kit/kit_rank.py": (rank_launcher().encode(), False)}
+
+
+def _items(job: K8sJob) -> list[tuple[str, tuple[str, tuple[bytes, bool]]]]:
+    """(key, (path, (content, executable))) of every file, in the order of their paths."""
+    return [(f"file-{i}", item) for i, item in enumerate(sorted(_all_files(job).items()))]
 
 
 def _service(job: K8sJob) -> dict:
@@ -168,7 +217,7 @@ def _service(job: K8sJob) -> dict:
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL: job.name}}}
 
 
-def _indexed(job: K8sJob, pods: int, pod: dict) -> dict:
+def _indexed(pods: int, pod: dict) -> dict:
     return {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 0,
             "template": pod}
 
@@ -177,7 +226,7 @@ def _indexed_job(job: K8sJob) -> dict:
     names = [f"{job.name}-{i}.{job.name}" for i in range(job.shape.nodes)]
     pod = _pod(job, _container(job, "kit", _task_command(job), _pod_env(job, names)), subdomain=job.name)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(job),
-            "spec": _indexed(job, job.shape.nodes, pod)}
+            "spec": _indexed(job.shape.nodes, pod)}
 
 
 def _jobset(job: K8sJob) -> dict:
@@ -187,29 +236,29 @@ def _jobset(job: K8sJob) -> dict:
             "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                      "failurePolicy": {"maxRestarts": 0},
                      "replicatedJobs": [{"name": "node", "replicas": 1,
-                                         "template": {"spec": _indexed(job, job.shape.nodes, pod)}}]}}
+                                         "template": {"spec": _indexed(job.shape.nodes, pod)}}]}}
 
 
 def _pytorchjob(job: K8sJob) -> dict:
     """Master and workers: the operator gives each pod PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and
     PET_MASTER_PORT, which torchrun reads; its container must be named pytorch."""
     s = job.shape
-    pod = _pod(job, _container(job, "pytorch", _staged(job, _torchrun(job)), _torchrun_env(job)))
+    pod = _pod(job, _container(job, "pytorch", _staged(_torchrun(job)), _torchrun_env(job)))
     specs = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": pod}}
     if s.nodes > 1:
         specs["Worker"] = {"replicas": s.nodes - 1, "restartPolicy": "Never", "template": pod}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job),
-            "spec": {"nprocPerNode": str(s.nproc_per_node), "runPolicy": {"cleanPodPolicy": "None",
+            "spec": {"nprocPerNode": str(s.nproc_per_node), "runPolicy": {"cleanPodPolicy": "Running",
                                                                           "backoffLimit": 0},
                      "pytorchReplicaSpecs": specs}}
 
 
 def _tfjob(job: K8sJob) -> dict:
     """One worker a pod; the operator writes each pod's TF_CONFIG (its container must be named tensorflow)."""
-    container = _container(job, "tensorflow", _staged(job, [IMAGE_PYTHON, "-u", RANK, job.script, *job.args]), [])
+    container = _container(job, "tensorflow", _staged([IMAGE_PYTHON, "-u", RANK, job.script, *job.args]), [])
     container["ports"] = [{"name": "tfjob-port", "containerPort": 2222}]
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _meta(job),
-            "spec": {"runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0},
+            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
                      "tfReplicaSpecs": {"Worker": {"replicas": job.shape.nodes, "restartPolicy": "Never",
                                                    "template": _pod(job, container)}}}}
 
@@ -235,13 +284,15 @@ def _trainjob(job: K8sJob) -> dict:
     """On Kubeflow Trainer's torch-distributed runtime, which gives torchrun its PET_* variables; kit's volumes
     reach the runtime's `node` job and container through a runtime patch (Trainer 2.3's runtimePatches)."""
     s = job.shape
-    container = _container(job, "node", _staged(job, _torchrun(job)), _torchrun_env(job))
+    container = _container(job, "node", _staged(_torchrun(job)), _torchrun_env(job))
     trainer = {"image": job.image, "command": container["command"], "numNodes": s.nodes,
                "numProcPerNode": s.nproc_per_node, "env": container["env"]}
     if "resources" in container:
         trainer["resourcesPerNode"] = container["resources"]
-    pod = {"spec": {"volumes": _volumes(job), "containers": [{"name": "node",
-                                                              "volumeMounts": container["volumeMounts"]}]}}
+    spec = {"volumes": _volumes(job), "containers": [{"name": "node", "volumeMounts": container["volumeMounts"]}]}
+    if job.pull_secret:
+        spec["imagePullSecrets"] = [{"name": job.pull_secret}]
+    pod = {"metadata": {"labels": {LABEL: job.name}}, "spec": spec}
     node = {"name": "node", "template": {"spec": {"template": pod}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job),
             "spec": {"runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
@@ -258,13 +309,14 @@ def _pod(job: K8sJob, container: dict, subdomain: str | None = None) -> dict:
     if subdomain:
         spec["subdomain"] = subdomain
     spec |= {"containers": [container], "volumes": _volumes(job)}
+    if job.pull_secret:
+        spec["imagePullSecrets"] = [{"name": job.pull_secret}]
     return {"metadata": {"labels": {LABEL: job.name}}, "spec": spec}
 
 
 def _volumes(job: K8sJob) -> list[dict]:
-    files = _all_files(job)
     items = [{"key": key, "path": path, "mode": 0o755 if executable else 0o644}
-             for key, (path, (_, executable)) in zip(_keys(job), sorted(files.items()))]
+             for key, (path, (_, executable)) in _items(job)]
     workspace = ({"persistentVolumeClaim": {"claimName": job.workspace_pvc}} if job.workspace_pvc
                  else {"emptyDir": {}})
     # Docker's and the kubelet's 64 MB /dev/shm breaks NCCL and DataLoader workers: memory, as much as the pod may use.
@@ -275,7 +327,7 @@ def _volumes(job: K8sJob) -> list[dict]:
 
 def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus: bool = True) -> dict:
     c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent", "workingDir": WORKSPACE,
-         "command": command, "env": [*env, *_variables(job), {"name": "PYTHONUNBUFFERED", "value": "1"},
+         "command": command, "env": [*_variables(job), *env, {"name": "PYTHONUNBUFFERED", "value": "1"},
                                      {"name": "PYTHONFAULTHANDLER", "value": "1"},
                                      # where kit's task copies the job's files from into the workspace (none: a PVC)
                                      {"name": "KIT_STAGE", "value": "" if job.workspace_pvc else FILES},
@@ -289,7 +341,7 @@ def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus
 
 def _variables(job: K8sJob) -> list[dict]:
     secret = set(job.secret_names)
-    return [{"name": n, "valueFrom": {"secretKeyRef": {"name": job.secret, "key": n}}} if n in secret
+    return [{"name": n, "valueFrom": {"secretKeyRef": {"name": job.secret_name, "key": n}}} if n in secret
             else {"name": n, "value": v} for n, v in job.variables]
 
 
@@ -307,7 +359,7 @@ def _pod_env(job: K8sJob, names: list[str]) -> list[dict]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def _staged(job: K8sJob, argv: list[str]) -> list[str]:
+def _staged(argv: list[str]) -> list[str]:
     """An operator's pod: kit's task copies the job's files into the workspace, then runs argv."""
     return [IMAGE_PYTHON, "-I", POD, "exec", *argv]
 

@@ -25,6 +25,12 @@ _TAG = r"[\w][\w.-]{0,127}"
 _REFERENCE = re.compile(rf"(?P<host>{_HOST})/(?P<repo>{_PATH_PART}(?:/{_PATH_PART})*)(?::(?P<tag>{_TAG}))?",
                         re.ASCII)
 _NAME_MAX = 255  # the grammar's limit on host/repo
+# Any image a pod or a container may name: the registry optional (Docker Hub's then), a tag, a digest, or both.
+_IMAGE = re.compile(rf"(?:{_HOST}/)?{_PATH_PART}(?:/{_PATH_PART})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?", re.ASCII)
+
+
+def is_image_reference(text: str) -> bool:
+    return len(text) <= _NAME_MAX + 200 and bool(_IMAGE.fullmatch(text))
 FORM = "REGISTRY/REPO[:TAG], e.g. registry.example.org:5000/team/horovod:cpu"
 
 
@@ -194,13 +200,15 @@ def push(client, image: str, ref: Reference, on_layer: OnLayer = lambda layer: N
     import docker.errors
     try:
         local = client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise BadInput(f"--image {image}: no such image on this machine",
+    except (docker.errors.ImageNotFound, docker.errors.APIError) as e:  # (a malformed name: the engine's 400)
+        why = "no such image on this machine" if isinstance(e, docker.errors.ImageNotFound) else \
+            f"the engine refused the name ({visible(str(e.explanation or e), one_line=True, cap=200)})"
+        raise BadInput(f"--image {visible(image, one_line=True, cap=300)}: {why}",
                        hint="build it with `kit build`, or name a local image with --image IMAGE:TAG "
                             "(docker images lists them)") from None
     target = Reference(ref.registry, ref.repository, ref.tag or source_tag(image))
-    local.tag(target.repository, target.tag)
     try:
+        local.tag(target.repository, target.tag)
         events = client.api.push(target.repository, target.tag, stream=True, decode=True)
         return read_stream(events, target, on_layer)
     except docker.errors.APIError as e:

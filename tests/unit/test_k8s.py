@@ -150,7 +150,16 @@ def test_the_operators_quirks():
     (dict(kind="tfjob", launcher="tf", shape=sbatch.shape("tf", 2, None, 2, None)), "one TensorFlow worker a pod"),
     (dict(namespace="ML_team"), "--namespace: 'ML_team' is not"),
     (dict(workspace_pvc="a b"), "--workspace-pvc: 'a b' is not"),
-    (dict(files={"big.bin": (b"x" * (800 * 1024), False)}), "more than a ConfigMap carries"),
+    # 700 KiB that is not text is 934 KiB of base64
+    (dict(files={"big.bin": (b"\xff" * (700 * 1024), False)}), "KiB in a ConfigMap, more than the 900 KiB"),
+    (dict(files={"..data/x.py": (b"", False)}), "..data/x.py: a name starting with .."),
+    (dict(files={"sub/..x": (b"", False)}), "sub/..x: a name starting with .."),
+    (dict(variables=(("JOB_COMPLETION_INDEX", "0"),)), "-e JOB_COMPLETION_INDEX: kit or the operator sets it"),
+    (dict(variables=(("PET_NNODES", "3"),)), "-e PET_NNODES: kit or the operator sets it"),
+    (dict(variables=(("KIT_POD_NAMES", "x"),)), "-e KIT_POD_NAMES: kit or the operator sets it"),
+    (dict(image="not an image!!"), "--image: 'not an image!!' is not an image reference"),
+    (dict(pull_secret="Regcred"), "--image-pull-secret: 'Regcred' is not a Kubernetes name"),
+    (dict(kind="deployment"), "--kind: 'deployment' is not a kind kit writes"),
     (dict(script="train\n.py"), "a control character"),
 ])
 def test_what_kubernetes_would_refuse_is_bad_input(changes, says):
@@ -292,6 +301,8 @@ if words[:2] == ["config", "current-context"]:
     print("lab")
 elif words[:1] == ["version"]:
     print(json.dumps({"clientVersion": {}, "serverVersion": {"gitVersion": "v1.33.0"}}))
+elif words[:1] == ["apply"] and os.environ.get("FAKE_APPLY_FAIL"):
+    sys.exit("error: unable to recognize STDIN: no matches for kind")
 elif words[:1] in (["apply"], ["create"]):
     print("applied")
 elif words[:2] == ["get", "pods"]:
@@ -337,7 +348,8 @@ def test_run_on_k8s_applies_follows_each_pod_and_ends_with_the_job(tmp_path, fak
     applied = [c for c in seen if "apply" in c["argv"] or "create" in c["argv"]]
     secret, job = json.loads(applied[0]["stdin"]), list(yaml.safe_load_all(applied[1]["stdin"]))
     assert secret["kind"] == "Secret" and secret["stringData"] == {"HF_TOKEN": "hf_s3cr3t"}
-    assert applied[0]["argv"][1:] == ["create", "--filename=-"] and applied[1]["argv"][1:] == ["apply", "--filename=-"]
+    assert applied[0]["argv"][1:] == ["create", "--filename=-"]
+    assert applied[1]["argv"][1:] == ["apply", "--server-side", "--field-manager=kit", "--filename=-"]
     assert [d["kind"] for d in job] == ["ConfigMap", "Service", "Job"] and "hf_s3cr3t" not in applied[1]["stdin"]
     assert not any("hf_s3cr3t" in " ".join(c["argv"]) for c in seen) and "hf_s3cr3t" not in r.stdout + r.stderr
     assert all(c["argv"][0] == "--context=lab" for c in seen[1:])
@@ -345,6 +357,8 @@ def test_run_on_k8s_applies_follows_each_pod_and_ends_with_the_job(tmp_path, fak
     assert re.fullmatch(r"kit-train-[0-9a-f]{4}", name)
     assert "[kit-train-ab12-0 rank 0] loss 0.5" in r.stdout and "[kit-train-ab12-1 rank 1] \\x1b[2Jwarning" in r.stdout
     assert "finished" in r.stdout
+    assert seen[-1]["argv"][1:] == ["delete", f"secret/{name}-env", "--ignore-not-found=true", "--wait=true",
+                                    "--timeout=60s"]  # the job's Secret does not outlive it
 
 
 def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_it_applied(tmp_path, fake_kubectl):
@@ -363,8 +377,103 @@ def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_
                                                f"secret/{name}-env", "--ignore-not-found=true", "--wait=true",
                                                "--timeout=60s"]
     again = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
-    assert again.returncode == 0 and "nothing to stop" in again.stdout
+    assert again.returncode == 0 and "had ended (stopped)" in again.stdout  # an ended job's objects go too
+    logs = run_kit("logs", job_id[1], "--rank", "1", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert logs.returncode == 0 and logs.stdout.splitlines() == ["[kit-train-ab12-1 rank 1] loss 0.5",
+                                                                 "[kit-train-ab12-1 rank 1] \\x1b[2Jwarning"]
     listed = run_kit("jobs", "--json", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert listed.returncode == 0 and {(r["on"], r["state"], r["exit"]) for r in rows} == {
         ("k8s", "failed", 3), ("k8s", "stopped", None)}, listed.stderr
+
+
+def test_a_link_out_of_the_jobs_folder_is_left_out_and_said_and_a_link_within_it_is_carried(tmp_path):
+    from helpers import run_kit
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text("print('hi')\n")
+    (tmp_path / "secret.txt").write_text("the machine's own\n")
+    (job / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    (job / "main.py").symlink_to("train.py")
+    r = run_kit("export", "--to", "k8s", "--image", IMAGE, "job/main.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "left out 1 link(s) of the job's folder (a ConfigMap carries files, not links): notes.txt" in r.stderr
+    configmap = next(yaml.safe_load_all(r.stdout))
+    assert "the machine's own" not in r.stdout and configmap["data"] and "print('hi')\n" in configmap["data"].values()
+    (job / "outside.py").symlink_to(tmp_path / "secret.txt")
+    r = run_kit("export", "--to", "k8s", "--image", IMAGE, "job/outside.py", cwd=tmp_path)
+    assert r.returncode == 2 and "job/outside.py: a link to a file outside its folder" in r.stderr, r.stderr
+
+
+def test_a_folder_too_large_for_a_configmap_is_refused_before_it_is_read(tmp_path):
+    from helpers import run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    with open(tmp_path / "data.bin", "wb") as f:
+        f.truncate(64 << 20)  # sparse: what would be read is 64 MiB
+    r = run_kit("export", "--to", "k8s", "--image", IMAGE, "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and "more than the 900 KiB kit puts in a ConfigMap (largest: data.bin 65536 KiB" in \
+        r.stderr, r.stderr
+    assert "--workspace-pvc NAME" in r.stderr
+
+
+class Answers:
+    """A runner that answers kubectl's commands from a table (a unit test of how kit reads the answers)."""
+
+    host = "kubectl"
+    sudo = False
+
+    def __init__(self, answer):
+        self.answer, self.seen = answer, []
+
+    def run(self, command, **kw):
+        from kit.runners.base import Result
+        self.seen.append(command)
+        code, out = self.answer(command)
+        return Result("kubectl", command, code, out, "" if code == 0 else "Error from server (NotFound)"
+                      if out == "gone" else "connection refused")
+
+    def stream_out(self, command, on_line, **kw):
+        return 0
+
+
+def record():
+    from kit import k8sjobs
+    return k8sjobs.K8sRecord("20261126-100000-ab12", "kit-train-ab12", "indexed-job", "lab", None, "horovod",
+                             "train.py", 2, 0.0, ("configmap/kit-train-ab12-files",))
+
+
+def test_a_pod_that_cannot_pull_its_image_ends_the_follow_with_the_fix(monkeypatch):
+    from kit import k8sjobs
+    from kit.errors import KitError
+    pod = {"metadata": {"name": "kit-train-ab12-0-x7k2p"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}}
+    runner = Answers(lambda c: (0, json.dumps({"items": [pod]}) if " pods " in c else json.dumps({"status": {}})))
+    clock = iter(range(0, 10_000, 60))
+    monkeypatch.setattr(k8sjobs.time, "monotonic", lambda: next(clock))
+    shown = []
+    with pytest.raises(KitError, match="pod kit-train-ab12-0-x7k2p has not started in 180 s: ImagePullBackOff"):
+        k8sjobs.follow(runner, record(), lambda *a: shown.append(a), sleep=lambda s: None)
+    assert shown == [("kit-train-ab12-0-x7k2p", None, "kit: waiting: ImagePullBackOff (Back-off pulling image)")]
+
+
+def test_a_hiccup_of_kubectl_is_waited_out_and_five_in_a_row_end_the_follow():
+    from kit import k8sjobs
+    from kit.errors import KitError
+    answers = iter([(1, "")] * 4 + [(0, json.dumps({"status": {"conditions": [{"type": "Complete",
+                                                                                "status": "True"}]}})),
+                                    (0, json.dumps({"items": []}))])
+    assert k8sjobs.follow(Answers(lambda c: next(answers)), record(), print, sleep=lambda s: None).state == \
+        "succeeded"
+    with pytest.raises(KitError, match="cannot read job"):
+        k8sjobs.follow(Answers(lambda c: (1, "")), record(), print, sleep=lambda s: None)
+
+
+def test_an_apply_that_fails_half_way_deletes_what_it_made(tmp_path, fake_kubectl):
+    from helpers import run_kit
+    r = run_kit("run", "--on", "k8s", "--image", IMAGE, "train.py", "-e", "TOKEN=x", cwd=tmp_path,
+                env={**fake_kubectl, "FAKE_EXIT": "0", "FAKE_APPLY_FAIL": "1"})
+    assert r.returncode == 1 and "kubectl apply of job" in r.stderr, r.stderr
+    last = calls(tmp_path)[-1]["argv"]
+    assert last[1] == "delete" and any(a.startswith("secret/") for a in last)
+    listed = run_kit("jobs", "--json", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
+    assert [json.loads(line)["state"] for line in listed.stdout.splitlines()] == ["failed"]

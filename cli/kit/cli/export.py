@@ -63,6 +63,8 @@ def export(
     workspace_pvc: Optional[str] = typer.Option(None, metavar="NAME", help="--to k8s: a PersistentVolumeClaim that "
                                                 "holds the job's folder (SCRIPT is its path there); default: the "
                                                 "script's folder in a ConfigMap."),
+    image_pull_secret: Optional[str] = typer.Option(None, metavar="NAME", help="--to k8s: the Secret the pods pull "
+                                                    "the image with, where the registry asks for a login."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="--to k8s: a variable for every rank, "
                                             "NAME=VALUE or NAME (repeatable); a secret one is read from a Secret."),
     env_file: Optional[List[Path]] = typer.Option(None, help="--to k8s: variables from a file of NAME=VALUE lines."),
@@ -74,8 +76,9 @@ def export(
     Apptainer (a second export of the same image to the same file does nothing); or, with --to slurm SCRIPT, the
     sbatch script kit run --on slurm would submit, commented, for submitting by hand: it needs no kit.yaml (then
     runtime none) and contacts nothing; or, with --to k8s SCRIPT, the job's Kubernetes objects as one YAML stream
-    for `kubectl apply -f`: --kind indexed-job or jobset (any launcher, no operator needed but JobSet's),
-    pytorchjob or trainjob (torchrun), tfjob (tf), mpijob (horovod).
+    for `kubectl apply --server-side -f`: --kind indexed-job or jobset (any launcher, no operator needed but
+    JobSet's), pytorchjob or trainjob (torchrun), tfjob (tf), mpijob (horovod). It contacts no cluster; without
+    --image it asks this machine's Docker which image kit build made.
 
     \b
       kit export --to enroot -o /shared/images/kit.sqsh
@@ -86,14 +89,15 @@ def export(
            "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node, "--partition": partition,
            "--account": account, "--time": time_limit}
     k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
-                "--workspace-pvc": workspace_pvc, "-e": env, "--env-file": env_file}
+                "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "-e": env,
+                "--env-file": env_file}
     if to is Target.k8s:
         if given := [name for name in ("--partition", "--account", "--time") if job[name] is not None]:
             raise BadInput(f"{', '.join(given)}: Slurm's", hint="drop it for --to k8s")
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                      gpus_per_node),
-                    image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc, output,
-                    config)
+                    image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc,
+                    image_pull_secret, output, config)
         return
     if given := [name for name, value in k8s_only.items() if value]:
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
@@ -139,15 +143,14 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
 
 
 def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
-                image: Optional[str], variables, namespace, workspace_pvc, output: Optional[Path],
+                image: Optional[str], variables, namespace, workspace_pvc, pull_secret, output: Optional[Path],
                 config: Optional[Path]) -> None:
     if script is None:
         raise BadInput("--to k8s needs the training script", hint="kit export --to k8s train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
-    if kind not in k8s.KINDS:
-        raise BadInput(f"--kind: '{kind}' is not a kind kit writes", hint=f"use one of: {', '.join(k8s.KINDS)}")
+    k8s.check_kind(kind)
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
-                           workspace_pvc, k8s.job_name(script.as_posix()))
+                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()))
     k8s_cli.write(k8s.render(job), output, writable)
     k8s_cli.secret_note(job)
 

@@ -10,12 +10,12 @@ import typer
 from rich.markup import escape
 
 from kit.steps.preflight import recorded_nodes
-from kit import jobcontrol, jobrecords, jobs
+from kit import jobcontrol, jobrecords, jobs, k8sjobs
 from kit.commands.horovod import exit_report, split_rank
 from kit.errors import BadInput
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, recorded, reports_errors
-from kit.cli import slurm as slurm_cli
+from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.jobs import job_printer, report
 from kit.cli.joblist import JOB, slurm_job, the_job
 
@@ -31,14 +31,17 @@ def logs(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
 ) -> None:
-    """Output of a job, kept on the primary (or, for a Slurm job, in its folder on the login host); per rank with
-    --rank."""
+    """Output of a job, kept on the primary (or, for a Slurm job, in its folder on the login host; for a Kubernetes
+    job, its pods'); per rank with --rank."""
     ref = jobrecords.check_job_ref(job or "last")
     if tail is not None and tail < 0:
         raise BadInput(f"--tail: {tail} is below 0", hint="give the number of lines to show, e.g. --tail 50")
     cfg, identity, state = recorded(name, config)
     if record := slurm_job(ref, state):
         slurm_cli.logs(record, rank, follow, tail, cfg.connect_timeout, slurm_cli.printer(record.launcher))
+        return
+    if (ref != "last" or state is None) and (k8s_record := k8sjobs.resolve(ref)):
+        k8s_cli.logs(k8s_record, rank, follow, tail)
         return
     state = need_state(cfg, identity, state)
     primary = state.primary

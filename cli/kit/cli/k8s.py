@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -22,33 +23,58 @@ from kit.cli.common import console, err_console
 
 def job_files(folder: Path) -> dict[str, tuple[bytes, bool]]:
     """The job's folder as a job's folder is copied (.kitignore and kit's defaults leave files out): path ->
-    (content, executable)."""
+    (content, executable). A link to a file of the folder is carried as that file; any other link is left out, and
+    said: its target may be anything of this machine's. Sizes are added up before any file is read."""
     found = scan(folder, Ignore.of(folder))
-    return {rel: ((folder / rel).read_bytes(), os.access(folder / rel, os.X_OK)) for rel in found.files}
+    links = sorted(rel for rel in found.files if (folder / rel).is_symlink() and not _inside(folder / rel, folder))
+    kept = [rel for rel in found.files if rel not in links]
+    if links:
+        err_console.print(f"kit: left out {len(links)} link(s) of the job's folder (a ConfigMap carries files, not "
+                          f"links): {', '.join(links[:5])}{' ...' if len(links) > 5 else ''}", markup=False,
+                          highlight=False)
+    sizes = {rel: (folder / rel).stat().st_size for rel in kept}
+    if (total := sum(sizes.values())) > k8s.CONFIGMAP_BYTES:
+        largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+        raise BadInput(f"the job's folder {folder} holds {total // 1024} KiB, more than the "
+                       f"{k8s.CONFIGMAP_BYTES // 1024} KiB kit puts in a ConfigMap (largest: "
+                       + ", ".join(f"{rel} {sizes[rel] // 1024} KiB" for rel in largest) + ")",
+                       hint="put the folder on a PersistentVolumeClaim and give --workspace-pvc NAME, or leave "
+                            "large files out with .kitignore")
+    return {rel: ((folder / rel).read_bytes(), os.access(folder / rel, os.X_OK)) for rel in kept}
+
+
+def _inside(link: Path, folder: Path) -> bool:
+    return link.resolve().is_relative_to(folder) and link.resolve().is_file()
 
 
 def make_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: str,
              variables: tuple[tuple[str, str], ...], namespace: Optional[str], workspace_pvc: Optional[str],
-             name: str) -> k8s.K8sJob:
-    """With a PVC, SCRIPT is its path on the volume and nothing here is read; else the script's folder is the job's."""
-    if workspace_pvc is not None:
-        return k8s.K8sJob(name, kind, launcher, script.as_posix(), tuple(args), shape, image, {}, variables,
-                          namespace, workspace_pvc)
-    if not script.is_file():
-        raise BadInput(f"{script}: no such file", hint="give the training script's path (or, with --workspace-pvc, "
-                       "its path on the volume)")
-    folder = script.resolve().parent
-    return k8s.K8sJob(name, kind, launcher, script.name, tuple(args), shape, image, job_files(folder), variables,
-                      namespace, workspace_pvc)
+             pull_secret: Optional[str], name: str) -> k8s.K8sJob:
+    """With a PVC, SCRIPT is its path on the volume and nothing here is read; else the script's folder is the job's
+    (as kit run takes it: the folder the path names, its links resolved)."""
+    job = k8s.K8sJob(name, kind, launcher, script.as_posix(), tuple(args), shape, image, {}, variables, namespace,
+                     workspace_pvc, pull_secret)
+    if workspace_pvc is None:
+        if not script.is_file():
+            raise BadInput(f"{script}: no such file", hint="give the training script's path (or, with "
+                           "--workspace-pvc, its path on the volume)")
+        job = replace(job, script=script.name)
+        k8s.check(job)  # before the folder is read
+        job = replace(job, files=job_files(script.parent.resolve()))
+        if script.name not in job.files:
+            raise BadInput(f"{script}: a link to a file outside its folder, which the job's ConfigMap does not carry",
+                           hint="run the file it leads to, or copy it into the folder")
+    k8s.check(job)
+    return job
 
 
 def secret_note(job: k8s.K8sJob) -> None:
     """Where the job's secret variables must come from: their names, never their values."""
     if names := job.secret_names:
         literal = " ".join(f"--from-literal={n}=..." for n in names)
-        err_console.print(f"kit: {', '.join(names)} are read from Secret {job.secret}, which the manifests do not hold; "
-                      f"make it first: kubectl create secret generic {job.secret} {literal}"
-                      + (f" -n {job.namespace}" if job.namespace else ""), markup=False, highlight=False)
+        err_console.print(f"kit: the job reads {', '.join(names)} from Secret {job.secret_name}, which the manifests "
+                          f"do not hold; make it first: kubectl create secret generic {job.secret_name} {literal}"
+                          + (f" -n {job.namespace}" if job.namespace else ""), markup=False, highlight=False)
 
 
 def write(text: str, output: Optional[Path], writable) -> None:
@@ -57,22 +83,29 @@ def write(text: str, output: Optional[Path], writable) -> None:
         return
     path = writable(output.absolute())
     path.write_text(text)
-    console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply -f {escape(path.name)}", highlight=False)
+    console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",
+                  highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------ kit run --on k8s
 
 def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
-    """Apply the job where the current kube context answers, and follow it to its end (or return, with --detach)."""
+    """Apply the job where the current kube context answers, and follow it to its end (or return, with --detach).
+    What kit applied is deleted when the apply fails half-way, when Ctrl-C or a pod that cannot start ends the
+    follow; the job's Secret once the job ended."""
     runner = LocalRunner("kubectl")
     context = k8sjobs.check_cluster(runner)
     text = k8s.render(job)
     secret = {n: v for n, v in job.variables if n in job.secret_names}
     record = k8sjobs.K8sRecord(job_id, job.name, job.kind, context, job.namespace, job.launcher, job.script,
                                job.shape.ranks, time.time(),
-                               k8sjobs.objects(list(yaml.safe_load_all(text)), bool(secret)))
+                               k8sjobs.objects(job.name, list(yaml.safe_load_all(text)), bool(secret)))
     k8sjobs.save(record)
-    k8sjobs.apply(runner, record, text, secret)
+    try:
+        k8sjobs.apply(runner, record, text, secret)
+    except KitError:
+        _give_up(runner, record, "failed")
+        raise
     console.print(f"kit: job {job_id} is {job.kind} {job.name} in kube context {escape(context)}"
                   + (f", namespace {job.namespace}" if job.namespace else "") + f": {escape(sbatch.describe(job))}",
                   highlight=False)
@@ -83,11 +116,21 @@ def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
     try:
         ending = k8sjobs.follow(runner, record, show)
     except KeyboardInterrupt:
-        k8sjobs.delete(runner, record)
-        k8sjobs.ended(record, k8sjobs.Ending("stopped"))
+        _give_up(runner, record, "stopped")
         raise KitError(f"job {job_id} interrupted: its objects were deleted", hint="kit run starts it again") from None
+    except KitError:
+        _give_up(runner, record, "failed")
+        raise
+    k8sjobs.forget_secret(runner, record)
     k8sjobs.ended(record, ending)
     report(job_id, ending)
+
+
+def _give_up(runner: LocalRunner, record: k8sjobs.K8sRecord, state: str) -> None:
+    try:
+        k8sjobs.delete(runner, record)
+    finally:
+        k8sjobs.ended(record, k8sjobs.Ending(state))
 
 
 def show(pod: str, rank: int | None, text: str) -> None:
@@ -110,12 +153,29 @@ def report(job_id: str, ending: k8sjobs.Ending) -> None:
 
 
 def stop(record: k8sjobs.K8sRecord) -> str:
+    """Delete what kit applied for the job, running or ended (an ended job's pods, ConfigMap and Secret stay until
+    then)."""
+    k8sjobs.delete(LocalRunner("kubectl"), record)
     if record.ended:
-        return f"job {record.id} is not running ({record.ended['state']}); nothing to stop"
-    runner = LocalRunner("kubectl")
-    k8sjobs.delete(runner, record)
+        return f"job {record.id} had ended ({record.ended['state']}): {', '.join(record.objects)} deleted"
     k8sjobs.ended(record, k8sjobs.Ending("stopped"))
     return f"[green]✓[/] job {record.id} stopped: {', '.join(record.objects)} deleted"
+
+
+def logs(record: k8sjobs.K8sRecord, rank: Optional[int], follow: bool, tail: Optional[int]) -> None:
+    """What the job's pods printed (the last `tail` lines of each), and with follow what they print until it ends."""
+    runner = LocalRunner("kubectl")
+
+    def shown(pod: str, r: int | None, text: str) -> None:
+        if rank is None or r == rank:
+            show(pod, r, text)
+    if follow and not record.ended:
+        ending = k8sjobs.follow(runner, record, shown)
+        console.print(f"kit: job {record.id} {ending.state}" +
+                      (f" (exit {ending.exit_code})" if ending.exit_code is not None else ""), highlight=False)
+        return
+    for pod in k8sjobs.pods(runner, record):
+        k8sjobs.pod_logs(runner, record, pod["metadata"]["name"], shown, follow=False, tail=tail)
 
 
 def rows() -> list[dict]:
