@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import kit, lab_cluster, make_project
+from harness import kit, lab_cluster, make_project, wait_for
 from helpers import REPO
 
 pytestmark = pytest.mark.lab
@@ -182,6 +182,8 @@ def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster
     finally:
         proc.kill()
         h2.docker("start", "kit-lab")
+        # the cluster whole again before the next test counts what listens: its sshd up, not only started
+        wait_for(f"the restarted container's sshd on {h2.name}", lambda: h2.listening(12345), timeout=60)
 
 
 def last_job(project, lab) -> dict:
