@@ -289,11 +289,9 @@ def _trainjob(job: K8sJob) -> dict:
                "numProcPerNode": s.nproc_per_node, "env": container["env"]}
     if "resources" in container:
         trainer["resourcesPerNode"] = container["resources"]
-    spec = {"volumes": _volumes(job), "containers": [{"name": "node", "volumeMounts": container["volumeMounts"]}]}
-    if job.pull_secret:
-        spec["imagePullSecrets"] = [{"name": job.pull_secret}]
-    pod = {"metadata": {"labels": {LABEL: job.name}}, "spec": spec}
-    node = {"name": "node", "template": {"spec": {"template": pod}}}
+    spec = {"volumes": _volumes(job), "containers": [{"name": "node", "volumeMounts": container["volumeMounts"]}],
+            **_pull(job)}
+    node = {"name": "node", "template": {"spec": {"template": {"metadata": _pod_meta(job), "spec": spec}}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job),
             "spec": {"runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
                                     "kind": "ClusterTrainingRuntime"},
@@ -308,10 +306,17 @@ def _pod(job: K8sJob, container: dict, subdomain: str | None = None) -> dict:
     spec = {"restartPolicy": "Never"}
     if subdomain:
         spec["subdomain"] = subdomain
-    spec |= {"containers": [container], "volumes": _volumes(job)}
-    if job.pull_secret:
-        spec["imagePullSecrets"] = [{"name": job.pull_secret}]
-    return {"metadata": {"labels": {LABEL: job.name}}, "spec": spec}
+    spec |= {"containers": [container], "volumes": _volumes(job), **_pull(job)}
+    return {"metadata": _pod_meta(job), "spec": spec}
+
+
+def _pod_meta(job: K8sJob) -> dict:
+    """The label kit (and the job's Service) finds the job's pods by."""
+    return {"labels": {LABEL: job.name}}
+
+
+def _pull(job: K8sJob) -> dict:
+    return {"imagePullSecrets": [{"name": job.pull_secret}]} if job.pull_secret else {}
 
 
 def _volumes(job: K8sJob) -> list[dict]:

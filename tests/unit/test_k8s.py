@@ -477,3 +477,12 @@ def test_an_apply_that_fails_half_way_deletes_what_it_made(tmp_path, fake_kubect
     assert last[1] == "delete" and any(a.startswith("secret/") for a in last)
     listed = run_kit("jobs", "--json", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     assert [json.loads(line)["state"] for line in listed.stdout.splitlines()] == ["failed"]
+
+
+@pytest.mark.parametrize("kind, launcher", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+def test_an_image_pull_secret_reaches_every_pod(kind, launcher):
+    from k8sschemas import problems_in_stream
+    text = k8s.render(job(kind, launcher, pull_secret="regcred"))
+    assert problems_in_stream(text) == []
+    specs = list(_find(list(yaml.safe_load_all(text)), lambda d: isinstance(d, dict) and "volumes" in d))
+    assert specs and all(s.get("imagePullSecrets") == [{"name": "regcred"}] for s in specs), kind

@@ -133,13 +133,20 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
     shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
     text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
                                    time_limit, output.name if output else "THIS_FILE")
+    if path := _write_out(text, output):
+        console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where "
+                      f"{escape(script.as_posix())} leads to the script, on storage every node sees: "
+                      f"sbatch {escape(path.name)}", highlight=False)
+
+
+def _write_out(text: str, output: Optional[Path]) -> Optional[Path]:
+    """A job's script or manifests: to stdout (None), or to the file -o names (its path)."""
     if output is None:
         print(text, end="")
-        return
+        return None
     path = writable(output.absolute())
     path.write_text(text)
-    console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where {escape(script.as_posix())} "
-                  f"leads to the script, on storage every node sees: sbatch {escape(path.name)}", highlight=False)
+    return path
 
 
 def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
@@ -151,7 +158,9 @@ def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: st
     k8s.check_kind(kind)
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
                            workspace_pvc, pull_secret, k8s.job_name(script.as_posix()))
-    k8s_cli.write(k8s.render(job), output, writable)
+    if path := _write_out(k8s.render(job), output):
+        console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",
+                      highlight=False)
     k8s_cli.secret_note(job)
 
 

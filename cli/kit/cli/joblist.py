@@ -93,9 +93,12 @@ def the_job(job: str, name: Optional[str], config: Optional[Path]):
 
 def slurm_job(ref: str, state: st.ClusterState | None) -> slurmjobs.SlurmRecord | None:
     """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
-    if ref == "last" and state is not None:
-        return None
-    return slurmjobs.resolve(ref)
+    return None if ref == "last" and state is not None else slurmjobs.resolve(ref)
+
+
+def k8s_job(ref: str, state: st.ClusterState | None) -> k8sjobs.K8sRecord | None:
+    """The Kubernetes job a reference names, as slurm_job."""
+    return None if ref == "last" and state is not None else k8sjobs.resolve(ref)
 
 
 JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "
@@ -123,7 +126,7 @@ def stop(
     if slurm_record := slurm_job(job, state):
         console.print(slurm_cli.stop(slurm_record, cfg.connect_timeout))
         return
-    if (job != "last" or state is None) and (k8s_record := k8sjobs.resolve(job)):
+    if k8s_record := k8s_job(job, state):
         console.print(k8s_cli.stop(k8s_record))
         return
     with the_job(job, name, config) as (state, nodes, record):

@@ -10,14 +10,14 @@ import typer
 from rich.markup import escape
 
 from kit.steps.preflight import recorded_nodes
-from kit import jobcontrol, jobrecords, jobs, k8sjobs
+from kit import jobcontrol, jobrecords, jobs
 from kit.commands.horovod import exit_report, split_rank
 from kit.errors import BadInput
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, recorded, reports_errors
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.jobs import job_printer, report
-from kit.cli.joblist import JOB, slurm_job, the_job
+from kit.cli.joblist import JOB, k8s_job, slurm_job, the_job
 
 
 @app.command()
@@ -40,7 +40,7 @@ def logs(
     if record := slurm_job(ref, state):
         slurm_cli.logs(record, rank, follow, tail, cfg.connect_timeout, slurm_cli.printer(record.launcher))
         return
-    if (ref != "last" or state is None) and (k8s_record := k8sjobs.resolve(ref)):
+    if k8s_record := k8s_job(ref, state):
         k8s_cli.logs(k8s_record, rank, follow, tail)
         return
     state = need_state(cfg, identity, state)

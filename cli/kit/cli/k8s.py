@@ -77,16 +77,6 @@ def secret_note(job: k8s.K8sJob) -> None:
                           + (f" -n {job.namespace}" if job.namespace else ""), markup=False, highlight=False)
 
 
-def write(text: str, output: Optional[Path], writable) -> None:
-    if output is None:
-        print(text, end="")
-        return
-    path = writable(output.absolute())
-    path.write_text(text)
-    console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",
-                  highlight=False)
-
-
 # ------------------------------------------------------------------------------------------------ kit run --on k8s
 
 def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
