@@ -13,8 +13,12 @@
 #   overrides kit's pinned known_hosts: anyone could impersonate a worker. It is
 #   turned back on; kit's known_hosts holds every container's key.
 # - Horovod's servers listen on every interface, on any port: they listen on the
-#   host's cluster address, on a port of its ephemeral range (see below); the
-#   rendezvous of a job on one host on the address its ranks are given (loopback).
+#   host's cluster address, on a port of its ephemeral range (see below); a job's
+#   rendezvous on the address its ranks are given (the primary's on the training
+#   network kit chose, or loopback for a job on this host alone).
+# - A process set's Gloo device (the global set's too, over which every collective
+#   goes) ignores HOROVOD_GLOO_IFACE and takes the address the host's name resolves to:
+#   it takes the interface the global context was given (the training network kit chose).
 # - A rank waiting for an operation (torch's synchronize) spins a core, which starves
 #   Gloo's own threads where ranks share cores: it polls with short sleeps instead.
 # - horovodrun imports distutils, which Python 3.12 removed: shutil.which instead.
@@ -98,11 +102,12 @@ if "_kit_bind_address" not in text:
         old_addr, "addr = (_kit_bind_address(), port)")
     text += """
 
-_kit_address = None  # set by gloo_run for the rendezvous of a job on this host alone: loopback
+_kit_address = None  # set by gloo_run for its rendezvous: the address its ranks are sent to
 
 
 def _kit_bind_address():
-    # kit: the host's cluster address, so that Horovod's servers listen on the cluster network only.
+    # kit: the host's cluster address (a rendezvous: where its ranks are sent), so that Horovod's servers listen
+    # on the cluster's networks only.
     if _kit_address:
         return _kit_address
     try:
@@ -123,8 +128,9 @@ def _kit_port_range():
 """
     open(path, "w").write(text)
 PATCH
-# The rendezvous of a static Gloo job on this host alone listens on loopback, where horovodrun sends such ranks (it
-# refuses any other interface for them); every other job's, on the cluster address as above.
+# The rendezvous of a static Gloo job listens on the address horovodrun sends its ranks to (its driver's, on the
+# interface kit names: the training network; loopback for a job on this host alone, where horovodrun refuses any
+# other interface), and on no other.
 python - "$src/horovod/runner/gloo_run.py" <<'PATCH'
 import sys
 path = sys.argv[1]
@@ -133,8 +139,23 @@ old = "    global_rendezv_port = rendezvous.start()\n    rendezvous.init(host_al
 if "_kit_address" not in text:
     if text.count(old) != 1:
         sys.exit(f"build_horovod.sh: {path} starts its rendezvous differently than kit expects; see kit's patch")
-    text = text.replace(old, "    if server_ip.startswith('127.'):  # kit: a job on this host alone: its ranks are sent to loopback\n"
-                             "        network._kit_address = server_ip\n" + old)
+    text = text.replace(old, "    network._kit_address = server_ip  # kit: where its ranks are sent, and only there\n" + old)
+    open(path, "w").write(text)
+PATCH
+# Every collective goes over a process set's Gloo context (the global set is one), whose device Horovod 0.28 makes
+# with no interface: the address of the host's name, whatever HOROVOD_GLOO_IFACE says. It takes the global context's.
+python - "$src/horovod/common/gloo/gloo_context.cc" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+start = text.find("void GlooContext::InitializeForProcessSet(")
+old = "  device_attr.iface = gloo_iface_;\n"
+if "kit: the process set's device" not in text:
+    if start < 0 or text.find(old, start) < 0:
+        sys.exit(f"build_horovod.sh: {path} makes a process set's Gloo device differently than kit expects")
+    at = text.find(old, start)
+    text = (text[:at] + "  gloo_iface_ = global_context.gloo_iface_;  // kit: the process set's device on HOROVOD_GLOO_IFACE\n"
+            + text[at:])
     open(path, "w").write(text)
 PATCH
 # torch's synchronize() waits for an operation by polling in a loop that only yields: a whole core a rank. Where

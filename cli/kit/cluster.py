@@ -16,9 +16,10 @@ from kit.flavors import framework, uses_gpus
 from kit.fanout import fan_out
 from kit.identity import Identity, Owner
 from kit.inventory import Host
+from kit.network import measure, rdma
 from kit.place import Place
 from kit.runners import DryRunner, Runner
-from kit.steps import check, containers, distribute, image as img, keys, preflight, sharing, storage
+from kit.steps import check, containers, distribute, image as img, keys, network, preflight, sharing, storage
 from kit.steps.facts import HostFacts
 from kit.steps.node import Node
 from kit.steps.storage import Storage
@@ -127,6 +128,9 @@ class Up:
     image: img.LocalImage | None = None
     sent: "distribute.Sent | None" = None  # what the image step moved, for the summary
     left: list[Node] = field(default_factory=list)  # hosts no longer in hosts.txt, where kit removed the cluster
+    network_where: str = "cluster.network"  # where the setting comes from (kit.yaml:LINE), for its errors
+    network: measure.Decision | None = None  # the training network (measured, or as the last up recorded it)
+    network_note: str = ""               # why it is not what the survey measured, where it is not
 
     @property
     def storage(self) -> Storage:
@@ -172,6 +176,8 @@ class Up:
         gpu = uses_gpus(self.flavor)
         self._step("preflight", nodes, lambda n: preflight.check(n, self.cfg, self.image.id, self.image.size, gpu,
                                                                  nodes[0].address, self.identity.owner), "checking")
+        if not any(n.host.local for n in nodes):
+            measure.check_setting(nodes, self.cfg.network, self.network_where)
 
     def _remove_left(self, hosts: list[Host]) -> None:
         """Hosts that the last up recorded and hosts.txt no longer lists: what kit made there goes first, while
@@ -210,7 +216,7 @@ class Up:
             cluster=self.cfg.name, image=self.image.tag, image_id=self.image.id, ssh_port=self.cfg.ssh_port,
             workspace=self.cfg.workspace_path, hosts=hosts, checked_image_id=old.checked_image_id if old else "",
             storage=s.mode, nfs_server=s.nfs_server, flavor=self.flavor, cuda=self.image.cuda or "",
-            shm_size=self.cfg.shm_size or ""))
+            shm_size=self.cfg.shm_size or "", network=old.network if old else {}))
 
     def _makes_workspace(self, n: Node) -> bool:
         """A host without the workspace folder makes it; the local cluster's one folder is the primary's to
@@ -272,7 +278,8 @@ class Up:
             # On the host's network the container takes the host's name, which must resolve (Gloo).
             names = ((n.facts.hostname, n.address),) if n.facts.hostname and not n.place.private else ()
             spec = ContainerSpec(self.cfg, n.place, self.image.tag, self.image.id, gpus=uses_gpus(self.flavor),
-                                 memlock=n.facts.memlock, add_hosts=names, owner=self.identity.owner)
+                                 memlock=n.facts.memlock, add_hosts=names, owner=self.identity.owner,
+                                 rdma=rdma.rdma_devices(n.facts.links) if uses_gpus(self.flavor) else ())
             if spec.memlock != "-1:-1":
                 n.notes.append(f"memlock is capped at {n.facts.memlock_kb} KiB: the host does not let Docker "
                                "raise it (no CAP_SYS_RESOURCE); RDMA transports need it unlimited")
@@ -285,6 +292,7 @@ class Up:
         check.ssh_mesh(nodes[0], nodes, self.cfg)
         if self.storage.shared:
             check.shared_workspace(nodes[0], nodes[1:], self.cfg.workspace_path)
+        self._network(nodes)
         state = st.load(self.identity.folder)
         new_image = state.checked_image_id != self.image.id
         if new_image:  # the answer depends on the image alone
@@ -295,11 +303,16 @@ class Up:
         if self.flavor == "gpu" and (new_image or any(n.changes for n in nodes)):  # the hosts' GPUs, through NCCL
             for n in nodes:
                 self.progress.status(n.name, "CUDA allreduce through NCCL")
-            found = check.cuda_check(nodes[0], nodes, {h.name: h.slots or 1 for h in state.hosts}, self.cfg)
+            found = check.cuda_check(nodes[0], nodes, state, self.cfg)
             for n in nodes:
                 n.notes.append(found.get(n.name, "no rank reported from this host's GPUs"))
         for n in nodes:
             self.progress.status(n.name, "ready")
+
+    def _network(self, nodes: list[Node]) -> None:
+        for n in nodes:
+            self.progress.status(n.name, "which network joins the hosts")
+        self.network, self.network_note = network.choose(nodes, self.identity.folder, self.cfg.network)
 
 
 # ---------------------------------------------------------------- status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +30,8 @@ HINTS: dict[str, str] = {
                  "(`docker tag IMAGE NAME:TAG` gives one a tag)",
     "storage": "use one of: copy (the default), sshfs, nfs",
     "nfs_server": "use server:/absolute/path of an existing NFS export, or leave it out to export from the primary",
+    "network": "use a subnet that every host has an address on, e.g. 10.232.0.0/24, or ssh for the hosts.txt network; "
+               "leave it out and kit chooses the fastest that joins every host",
     "mounts": "write each as HOST_PATH:CONTAINER_PATH[:ro|:rw] (read-only unless :rw) with absolute paths of letters, "
               "digits and . _ - /, e.g. [/data/imagenet:/data/imagenet]; neither a system folder, kit's folders nor "
               "the workspace",
@@ -105,6 +108,7 @@ class ClusterConfig(BaseModel):
     storage: Literal["copy", "sshfs", "nfs"] = "copy"  # how every host sees the workspace (kit/steps/storage.py)
     nfs_server: str | None = None  # storage nfs: an existing export (server:/path); default: the primary exports
     mounts: tuple[str, ...] = ()   # host folders in every container: HOST:CONTAINER[:ro|:rw], kept as HOST:CONTAINER:ro
+    network: str | None = None     # the training network: a subnet, or ssh (hosts.txt's); None: kit measures (kit.network)
 
     @field_validator("name")
     @classmethod
@@ -184,6 +188,20 @@ class ClusterConfig(BaseModel):
         if twice := next((t for t in targets if targets.count(t) > 1), None):
             raise ValueError(f"two entries mount at the container path {twice}")
         return tuple(str(m) for m in found)
+
+    @field_validator("network")
+    @classmethod
+    def _network(cls, v: str | None) -> str | None:
+        """ssh, or an IPv4 subnet, written as its network (10.232.0.7/24 -> 10.232.0.0/24)."""
+        if v is None or v == "ssh":
+            return v
+        try:
+            net = ipaddress.IPv4Network(str(v), strict=False)
+        except ValueError:
+            raise ValueError(f"'{v}' is neither a subnet (e.g. 10.232.0.0/24) nor ssh") from None
+        if "/" not in str(v) or net.prefixlen == 32 or net.is_loopback or net.is_link_local:
+            raise ValueError(f"'{v}' is not a subnet that hosts share (give its prefix, e.g. 10.232.0.0/24)")
+        return str(net)
 
     @property
     def bind_mounts(self) -> tuple[Mount, ...]:

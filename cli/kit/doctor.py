@@ -15,9 +15,12 @@ from kit import state as st
 from kit.config import ClusterConfig, uses_gpus
 from kit.doctor_judge import (FAIL, OK, WARN, Finding, decide_flavor, judge_across, judge_host, judge_pairs,
                               judge_workspace, unreachable)
+from kit.doctor_network import judge_candidates, judge_rdma, judge_survey
 from kit.doctor_read import read_host, read_pairs
 from kit.errors import HostsFailed, KitError
 from kit.fanout import fan_out
+from kit.network import measure
+from kit.network.measure import facts_candidates
 from kit.steps import check
 from kit.steps.node import Node
 
@@ -60,6 +63,10 @@ def examine(nodes: list[Node], cfg: ClusterConfig, image: str, state: st.Cluster
         reachable = [n for n, r in zip(nodes, readings) if not r.error and not r.container_error
                      and r.facts.container and r.facts.container.status == "running"]
         findings += _mesh(reachable, cfg.ssh_port) + _workspace(reachable, state, cfg)
+        findings += _network(nodes, reachable, state)
+    elif seen := [n for n, r in zip(nodes, readings) if not r.error]:
+        findings += judge_candidates(facts_candidates(seen)[0]) if len(seen) > 1 else []
+    findings += [f for r in readings if not r.error for f in judge_rdma(r, uses_gpus(flavor), up)]
     findings += doctor_slurm.examine(nodes, readings, slurm)
     order = {n.name: i for i, n in enumerate(nodes)}
     findings.sort(key=lambda f: order.get(f.host, len(order)))  # stable: each host's checks in the order made
@@ -73,6 +80,18 @@ def _mesh(nodes: list[Node], port: int) -> list[Finding]:
     seen = fan_out("SSH between the containers", nodes,
                    lambda n: read_pairs(n, [a for a in addresses if a != n.address]), lambda n: n.name)
     return judge_pairs({n.name: r for n, r in zip(nodes, seen)}, addresses, port)
+
+
+def _network(nodes: list[Node], reachable: list[Node], state: st.ClusterState) -> list[Finding]:
+    """The training network as kit up recorded it, and what the survey finds from the containers now."""
+    if len(nodes) < 2 or state.local or len(reachable) != len(nodes):
+        return []  # (a host that cannot be read has its own finding; the survey needs every container)
+    recorded = measure.recorded(state)
+    try:
+        fresh, error = measure.survey(nodes, recorded.setting if recorded and recorded.setting else None), ""
+    except KitError as e:
+        fresh, error = None, str(e)
+    return judge_survey([n.name for n in nodes], fresh, recorded.decision if recorded else None, error, nodes[0].name)
 
 
 def _workspace(nodes: list[Node], state: st.ClusterState, cfg: ClusterConfig) -> list[Finding]:

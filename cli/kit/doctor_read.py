@@ -18,6 +18,7 @@ from kit.commands.docker import command, exec_argv
 from kit.config import ClusterConfig
 from kit.errors import KitError
 from kit.hostoutput import INNER, MARK, PREFIX_INNER, inner_lines, is_number, lines, number, sections
+from kit.network.links import NAME
 from kit.place import Place
 from kit.runners import Runner
 from kit.steps import preflight
@@ -71,6 +72,9 @@ class Reading:
     workspace_free: int | None = None   # free bytes in the workspace, as the container sees it
     container_gpus: int = 0
     container_error: str = ""           # what `docker exec` said when the container did not answer
+    container_rdma: tuple[str, ...] = ()  # the files of /dev/infiniband in the container
+    container_verbs: bool | None = None   # the image has libibverbs (None: not read)
+    ib_disabled: str = ""               # NCCL_IB_DISABLE as the container sets it (its environment, /etc/nccl.conf)
 
 
 def doctor_script(place: Place, workspace: str) -> str:
@@ -86,6 +90,10 @@ def doctor_script(place: Place, workspace: str) -> str:
         f"echo '{MARK}memlock'; ulimit -l",
         f"echo '{MARK}wsdf'; df -Pk {q(workspace)} 2>/dev/null | tail -n 1",
         f"echo '{MARK}cgpus'; nvidia-smi -L 2>/dev/null",
+        f"echo '{MARK}crdma'; ls /dev/infiniband 2>/dev/null",
+        f"echo '{MARK}verbs'; ls /usr/lib/*/libibverbs.so.1 /usr/lib64/libibverbs.so.1 2>/dev/null | head -n 1",
+        f"echo '{MARK}ibdisable'; grep -hs '^[[:space:]]*NCCL_IB_DISABLE=' /etc/nccl.conf; "
+        "printenv NCCL_IB_DISABLE | sed 's/^/NCCL_IB_DISABLE=/'",
         *([f"echo '{MARK}nics'; {nics}"] if place.private else []),
     ])
     # Every listening socket (read once), and the process that holds each (its pid namespace tells the container's
@@ -179,6 +187,11 @@ def parse_doctor(reading: Reading, text: str) -> None:
     reading.memlock = c.get("memlock", "")
     reading.workspace_free = _kib(c.get("wsdf", ""))
     reading.container_gpus = len([l for l in lines(c.get("cgpus", "")) if l.startswith("GPU ")])
+    reading.container_rdma = tuple(l.strip() for l in lines(c.get("crdma", "")) if NAME.fullmatch(l.strip()))
+    reading.container_verbs = bool(c.get("verbs", "").strip())
+    said = [l.strip() for l in lines(c.get("ibdisable", "")) if re.fullmatch(r"NCCL_IB_DISABLE=[0-9A-Za-z]{1,8}",
+                                                                            l.strip())]
+    reading.ib_disabled = said[-1] if said and said[-1].split("=", 1)[1] not in ("0", "") else ""
 
 
 def read_clock(runner: Runner) -> tuple[float, float]:

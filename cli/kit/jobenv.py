@@ -27,7 +27,8 @@ RESERVED = {
     "PATH": "the image's venv must come first", "VIRTUAL_ENV": "the image's venv must come first",
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "--start-timeout sets it",
     "TF_CONFIG": "kit writes each worker's from the cluster",
-    "GLOO_SOCKET_IFNAME": "kit picks each host's interface by the cluster's subnet",
+    "GLOO_SOCKET_IFNAME": "kit gives each host its own interface on the training network (cluster.network)",
+    "KIT_RANK_NICS": "kit gives each Horovod rank its host's interface on the training network by it",
     "MASTER_ADDR": "kit places the rendezvous", "MASTER_PORT": "kit places the rendezvous",
 }
 LAUNCHER_SET = re.compile(r"HOROVOD_(RANK|SIZE|LOCAL_.*|CROSS_.*|HOSTNAME|GLOO_.*|CONTROLLER|CPU_OPERATIONS|"
@@ -42,7 +43,7 @@ AT_START = re.compile(r"PYTHON.*|LD_.*")
 SHOWN = frozenset({
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
-    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE",
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_P2P_DISABLE",
     "NCCL_SHM_DISABLE", "NCCL_ALGO", "NCCL_PROTO",
     "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "PYTORCH_CUDA_ALLOC_CONF",
     "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_LOG_LEVEL", "HOROVOD_HIERARCHICAL_ALLREDUCE",

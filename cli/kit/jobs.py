@@ -22,13 +22,15 @@ from typing import Callable
 
 from kit import jobenv, state as st
 from kit.commands.docker import command, exec_argv
-from kit.commands.horovod import Failures, HorovodOptions, common_interfaces, exit_report, split_rank
+from kit.commands.horovod import Failures, HorovodOptions, exit_report, split_rank
 from kit.commands.launchers import tf_config
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.jobcontrol import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
                             parse_ending, parse_reaped, reap, stop)
 from kit.jobrecords import _int
+from kit.network import measure
+from kit.network.choose import Member
 from kit.steps import workspace
 from kit.steps.image import chunks
 from kit.steps.node import Node
@@ -74,6 +76,7 @@ class Job:
     placed: tuple[Slot, ...] = ()          # torchrun, tf: the host of each rank
     nproc: int | None = None               # torchrun: processes a host (None: its slots)
     policy: Policy = Policy()
+    network: tuple[tuple[str, str], ...] = ()  # horovod: the training network's variables for horovodrun's ranks
 
     @property
     def folder(self) -> str:
@@ -109,7 +112,8 @@ class Job:
         variables."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
-        env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout)}
+        env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout),
+               **dict(self.network)}
         if self.env:
             env["KIT_ENV"] = "1"  # each rank must find the job's variables
         written = {"plan.json": self.plan().dump(), **({"environment": jobenv.names(self.env)} if self.env else {})}
@@ -131,26 +135,33 @@ def free_port(node: Node) -> int:
 
 
 def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list[Slot], rank_cmd: list[str],
-           nproc: int | None) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
+           nproc: int | None, members: dict[str, Member]) -> tuple[tuple[NodeCommand, ...], tuple[Slot, ...]]:
     """torchrun or tf: each host's command, and the host of each rank. tf: a port for each worker, picked free on
     the hosts now (torchrun's store port is picked by the supervisor at each launch). slots: the job's hosts, in the
-    order of their node ranks (the state's, or -H's); nodes: at least theirs."""
+    order of their node ranks (the state's, or -H's); nodes: at least theirs; members: each host's interface and
+    address on the training network (kit.network.measure.route)."""
     hosts = [state.host(s.host) for s in slots]
+    hca = measure.ib_hca({s.host: members[s.host] for s in slots})
     if launcher == "torchrun":
-        addresses = {h.name: h.address for h in hosts}
         commands = []
         for h, slot in zip(hosts, slots):  # nodes, rank, store address and port are the launch's: the supervisor's
-            nic = common_interfaces({h.name: [tuple(x) for x in h.interfaces]}, addresses)[0]
             commands.append(NodeCommand(h.name, h.address, (
-                "env", f"GLOO_SOCKET_IFNAME={nic}", f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
+                "env", *network_env(members[h.name].iface, hca), f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
                 *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, MASTER_ADDR, MASTER_PORT, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
     by_name = {n.name: n for n in nodes}
     ports = fan_out("finding free ports", [by_name[s.host] for s in slots], free_port, lambda n: n.name)
-    workers = [f"{h.address}:{p}" for h, p in zip(hosts, ports)]
-    commands = [NodeCommand(h.name, h.address, ("env", f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
+    workers = [f"{s.talks_at}:{p}" for s, p in zip(slots, ports)]
+    commands = [NodeCommand(h.name, h.address, ("env", *network_env(members[h.name].iface, hca),
+                                                f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
+
+
+def network_env(iface: str, hca: str) -> list[str]:
+    """A host's variables for the training network: its interface for Gloo and NCCL, and NCCL_IB_HCA where the
+    network has RDMA ports."""
+    return [f"GLOO_SOCKET_IFNAME={iface}", f"NCCL_SOCKET_IFNAME={iface}", *([f"NCCL_IB_HCA={hca}"] if hca else [])]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`kit bench net`: the raw TCP throughput between every two hosts of the cluster, both ways, as a matrix.
 
 A small helper (standard library only, sent as `python -c`) runs in the containers: the receiver listens on its
-cluster address, the sender streams for a few seconds, the receiver times the bytes from the first to the last.
+address on the training network (kit.network: where the ranks talk), the sender streams to it for a few seconds, the receiver times the bytes from the first to the last.
 Pairs run in rounds where no host is in two pairs (a round-robin schedule), so each figure is one link's alone and
 a round of n hosts takes as long as one pair.
 """
@@ -93,9 +93,10 @@ def helper_command(node: Node, seconds: float, *args: str) -> str:
                     *exec_argv(node.place.container, helper_argv(*args))])
 
 
-def measure(sender: Node, receiver: Node, seconds: float = SECONDS) -> Link:
-    """One link: the receiver listens on a free port of its cluster address and says which, the sender streams to
-    it for `seconds`, the receiver says how many bytes came in how long."""
+def measure(sender: Node, receiver: Node, seconds: float = SECONDS, at: str = "") -> Link:
+    """One link: the receiver listens on a free port of its address `at` (default: its cluster address) and says
+    which, the sender streams to it for `seconds`, the receiver says how many bytes came in how long."""
+    at = at or receiver.address
     lines: list[str] = []
     listening = threading.Event()
 
@@ -104,27 +105,30 @@ def measure(sender: Node, receiver: Node, seconds: float = SECONDS) -> Link:
         listening.set()
     code: list[int] = []
     listener = threading.Thread(target=lambda: code.append(receiver.runner.stream_out(
-        helper_command(receiver, seconds, "recv", receiver.address, "0", str(seconds)), on_line)))
+        helper_command(receiver, seconds, "recv", at, "0", str(seconds)), on_line)))
     listener.start()
     ready = listening.wait(CONNECT_S + 30)
     port = json.loads(lines[0]).get("port") if ready and lines[0].startswith("{") else None
-    sent = sender.runner.run(helper_command(sender, seconds, "send", receiver.address, str(port), str(seconds))) \
+    sent = sender.runner.run(helper_command(sender, seconds, "send", at, str(port), str(seconds))) \
         if port else None
     listener.join()
     if not (port and sent.ok and code == [0] and len(lines) > 1):
         said = "\n".join(lines[-5:]) if not sent or sent.ok else sent.tail()
-        raise KitError(f"the throughput test from {sender.name} to {receiver.name} ({receiver.address}) failed",
+        raise KitError(f"the throughput test from {sender.name} to {receiver.name} ({at}) failed",
                        host=receiver.name if not sent or sent.ok else sender.name, command="kit's throughput helper",
                        output_tail=said, hint="run `kit doctor`: it names what keeps the hosts from each other")
     figures = json.loads(lines[-1])
     return Link(sender.name, receiver.name, figures["bytes"] * 8 / max(figures["seconds"], 1e-9) / 1e9)
 
 
-def bench_net(nodes: list[Node], seconds: float = SECONDS, on_link=lambda link: None) -> list[Link]:
-    by_name = {n.name: n for n in nodes}
+def bench_net(nodes: list[Node], seconds: float = SECONDS, on_link=lambda link: None,
+              at: dict[str, str] | None = None) -> list[Link]:
+    """Every link, both ways; at: each host's address to measure at (default: its cluster address)."""
+    by_name, at = {n.name: n for n in nodes}, at or {}
     links = []
     for pairs in rounds([n.name for n in nodes]):
-        found = fan_out("the throughput test", pairs, lambda p: measure(by_name[p[0]], by_name[p[1]], seconds),
+        found = fan_out("the throughput test", pairs, lambda p: measure(by_name[p[0]], by_name[p[1]], seconds,
+                                                                        at.get(p[1], "")),
                         lambda p: f"{p[0]} -> {p[1]}")
         for link in found:
             on_link(link)

@@ -72,11 +72,12 @@ def wait_listening(address, port, deadline, every=0.5):
 
 def node_env(env, deadline):
     """What srun would tell this node's tasks (SLURM_*, and kit's KIT_NODES), from the pods: the job's pods by DNS
-    name, this one by its index; the ranks talk over the interface of this pod's address."""
+    name, this one by its index; the ranks talk over the interface of this pod's address (a pod has one network, the
+    cluster's: no survey)."""
     index, names = int(env["JOB_COMPLETION_INDEX"]), env["KIT_POD_NAMES"].split()
     nodes = [(name.split(".")[0], resolve(name, deadline)) for name in names]
     ntasks = str(len(nodes) * int(env["KIT_TASKS_PER_NODE"]))
-    return dict(env, KIT_NODES=" ".join("%s=%s" % n for n in nodes), KIT_SUBNET=nodes[index][1] + "/32",
+    return dict(env, KIT_NODES=" ".join("%s=%s" % n for n in nodes), KIT_SUBNET=nodes[index][1] + "/32", KIT_SURVEY="0",
                 SLURM_NODEID=str(index), SLURM_JOB_ID=env["KIT_JOB_ID"], SLURM_NTASKS=ntasks, KIT_NTASKS=ntasks)
 
 

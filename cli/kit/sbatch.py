@@ -15,6 +15,7 @@ from kit import slurmtask
 from kit.commands.horovod import rank_launcher
 from kit.config import SlurmConfig
 from kit.errors import BadInput
+from kit.network import shipped as network_script
 from kit.recipe import render_template
 from kit.supervisor.launch import TORCHRUN_PREFIX
 
@@ -122,6 +123,7 @@ def render(job: SbatchJob) -> str:
         tasks_per_node=job.shape.tasks_per_node, gpus_per_node=job.shape.gpus_per_node,
         partition=job.slurm.partition, account=job.slurm.account, time=job.slurm.time,
         task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
+        net_source=network_script.script(),
         job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,
         nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,
         python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)), port_base=JOB_PORT_BASE,

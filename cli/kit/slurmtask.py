@@ -20,9 +20,13 @@ import sys
 
 # kit's own imports with neither the job's folder nor PYTHONPATH on the path (a json.py of the job's replaces none of
 # them), then the path as Python gave it: the nodes' torch or Horovod may come from PYTHONPATH (`module load`).
-_GIVEN, sys.path[:] = list(sys.path), [p for p in sys.path if p not in ("", os.getcwd(), *os.environ.get(
-    "PYTHONPATH", "").split(os.pathsep))]
+def _kits_own(path):
+    return [p for p in path if p not in ("", os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+
+
+_GIVEN, sys.path[:] = list(sys.path), _kits_own(sys.path)
 import fcntl  # noqa: E402
+import importlib.util  # noqa: E402
 import ipaddress  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -155,14 +159,44 @@ def start_at(server, port):
     return port
 
 
+def training_network(env, nodes):
+    """This node's interface and address, and every node's address, on the network the ranks train over: what the
+    job's survey measured (.kit/kit_net.py, kit.network.survey: every task takes part), or, in a pod (KIT_SURVEY=0),
+    this pod's own interface on KIT_SUBNET. The job's first task says which in one line."""
+    if env.get("KIT_SURVEY") == "0":
+        nic, address = pick_interface(interfaces(), [a for _, a in nodes], env.get("KIT_SUBNET"))
+        return nic, address, [a for _, a in nodes], "", ""
+    spec = importlib.util.spec_from_file_location("kit_net", os.path.join(os.path.dirname(RANK), "kit_net.py"))
+    survey = sys.modules["kit_net"] = importlib.util.module_from_spec(spec)  # (its dataclasses look it up there)
+    given, sys.path[:] = list(sys.path), _kits_own(sys.path)  # its imports too are the standard library's
+    try:
+        spec.loader.exec_module(survey)
+    finally:
+        sys.path[:] = given
+    try:
+        decision = survey.task(env, nodes)
+    except survey.SurveyError as e:
+        raise SystemExit("kit: the job's network survey failed on %s: %s" % (socket.gethostname(), e)) from None
+    mine = decision.members[nodes[int(env["SLURM_NODEID"])][0]]
+    said = decision.summary(len(nodes), "nodes", "NodeAddr", "Slurm") if env["SLURM_PROCID"] == "0" and len(nodes) > 1 \
+        else ""
+    return mine.iface, mine.address, [decision.members[name].address for name, _ in nodes], \
+        said, ",".join(sorted({p for m in decision.members.values() for p in m.rdma}))
+
+
 def main(argv, env):
     mode, command = argv[1], argv[2:]
     nodes = job_nodes(env["KIT_NODES"])
     if mode == "rendezvous":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         return rendezvous(env, nodes, command[0])
-    nic, address = pick_interface(interfaces(), [a for _, a in nodes], env.get("KIT_SUBNET"))
+    nic, address, addresses, said, hca = training_network(env, nodes)
+    if said:
+        print("kit: " + said, flush=True)
+    nodes = [(name, a) for (name, _), a in zip(nodes, addresses)]  # from here on: where each node's ranks talk
     run = dict(env, GLOO_SOCKET_IFNAME=nic, NCCL_SOCKET_IFNAME=nic, PYTHONUNBUFFERED="1")
+    if hca and "NCCL_IB_HCA" not in env:
+        run["NCCL_IB_HCA"] = "=" + hca
     if mode == "horovod":
         check_hostname()
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)

@@ -51,6 +51,7 @@ class ClusterState:
     flavor: str = "cpu"         # the image's flavor: which launchers it can run
     cuda: str = ""              # the image's CUDA line (GPU flavors): which NVIDIA drivers run it
     shm_size: str = ""          # cluster.shm_size the containers run with ("": the host's IPC)
+    network: dict = field(default_factory=dict)  # the training network kit chose (kit.network.measure.record)
 
     def host(self, name: str) -> HostState | None:
         return next((h for h in self.hosts if h.name == name), None)

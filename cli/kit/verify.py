@@ -45,6 +45,32 @@ VERSIONS_PY = {
 }
 
 
+# GPU images: libibverbs loaded as NCCL's IB transport loads it (libibverbs.so, else libibverbs.so.1, then its device
+# list), and its providers (mlx5: ConnectX, InfiniBand and RoCE): without them NCCL falls back to sockets in silence.
+RDMA_PY = ("import ctypes, glob, json, os\n"
+           "lib = name = None\n"
+           "for name in ('libibverbs.so', 'libibverbs.so.1'):\n"
+           "    try:\n        lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL); break\n"
+           "    except OSError:\n        pass\n"
+           "count = ctypes.c_int(-1)\n"
+           "if lib:\n    lib.ibv_get_device_list.restype = ctypes.c_void_p\n"
+           "    lib.ibv_free_device_list(ctypes.c_void_p(lib.ibv_get_device_list(ctypes.byref(count))))\n"
+           "providers = sorted(os.path.basename(p).split('-rdmav')[0].removeprefix('lib') "
+           "for p in glob.glob('/usr/lib/*/libibverbs/*.so') + glob.glob('/usr/lib64/libibverbs/*.so'))\n"
+           "print(json.dumps({'verbs': name if lib else '', 'devices': count.value, 'providers': providers}))")
+
+
+def rdma_problem(found: dict) -> str:
+    """What RDMA_PY found, as the reason NCCL could not use InfiniBand or RoCE in the image ("": it can). Pure."""
+    if not found.get("verbs"):
+        return "NCCL cannot load libibverbs (libibverbs1 is not installed)"
+    if found.get("devices", -1) < 0:
+        return f"{found['verbs']} loads, but its ibv_get_device_list does not answer"
+    if "mlx5" not in found.get("providers", []):
+        return "libibverbs has no mlx5 provider (ibverbs-providers is not installed): ConnectX ports are not seen"
+    return ""
+
+
 def versions_argv(kind: str) -> list[str]:
     """Isolated (-I): the versions are those of the image's own modules, whatever its working folder holds."""
     return ["python", "-I", "-c", VERSIONS_PY[kind]]
@@ -178,8 +204,15 @@ def verify_image(client: docker.DockerClient, tag: str, flavor: str, ranks: int 
         allreduce = parse_allreduce(_run(box, allreduce_argv(kind, ranks), tag))
         _check_allreduce(allreduce, kind, ranks, tag)
         versions = json.loads(_run(box, versions_argv(kind), tag).strip().splitlines()[-1])
+        rdma = json.loads(_run(box, ["python", "-I", "-c", RDMA_PY], tag).strip().splitlines()[-1]) \
+            if uses_gpus(flavor) else None
     finally:
         box.remove(force=True)
+    if rdma is not None:
+        if problem := rdma_problem(rdma):
+            raise VerifyFailed(f"image {tag}: {problem}", command="python -c RDMA_PY (kit.verify)",
+                               hint="the GPU image's base step installs rdma-core's libraries; rebuild it with --verbose")
+        versions["libibverbs"] = f"{rdma['verbs']} ({len(rdma['providers'])} providers, mlx5 among them)"
     if versions.pop("cuda_build", None) == "False" and uses_gpus(flavor):
         raise VerifyFailed(f"image {tag}: its TensorFlow {versions['TensorFlow']} is not built with CUDA",
                            command=VERSIONS_PY[kind],

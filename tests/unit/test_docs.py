@@ -189,7 +189,7 @@ def test_every_command_and_every_flag_is_in_the_reference(site):
 # ---------------------------------------------------------------- troubleshooting: every doctor check
 
 def test_every_doctor_check_is_in_troubleshooting(site):
-    source = "".join((REPO / f"cli/kit/{name}.py").read_text() for name in ("doctor", "doctor_judge"))
+    source = "".join((REPO / f"cli/kit/{name}.py").read_text() for name in ("doctor", "doctor_judge", "doctor_network"))
     named = set(re.findall(r'Finding\(\s*[\w.\[\]]+,\s*"([^"]+)"', source))
     named |= set(re.findall(r'_disk\(\s*[\w.]+,\s*"([^"]+)"', source))  # its helper: the check's name is its 2nd
     assert {"ssh", "docker disk", "shm", "ssh mesh", "gpu"} <= named

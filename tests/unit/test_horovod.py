@@ -1,12 +1,18 @@
 """horovodrun from the inventory, and its output read back."""
 
 import json
+import os
 import shlex
+import subprocess
 
 import pytest
 
-from kit.commands.horovod import (Failures, HorovodOptions, check_np, common_interfaces, exit_report, horovodrun_argv,
-                                  rank_command, split_rank)
+from kit import state as st
+from kit.commands.horovod import (Failures, HorovodOptions, check_np, exit_report, horovodrun_argv, rank_command,
+                                  rank_launcher, split_rank)
+from kit.config import ClusterConfig
+from kit.network.choose import Decision, Member
+from kit.network.measure import record, route
 from kit.supervisor.launch import Slot, placement
 from kit.errors import BadInput
 
@@ -48,19 +54,47 @@ def test_np_defaults_to_every_slot_and_more_is_bad_input():
         check_np(0, SLOTS)
 
 
-def test_interface_is_chosen_by_subnet_not_name():
-    interfaces = {"a": [("lo", "127.0.0.1", 8), ("docker0", "172.17.0.1", 16), ("eth0", "10.0.0.1", 24)],
-                  "b": [("lo", "127.0.0.1", 8), ("ens3", "10.0.0.2", 24), ("docker0", "172.17.0.1", 16)]}
-    addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
-    assert common_interfaces(interfaces, addresses) == ["eth0", "ens3"]
-    same = {"a": [("eth0", "10.0.0.1", 24)], "b": [("eth0", "10.0.0.2", 24)]}
-    assert common_interfaces(same, addresses) == ["eth0"]
+def _record(interfaces: dict[str, list], network: dict | None = None) -> st.ClusterState:
+    place = ClusterConfig().host_place()
+    return st.ClusterState("lab", "img", "sha256:0", 12345, "/ws", [
+        st.HostState(h, f"10.0.0.{i + 1}", place, primary=i == 0, interfaces=found)
+        for i, (h, found) in enumerate(interfaces.items())], network=network or {})
 
 
-def test_a_host_off_the_common_subnet_is_named():
-    interfaces = {"a": [("eth0", "10.0.0.1", 24)], "b": [("eth0", "10.9.0.2", 24)]}
-    with pytest.raises(BadInput, match="a has no interface on a subnet that holds every cluster address"):
-        common_interfaces(interfaces, {"a": "10.0.0.1", "b": "10.9.0.2"})
+def test_a_cluster_recorded_before_kit_chose_networks_trains_on_the_hosts_txt_subnet_by_each_hosts_name():
+    state = _record({"a": [["lo", "127.0.0.1", 8], ["docker0", "172.17.0.1", 16], ["eth0", "10.0.0.1", 24]],
+                     "b": [["lo", "127.0.0.1", 8], ["ens3", "10.0.0.2", 24], ["docker0", "172.17.0.1", 16]]})
+    assert route(state) == {"a": Member("eth0", "10.0.0.1"), "b": Member("ens3", "10.0.0.2")}
+    with pytest.raises(BadInput, match="b has no interface on a subnet that holds every cluster address"):
+        route(_record({"a": [["eth0", "10.0.0.1", 24]], "b": [["eth0", "10.9.0.2", 24]]}))
+
+
+def test_a_recorded_choice_is_what_the_ranks_get():
+    decision = Decision("10.9.0.0/24", {"a": Member("fabric0", "10.9.0.1"), "b": Member("ib0", "10.9.0.2")}, "", 100.0)
+    state = _record({"a": [["eth0", "10.0.0.1", 24]], "b": [["eth0", "10.0.0.2", 24]]})
+    record(state, decision, "f00d")
+    assert route(state) == decision.members
+    state.network["decision"]["members"]["b"]["iface"] = "ib0; reboot"  # a record edited by hand is not trusted
+    assert route(state) == {"a": Member("eth0", "10.0.0.1"), "b": Member("eth0", "10.0.0.2")}
+
+
+def test_each_horovod_rank_takes_its_own_hosts_interface_before_the_jobs_variables(tmp_path):
+    """horovodrun gives every rank the primary's interface name; the rank launcher replaces it with its own host's
+    (KIT_RANK_NICS, by HOROVOD_HOSTNAME), and a variable the job set itself (-e) still wins."""
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint(*(os.environ.get(k) for k in ('HOROVOD_GLOO_IFACE', 'GLOO_SOCKET_IFNAME', "
+                      "'NCCL_SOCKET_IFNAME', 'KIT_RANK_NICS')))\n")
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    (env_dir / "j1").write_text(json.dumps({"NCCL_SOCKET_IFNAME": "mine"}))
+    base = {"PATH": os.environ["PATH"], "HOROVOD_GLOO_IFACE": "fabric0", "HOROVOD_HOSTNAME": "10.0.0.2",
+            "KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0"}
+    argv = ["python", "-u", "-c", rank_launcher(env_dir=str(env_dir)), str(script)]
+    said = subprocess.run(argv, env=base, capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    assert said == "enp65s0 enp65s0 enp65s0 None"
+    said = subprocess.run(argv, env={**base, "KIT_JOB": "j1", "KIT_ENV": "1"}, capture_output=True, text=True,
+                          check=True).stdout.splitlines()[0]
+    assert said == "enp65s0 enp65s0 mine None"
 
 
 def test_output_lines_carry_their_rank():

@@ -16,6 +16,7 @@ import pytest
 
 from kit import netbench, sbatch, slurmtask, verify
 from kit.config import SlurmConfig
+from kit.network import shipped as network_script
 from kit.commands.horovod import EXIT_MARK, rank_command, rank_launcher
 from kit.steps.check import FRAMEWORK_CHECK
 from kit.steps.distribute import RELAY_COMMAND
@@ -126,6 +127,7 @@ def _slurm_task(workspace: Path) -> None:
     kit_dir = workspace / ".kit"
     kit_dir.mkdir()
     (kit_dir / "kit_task.py").write_text(Path(slurmtask.__file__).read_text())
+    (kit_dir / "kit_net.py").write_text(network_script.script())
     (kit_dir / "kit_rank.py").write_text(rank_launcher(env_dir=str(workspace / "env")))
     (workspace / "train.py").write_text("import os\nprint('worker', os.environ['TF_CONFIG'], flush=True)\n")
     script = sbatch.render(sbatch.SbatchJob("job-1", "train.py", (), "tf", sbatch.shape("tf", 1, None, None, None),

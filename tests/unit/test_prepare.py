@@ -86,6 +86,25 @@ def test_the_firewall_keeps_the_cluster_port_and_the_job_ports_to_the_cluster_ov
     assert items == str([("ipv4", "12345"), ("ipv4", "32768:60999"), ("ipv6", "12345"), ("ipv6", "32768:60999")])
 
 
+def test_the_firewall_accepts_every_network_of_the_hosts_but_an_address_they_share():
+    """The training network may be a fabric beside the hosts.txt network: its addresses are the cluster's too; docker0's
+    172.17.0.1, on every host, and loopback and link-local are nobody's."""
+    import jinja2
+    import yaml
+    tasks = yaml.safe_load((REPO / "ansible/roles/firewall/tasks/main.yml").read_text())
+    peers = next(t for t in tasks if "kit_peers" in str(t.get("ansible.builtin.set_fact", "")))
+    template = peers["ansible.builtin.set_fact"]["kit_peers"]
+    env = jinja2.Environment()
+    hostvars = {f"h{i}": {"ansible_all_ipv4_addresses": [f"10.231.77.1{i}", f"10.232.0.1{i}", "172.17.0.1",
+                                                          "169.254.3.3", f"10.232.0.1{i}"]} for i in (1, 2)}
+    hostvars["h3"] = {}  # facts not gathered (unreachable): its hosts.txt address stays
+    out = env.from_string(template).render(ansible_play_hosts_all=list(hostvars), hostvars=hostvars,
+                                           kit_addresses=["10.231.77.11", "10.231.77.12", "10.231.77.13"])
+    assert out.strip() == str(["10.231.77.11", "10.231.77.12", "10.231.77.13", "10.232.0.11", "10.232.0.12"])
+    accept = next(t for t in tasks if t["name"].startswith("Accept"))
+    assert accept["loop"] == "{{ kit_peers }}"
+
+
 @pytest.mark.parametrize("engine", [True, False])
 def test_an_installed_engine_is_kept_not_replaced_by_the_distributions(engine, tmp_path):
     """docker-ce (Docker's own packages) conflicts with docker.io: where any dockerd is on PATH the role installs no

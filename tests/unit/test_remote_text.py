@@ -108,7 +108,7 @@ def test_forged_digits_do_not_crash_a_parser(digit):
         {"10.0.0.2": (-1, "Permission denied")}
     f = facts.parse_facts(0, f"@@kit docker\n27.0.{digit}\n@@kit df\n/dev/sda1 1 1 {digit} 1% /\n@@kit tcp\n"
                              f"  0: 00000000:{digit} 00000000:0000 0A\n"
-                             f"@@kit addr\n2: eth0    inet 10.0.0.{digit}/{digit}\n"
+                             f"@@kit net\n@@kit-net addr\n2: eth0    inet 10.0.0.{digit}/{digit}\n"
                              f"@@kit limits\n{digit}\nCapBnd:\t{digit}\n@@kit drivers\n{digit}.1\n@@kit end\n")
     assert (f.free_bytes, f.listening, f.ipv4, f.memlock_kb, f.can_raise_limits, f.drivers) == \
         (0, frozenset(), (), None, True, ())

@@ -2,6 +2,7 @@
 spells them, and what a job on some of the cluster's hosts launches. tests/lab/test_run_args.py runs them."""
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from kit.cli.runargs import Split, options_of, split
 from kit.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
 from kit.config import ClusterConfig
 from kit.errors import BadInput
+from kit.network.choose import Member
+from kit.network.measure import route
 from kit.supervisor.launch import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
 
 RUN = typer.main.get_command(app).commands["run"]
@@ -190,8 +193,8 @@ def test_a_horovod_job_on_h_launches_horovodrun_on_exactly_those_hosts():
 def test_a_torchrun_job_on_h_has_those_hosts_as_its_nodes_and_the_first_as_the_store():
     state = subset_state()
     picked = pick_hosts([("b", 1), ("c", None)], SLOTS, "lab")
-    fanout, placed = jobs.fanout("torchrun", state, [], picked, ["python", "t.py"], None)
-    assert [(n.host, n.argv[3:9]) for n in fanout] == [
+    fanout, placed = jobs.fanout("torchrun", state, [], picked, ["python", "t.py"], None, route(state))
+    assert [(n.host, n.argv[n.argv.index("torchrun"):][:6]) for n in fanout] == [
         (h, ("torchrun", f"--nnodes={NNODES}", f"--nproc-per-node={n}", f"--node-rank={NODE_RANK}",
              f"--master-addr={MASTER_ADDR}", f"--master-port={MASTER_PORT}")) for h, n in (("b", 1), ("c", 2))]
     assert [s.host for s in placed] == ["b", "c", "c"]
@@ -203,6 +206,37 @@ def test_a_torchrun_job_on_h_has_those_hosts_as_its_nodes_and_the_first_as_the_s
     assert "--nnodes=2 --nproc-per-node=1 --node-rank=0 --master-addr=10.0.0.2 --master-port=29400" in script
     assert "--nnodes=2 --nproc-per-node=2 --node-rank=1 --master-addr=10.0.0.2 --master-port=29400" in script
     assert "10.0.0.1" not in script  # the primary, which -H left out, runs none of it
+
+
+def test_a_torchrun_job_talks_over_the_training_network_each_host_on_its_own_interface():
+    """The store on node 0's address on the fabric, not its hosts.txt address; each host's Gloo and NCCL on its own
+    name for the fabric; NCCL_IB_HCA where the fabric has RDMA ports."""
+    state = subset_state()
+    members = {"a": Member("fabric0", "10.9.0.1"), "b": Member("enp65s0", "10.9.0.2", rdma=("mlx5_0:1",)),
+               "c": Member("ens1f0", "10.9.0.3", rdma=("mlx5_2:1",))}
+    picked = [Slot(s.host, s.address, s.slots, members[s.host].address) for s in pick_hosts([("b", 1), ("c", 1)],
+                                                                                            SLOTS, "lab")]
+    fanout, placed = jobs.fanout("torchrun", state, [], picked, ["python", "t.py"], None, members)
+    assert [n.argv[1:4] for n in fanout] == [
+        ("GLOO_SOCKET_IFNAME=enp65s0", "NCCL_SOCKET_IFNAME=enp65s0", "NCCL_IB_HCA==mlx5_0:1,mlx5_2:1"),
+        ("GLOO_SOCKET_IFNAME=ens1f0", "NCCL_SOCKET_IFNAME=ens1f0", "NCCL_IB_HCA==mlx5_0:1,mlx5_2:1")]
+    job = jobs.Job("j1", state, len(placed), tuple(picked), ("fabric0",), ("python", "t.py"), launcher="torchrun",
+                   fanout=fanout, placed=placed)
+    argv, _ = job.plan().launch(picked, "29400")
+    assert argv[2].count("--master-addr=10.9.0.2 --master-port=29400") == 2 and "10.0.0.2" in argv[2]  # ssh to b
+
+
+def test_horovod_ranks_each_take_their_hosts_interface():
+    """horovodrun names the primary's interface (its driver address comes from it) and gives every rank the same
+    variables: each rank takes its own host's name for the fabric from KIT_RANK_NICS, by HOROVOD_HOSTNAME."""
+    state = subset_state()
+    members = {"a": Member("fabric0", "10.9.0.1"), "b": Member("enp65s0", "10.9.0.2"), "c": Member("ens1f0", "10.9.0.3")}
+    env = dict(cli_jobs.horovod_network(members, state.hosts))
+    assert env == {"KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0 10.0.0.3=ens1f0"}
+    job = jobs.Job("j1", state, 3, tuple(SLOTS), ("fabric0",), ("python", "t.py"), network=tuple(env.items()))
+    assert json.loads(job.request(None).split(b"\n")[0])["env"]["KIT_RANK_NICS"] == env["KIT_RANK_NICS"]
+    argv, _ = job.plan().launch(list(SLOTS), "0")
+    assert argv[argv.index("--network-interface") + 1] == "fabric0"
 
 
 def test_a_horovod_job_on_one_host_that_is_not_horovodruns_own_names_the_interface():

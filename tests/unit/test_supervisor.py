@@ -250,7 +250,7 @@ def test_a_plan_survives_its_file():
         "j1", "/f", "/w", "torchrun", list(HOSTS), 3, 2, 12345, ["eth0"], ["python", "t.py"],
         [NodeCommand("a", "10.0.0.1", ("x",), None)], restarts=2, min_np=2, hang_timeout=30)
     assert Plan.load(plan.dump()) == plan
-    assert json.loads(plan.dump())["hosts"][0] == {"host": "a", "address": "10.0.0.1", "slots": 1}
+    assert json.loads(plan.dump())["hosts"][0] == {"host": "a", "address": "10.0.0.1", "slots": 1, "train": ""}
 
 
 @pytest.mark.parametrize("hosts, np", [(HOSTS, 3), (HOSTS[:2], 2)])

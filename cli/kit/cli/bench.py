@@ -20,6 +20,7 @@ from rich.table import Table
 from kit import benchfigures as bf
 from kit import jobs, netbench, shipped_folder
 from kit import state as st
+from kit.network import measure
 from kit.steps.preflight import recorded_nodes
 from kit.commands.horovod import HorovodOptions, check_knobs
 from kit.config import ClusterConfig, framework
@@ -67,12 +68,13 @@ def net(
         raise BadInput(f"cluster {state.cluster} has one host: there is no link to measure",
                        hint="bring it up on two hosts or more (kit up --hosts hosts.txt)")
     links = _measure_links(cfg, state, seconds, None if as_json else console)
-    data = {"cluster": state.cluster, "seconds": seconds, **netbench.as_json(links)}
+    over = _over(state)
+    data = {"cluster": state.cluster, "seconds": seconds, "network": over, **netbench.as_json(links)}
     saved = save(results_path(identity.folder, "net"), data)
     if as_json:
         console.print_json(data=data)
         return
-    _print_matrix(links, [h.name for h in state.hosts])
+    _print_matrix(links, [h.name for h in state.hosts], over)
     low = netbench.slowest(links)
     host = netbench.slow_host(links)
     console.print(f"slowest: {escape(low[0].source)} -> {escape(low[0].target)} {low[0].gbits:.2f} Gbit/s"
@@ -88,16 +90,22 @@ def _measure_links(cfg: ClusterConfig, state: st.ClusterState, seconds: float,
         progress = shown.status("measuring the links") if shown else None
         with progress or contextlib.nullcontext():
             return netbench.bench_net(nodes, seconds, on_link=lambda l: progress and progress.update(
-                f"measuring the links: {escape(l.source)} -> {escape(l.target)} {l.gbits:.2f} Gbit/s"))
+                f"measuring the links: {escape(l.source)} -> {escape(l.target)} {l.gbits:.2f} Gbit/s"),
+                at={h: m.address for h, m in measure.route(state).items()})
     finally:
         for n in nodes:
             n.runner.close()
 
 
-def _print_matrix(links: list[netbench.Link], names: list[str]) -> None:
+def _over(state: st.ClusterState) -> str:
+    """The network the figures are of: the training network, as `kit up` chose it."""
+    return measure.described(state, {h.name for h in state.hosts}) or "the cluster's network"
+
+
+def _print_matrix(links: list[netbench.Link], names: list[str], over: str) -> None:
     rate = {(l.source, l.target): l.gbits for l in links}
     low = {(l.source, l.target) for l in netbench.slowest(links)}
-    table = Table(title="TCP throughput, Gbit/s (row: from, column: to)")
+    table = Table(title=f"TCP throughput over {escape(over)}, Gbit/s (row: from, column: to)")
     table.add_column("from \\ to")
     for n in names:
         table.add_column(n, justify="right")
@@ -172,7 +180,7 @@ def allreduce(
     title = f"allreduce on {state.cluster}: {results[0].ranks} ranks, {len(state.hosts)} hosts"
     png = bf.plot_allreduce(results, link, title, path.with_suffix(".png"))
     heads = bf.headline(results, link)
-    data = {"cluster": state.cluster, "hosts": len(state.hosts), "link_gbits": link,
+    data = {"cluster": state.cluster, "hosts": len(state.hosts), "network": _over(state), "link_gbits": link,
             "link_from": "kit bench net" if measured else "--link-gbits" if link else None,
             "headline_bytes": bf.headline_size(results), "headline": heads,
             "results": [r.as_dict(link) for r in results], "png": str(png)}
@@ -180,11 +188,12 @@ def allreduce(
     if as_json:
         console.print_json(data=data)
         return
-    _print_allreduce(results, link, measured, heads)
+    _print_allreduce(results, link, measured, heads, _over(state))
     console.print(f"saved {saved} and {png}", style="dim")
 
 
-def _print_allreduce(results: list[bf.Allreduce], link: float | None, measured: bool, heads: dict[str, float]) -> None:
+def _print_allreduce(results: list[bf.Allreduce], link: float | None, measured: bool, heads: dict[str, float],
+                     over: str) -> None:
     for label in dict.fromkeys(r.label for r in results):
         mine = [r for r in results if r.label == label]
         table = Table(title=f"{label} allreduce, {mine[0].ranks} ranks")
@@ -199,7 +208,7 @@ def _print_allreduce(results: list[bf.Allreduce], link: float | None, measured: 
         return
     at = bf.size_text(bf.headline_size(results))
     console.print(f"link: {link:.3f} Gbit/s, "
-                  + ("the slowest `kit bench net` measured" if measured else "--link-gbits"))
+                  + (f"the slowest `kit bench net` measured over {escape(over)}" if measured else "--link-gbits"))
     for label, ratio in heads.items():
         console.print(f"[bold]{label}[/]: busbw / link at {at} = [bold]{ratio:.2f}[/]")
 

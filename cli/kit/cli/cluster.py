@@ -29,7 +29,9 @@ from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, loc
 from kit import prepare as prepare_hosts
 from kit.runners.ssh import ssh_hostname
 from kit.steps.image import layers
+from kit.steps.network import EARLIER
 from kit.steps.node import Node
+from kit.shown import visible
 from kit.steps.preflight import recorded_nodes
 from kit.cli.flavor import UpImage
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
@@ -119,7 +121,8 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
         workflow = Up(cfg, ImageChoice(choice.flavor, choice.image), identity,
                       layers=lambda start: layers(client, workflow.image, cache, start),
                       connect=connector(cfg.connect_timeout), places=places, dry_run=dry_run,
-                      progress=LiveProgress(bar))
+                      progress=LiveProgress(bar), network_where=cfg_file.where("cluster", "network") + ": cluster.network"
+                      if "network" in cfg_file.sections.get("cluster", {}) else "cluster.network")
         nodes = workflow.run(inventory)
     changed = any(n.changes for n in nodes + workflow.left) or dry_run
     where = f"on this machine in {len(nodes)} containers" if all(h.local for h in inventory) else \
@@ -132,7 +135,18 @@ def bring_up(cfg_file: ConfigFile, cfg: ClusterConfig, hosts: Optional[Path], co
         console.print(f"  {escape(n.name)} (no longer in hosts.txt): {escape('; '.join(n.changes) or 'nothing of the cluster was there')}")
     if workflow.sent and not dry_run:
         console.print(escape(f"  {workflow.sent}").replace("\n", "\n  "))
+    if workflow.network is not None and not all(h.local for h in inventory):
+        _print_network(workflow.network, len(nodes), workflow.network_note)
     _print_notes(nodes)
+
+
+def _print_network(decision, hosts: int, note: str) -> None:
+    """The training network in one line; each network that misses hosts, and why it was left."""
+    console.print(f"  {visible(decision.summary(hosts, earlier=note == EARLIER))}", markup=False, highlight=False)
+    for line in decision.unjoined:
+        console.print(f"  [yellow]note[/] {escape(visible(line))}: not used")
+    if note and note != EARLIER:
+        console.print(f"  [yellow]note[/] {escape(visible(note))}")
 
 
 def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:

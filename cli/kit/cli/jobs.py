@@ -17,8 +17,9 @@ from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
 from kit import jobenv, jobs, k8s, sbatch
 from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
-from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, common_interfaces,
-                                  parse_hosts, pick_hosts, rank_command)
+from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, parse_hosts, pick_hosts,
+                                  rank_command)
+from kit.network import measure
 from kit.errors import BadInput, KitError
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state
@@ -224,24 +225,22 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
     if not script.resolve().is_relative_to(folder):
         raise BadInput(f"{script} is not inside --workdir {folder}", hint="put the script in the folder kit copies")
-    slots = [Slot(h.name, h.address, h.slots or 1) for h in state.hosts]
+    members = measure.route(state)  # each host's interface and address on the training network
+    slots = [Slot(h.name, h.address, h.slots or 1, members[h.name].address) for h in state.hosts]
     if hosts is not None:
         slots = pick_hosts(hosts, slots, state.cluster)
     count = check_np(np, slots, ",".join(f"{h}:{c}" if c else h for h, c in hosts) if hosts is not None else None)
     used = {s.host for s in slots}
     on = [h for h in state.hosts if h.primary or h.name in used]  # the primary too: the job's supervisor runs there
-    nics = common_interfaces({h.name: [tuple(i) for i in h.interfaces] for h in on}, {h.name: h.address for h in on})
     script_path = script.resolve().relative_to(folder).as_posix()
     rank_cmd = rank_command(script_path, args)
-    if len(nics) > 1 and launcher == "horovod":
-        out.print(f"[yellow]note[/] interface names differ between hosts ({', '.join(nics)}); "
-                      "kit chose each by subnet and passes them all")
     nodes = recorded_nodes(on, connector(cfg.connect_timeout))
     try:
-        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node) \
+        fanout, placed = jobs.fanout(launcher, state, nodes, slots, rank_cmd, nproc_per_node, members) \
             if launcher != "horovod" else ((), ())
-        job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots), tuple(nics),
-                       tuple(rank_cmd), options, env, launcher, fanout, placed, nproc_per_node, policy)
+        job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots),
+                       (members[state.primary.name].iface,), tuple(rank_cmd), options, env, launcher, fanout, placed,
+                       nproc_per_node, policy, horovod_network(members, on) if launcher == "horovod" else ())
         if policy.min_np is not None and policy.min_np > job.np:
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
@@ -251,7 +250,8 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
                     *([f"environment: {jobenv.shown(env)}"] if env else []),
                     *([f"restarts: up to {policy.restarts}, with at least {policy.min_np or job.np} processes"]
                       if policy.restarts else []),
-                    f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}")
+                    f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}",
+                    *([f"network: {network}"] if (network := measure.described(state, used)) else []))
         synced, starting = jobs.copy_and_start(job, nodes, folder, setup, follow=not detach)
         if detach:
             for line in setup(synced):
@@ -278,6 +278,14 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             n.runner.close()
     report(outcome, job.id, job.launcher, state, out)
     return job
+
+
+def horovod_network(members: dict[str, measure.Member], on: list[st.HostState]) -> tuple[tuple[str, str], ...]:
+    """What horovodrun's ranks get of the training network: each host's own interface (its name may differ from the
+    primary's, which horovodrun gives them all), and NCCL_IB_HCA where the network has RDMA ports."""
+    hca = measure.ib_hca({h.name: members[h.name] for h in on})
+    return (("KIT_RANK_NICS", measure.nics_by_address(members, {h.name: h.address for h in on})),
+            *((("NCCL_IB_HCA", hca),) if hca else ()))
 
 
 def job_line(job_id: str, script: list[str], ranks: list[str], copied: int, folder: Path) -> str:

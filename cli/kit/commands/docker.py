@@ -24,6 +24,7 @@ class ContainerSpec:
     # The host's name -> its cluster address. Gloo resolves its own hostname and crashes when that fails.
     add_hosts: tuple[tuple[str, str], ...] = ()
     owner: Owner | None = None  # who made it: labelled, so no other control machine takes it for its own
+    rdma: tuple[str, ...] = ()  # the host's RDMA device files (/dev/infiniband/uverbs0, rdma_cm...): for NCCL's IB/RoCE
 
     def options(self) -> list[str]:
         c, p = self.cluster, self.place
@@ -31,13 +32,15 @@ class ContainerSpec:
         gpus = ["--gpus", "all"] if self.gpus else []
         hosts = [arg for name, address in self.add_hosts for arg in ("--add-host", f"{name}:{address}")]
         mounts = [arg for m in c.bind_mounts for arg in ("--mount", m.docker_option())]
+        # NCCL's InfiniBand / RoCE transport opens the verbs devices and pins memory (memlock is unlimited already)
+        rdma = [*(arg for d in self.rdma for arg in ("--device", d)), *(["--cap-add", "IPC_LOCK"] if self.rdma else [])]
         return [*p.network_options(), *shm, "--ulimit", f"memlock={self.memlock}", "--restart", "unless-stopped",
                 "-v", f"{p.ssh_dir}:{CONTAINER_SSH_DIR}:ro", "-v", f"{p.jobs_dir}:{p.jobs_dir}",
                 "-v", f"{c.workspace_path}:{c.workspace_path}", *mounts, "-w", c.workspace_path,
                 # kit's files of a running job (its variables, its ranks' heartbeats): in memory, root's alone, gone
                 # with the container, on no layer of it
                 "--tmpfs", "/run/kit:rw,nosuid,nodev,noexec,mode=0700,size=64m",
-                "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus]
+                "-e", f"KIT_SSH_PORT={c.ssh_port}", "-e", f"KIT_CLUSTER={c.name}", *hosts, *gpus, *rdma]
 
     @property
     def digest(self) -> str:

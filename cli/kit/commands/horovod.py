@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kit.errors import BadInput
 from kit.supervisor.launch import ENV_DIR, PROGRESS_DIR, Slot, horovodrun
@@ -87,6 +87,10 @@ def report(code):
             pass
 if BEAT:
     threading.Thread(target=heartbeat, daemon=True, name="kit-heartbeat").start()
+NIC = dict(p.split("=", 1) for p in os.environ.pop("KIT_RANK_NICS", "").split() if "=" in p).get(
+    os.environ.get("HOROVOD_HOSTNAME", ""))
+if NIC:  # this host's own interface on the training network (horovodrun gives every rank the first host's name)
+    os.environ.update(HOROVOD_GLOO_IFACE=NIC, GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC)
 if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
     try:
         with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
@@ -187,24 +191,8 @@ def pick_hosts(wanted: list[tuple[str, int | None]], slots: list[Slot], cluster:
         if found.host in (p.host for p in picked):
             raise BadInput(f"-H: {host} and {found.host} are one host of cluster {cluster}",
                            hint="name each host once, with all its slots")
-        picked.append(Slot(found.host, found.address, count or found.slots))
+        picked.append(replace(found, slots=count or found.slots))
     return picked
-
-
-def common_interfaces(interfaces: dict[str, list[tuple[str, str, int]]], addresses: dict[str, str]) -> list[str]:
-    """On every host, the interface whose subnet holds all the cluster's addresses (chosen by subnet, not name).
-
-    interfaces: host -> [(ifname, address, prefix)]; addresses: host -> cluster address.
-    Returns the distinct names (one when the hosts agree)."""
-    names = []
-    for host, found in interfaces.items():
-        match = on_cluster_subnet(found, list(addresses.values()))
-        if match is None:
-            raise BadInput(f"{host} has no interface on a subnet that holds every cluster address "
-                           f"({', '.join(addresses.values())})",
-                           hint="put the hosts on one subnet, or list them by their addresses on it in hosts.txt")
-        names.append(found[match][0])
-    return list(dict.fromkeys(names))
 
 
 def on_cluster_subnet(interfaces: list[tuple[str, str, int]], addresses: list[str]) -> int | None:

@@ -14,7 +14,9 @@ from kit.errors import KitError
 from kit.fanout import fan_out
 from kit.runners import SSHD_READY_S, run_until_ok
 from kit.steps.node import Node
-from kit.commands.horovod import HorovodOptions, Slot, common_interfaces, horovodrun_argv, split_rank
+from kit import state as st
+from kit.commands.horovod import HorovodOptions, Slot, horovodrun_argv, rank_command, split_rank
+from kit.network import measure
 from kit.verify import AllreduceRank, parse_allreduce, parse_check_build
 
 def ssh_pair(primary: Node, target: Node, cfg: ClusterConfig) -> None:
@@ -62,21 +64,24 @@ FRAMEWORK_CHECK = {"horovod": "horovodrun --check-build",
                    "tensorflow": "python -I -c 'import tensorflow as tf; print(tf.__version__)'"}
 
 
-def cuda_check_argv(nodes: list[Node], slots: dict[str, int], port: int) -> list[str]:
-    """horovodrun from the primary's container: a rank on every GPU of every host, CUDA tensors through NCCL."""
-    ranks = [Slot(n.name, n.address, slots[n.name]) for n in nodes]
-    nics = common_interfaces({n.name: [tuple(i) for i in (n.place.interfaces() or n.facts.ipv4)] for n in nodes},
-                             {n.name: n.address for n in nodes})
-    return horovodrun_argv(sum(slots.values()), ranks, port, nics,
-                           ["python", "/opt/kit/allreduce_check.py", "--cuda"], HorovodOptions())
+def cuda_check_argv(state: st.ClusterState) -> tuple[list[str], list[str]]:
+    """(docker exec's options, horovodrun's argv) in the primary's container: a rank on every GPU of every host, CUDA
+    tensors through NCCL over the training network, each host's ranks on its own interface (the rank launcher)."""
+    members = measure.route(state)
+    ranks = [Slot(h.name, h.address, h.slots or 1, members[h.name].address) for h in state.hosts]
+    env = ["-e", f"KIT_RANK_NICS={measure.nics_by_address(members, {h.name: h.address for h in state.hosts})}"]
+    if hca := measure.ib_hca(members):
+        env += ["-e", f"NCCL_IB_HCA={hca}"]
+    return env, horovodrun_argv(sum(r.slots for r in ranks), ranks, state.ssh_port, [members[state.primary.name].iface],
+                                rank_command("/opt/kit/allreduce_check.py", ["--cuda"]), HorovodOptions())
 
 
-def cuda_check(primary: Node, nodes: list[Node], slots: dict[str, int], cfg: ClusterConfig) -> dict[str, str]:
+def cuda_check(primary: Node, nodes: list[Node], state: st.ClusterState, cfg: ClusterConfig) -> dict[str, str]:
     """The gpu flavor's NCCL path on the hosts' own GPUs; per host what its ranks found (GPU, driver, CUDA, NCCL)."""
-    argv = cuda_check_argv(nodes, slots, cfg.ssh_port)
-    r = primary.runner.run(command(exec_argv(primary.place.container, argv)), timeout=SSHD_READY_S * 10)
+    options, argv = cuda_check_argv(state)
+    r = primary.runner.run(command(exec_argv(primary.place.container, argv, tuple(options))), timeout=SSHD_READY_S * 10)
     seen = parse_allreduce("\n".join(split_rank(line)[1] for line in r.stdout.splitlines()))
-    total = sum(slots.values())
+    total = sum(h.slots or 1 for h in state.hosts)
     if not r.ok or len(seen) != total or not all(a.ok for a in seen):
         raise KitError(f"CUDA tensors did not allreduce through NCCL across the hosts' {total} GPUs "
                        f"({len(seen)} ranks answered)", host=primary.name, command=r.command, output_tail=r.tail(),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kit import gpus as nvidia
 from kit.hostoutput import INNER, MARK, PREFIX_INNER, is_number, lines, sections
 from kit.identity import Owner
+from kit.network import links as netlinks
 from kit.place import Place
 from kit.steps import storage
 
@@ -45,7 +46,7 @@ class HostFacts:
     docker_root: str = ""
     free_bytes: int = 0
     listening: frozenset[int] = frozenset()
-    ipv4: tuple[tuple[str, str, int], ...] = ()   # (interface, address, prefix length)
+    links: netlinks.Reading = netlinks.Reading()  # its interfaces and RDMA ports (kit.network.links)
     image_id: str | None = None
     container: ContainerFacts | None = None
     kit_files: dict[str, str] = field(default_factory=dict)  # file in kit's ssh folder -> sha256
@@ -80,6 +81,11 @@ class HostFacts:
         return None
 
     @property
+    def ipv4(self) -> tuple[tuple[str, str, int], ...]:
+        """(interface, address, prefix length) of each IPv4 address."""
+        return tuple((l.name, a.address, a.prefix) for l in self.links.links for a in l.addresses if a.ip.version == 4)
+
+    @property
     def nvidia_gpus(self) -> int:
         """The host's NVIDIA GPUs: what nvidia-smi lists, or, before a driver answers, what the PCI bus has."""
         return max(self.gpus, self.pci_gpus)
@@ -110,7 +116,7 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
         f"echo '{MARK}dockerroot'; printf '%s\\n' \"$info\"; root=$(printf '%s\\n' \"$info\" | head -n 1)",
         f"echo '{MARK}df'; df -Pk \"${{root:-/}}\" 2>/dev/null | tail -n 1",
         f"echo '{MARK}tcp'; {tcp}",
-        f"echo '{MARK}addr'; ip -o -4 addr show 2>/dev/null",
+        f"echo '{MARK}net'", netlinks.SCRIPT,
         f"echo '{MARK}image'; docker image inspect --format '{{{{.Id}}}}' {q(image)} 2>/dev/null",
         f"echo '{MARK}layers'; docker image ls -q --no-trunc 2>/dev/null | sort -u | xargs -r docker image inspect "
         f"--format '{{{{json .RootFS.Layers}}}}' 2>/dev/null",
@@ -147,11 +153,6 @@ def listening_ports(proc_net_tcp: str) -> frozenset[int]:
         if len(cols) > 3 and cols[3] == "0A" and re.fullmatch(r"[0-9A-F]+:[0-9A-F]{4}", cols[1]):
             ports.add(int(cols[1].rsplit(":", 1)[1], 16))
     return frozenset(ports)
-
-
-def ipv4_addresses(ip_addr: str) -> tuple[tuple[str, str, int], ...]:
-    found = re.findall(r"^[0-9]+:\s+(\S+)\s+inet\s+([0-9.]+)/([0-9]+)", ip_addr, re.M)
-    return tuple((ifname, address, int(prefix)) for ifname, address, prefix in found)
 
 
 def label_owner(labels: dict) -> Owner | None:
@@ -202,7 +203,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         docker_root=s.get("dockerroot", ""),
         free_bytes=int(df[3]) * 1024 if len(df) >= 4 and is_number(df[3]) else 0,
         listening=listening_ports(s.get("tcp", "")),
-        ipv4=ipv4_addresses(s.get("addr", "")),
+        links=netlinks.parse(s.get("net", "")),
         image_id=s.get("image") or None,
         container=_container(s.get("container", "")),
         kit_files={name: digest for digest, name in (l.split(None, 1) for l in lines(s.get("kitfiles", "")) if l)},

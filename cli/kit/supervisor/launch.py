@@ -54,8 +54,13 @@ AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> 
 @dataclass(frozen=True)
 class Slot:
     host: str      # the name in hosts.txt
-    address: str   # where the containers reach it
+    address: str   # where the containers reach it (over SSH)
     slots: int
+    train: str = ""  # its address on the training network (kit.network), where its ranks talk ("": address)
+
+    @property
+    def talks_at(self) -> str:
+        return self.train or self.address
 
 
 def placement(slots: list[Slot], np: int) -> list[Slot]:
@@ -311,7 +316,7 @@ class Plan:
                     [s.host for s in placement(hosts, np)])
         if self.launcher == "torchrun":
             by_host = {n.host: n for n in self.nodes}
-            nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_ADDR: hosts[0].address,
+            nodes = [fill(by_host[h.host], {NNODES: str(len(hosts)), NODE_RANK: str(i), MASTER_ADDR: hosts[0].talks_at,
                                             MASTER_PORT: port}) for i, h in enumerate(hosts)]
             ranks = [s.host for s in torch_ranks(hosts, self.nproc)]
         else:
