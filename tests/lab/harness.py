@@ -33,10 +33,15 @@ from pathlib import Path
 PREFIX = "kitlab"
 SUBNET = "10.231.77"
 BRIDGE = f"{PREFIX}-br"
+FABRIC_SUBNET = "10.232.0"          # a second network between the hosts (Lab.fabric), which the workstation is not on
+FABRIC_BRIDGE = f"{PREFIX}-fab"
+FABRIC = "fabric0"                  # its interface's name in a host
+DECOY = ("docker0", "172.17.0.1/16")  # what Docker makes on every host: one address, the same everywhere
 RUN = Path(f"/run/{PREFIX}")
 DATA = Path(f"/var/lib/{PREFIX}")
 HOST_LOCAL = ("/var/lib/kit",)  # paths kit expects to be host-local
 FORWARD_RULE = ["-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
+FABRIC_RULE = ["-i", FABRIC_BRIDGE, "-o", FABRIC_BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what sshd gives root's sessions  # cgroup v1's cpu controller, as this machine mounts it
 
@@ -72,6 +77,7 @@ class LabHost:
         self.run = RUN / self.name
         self.data = DATA / self.name
         self.docker_sock = self.run / "docker.sock"
+        self.fabric_address = f"{FABRIC_SUBNET}.{10 + index}"
 
     @property
     def nsenter(self) -> list[str]:
@@ -186,8 +192,19 @@ class Lab:
             Path(f"{h.run}.{kind}").touch()
         sh("unshare", f"--mount={h.run}.mnt", f"--uts={h.run}.uts", "--propagation", "private",
            "sh", "-c", f"hostname {h.name} && mount --bind {h.data}/kit /var/lib/kit")
+        self._own_sysfs(h)
         self._sshd(h)
         self._dockerd(h)
+
+    def _own_sysfs(self, h: LabHost) -> None:
+        """The host's /sys/class/net shows its own interfaces (their speed, MTU, state), as a real host's does: a sysfs
+        mounted from its network namespace, whose net folders are laid over the machine's /sys in the host's mount
+        namespace. (A new /sys over the old one would hide the cgroup mounts its dockerd needs.)"""
+        own = h.run / "sys"
+        own.mkdir()
+        sh(*h.nsenter, "sh", "-c", f"mount -t sysfs kitlab-sysfs {own} && "
+                                   f"mount --bind {own}/devices/virtual/net /sys/devices/virtual/net && "
+                                   f"mount --bind {own}/class/net /sys/class/net")
 
     def _sshd(self, h: LabHost) -> None:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.run / "host_key"))
@@ -406,11 +423,53 @@ Subsystem sftp /usr/lib/openssh/sftp-server
         sh("tc", "qdisc", "replace", "dev", BRIDGE, "root", *token_bucket(rate))
 
     def unshape(self) -> None:
-        """Every host's link, and the workstation's, back to the veth's own speed."""
+        """Every host's link (and fabric link), and the workstation's, back to the veth's own speed."""
         for h in self.hosts:
             sh("tc", "qdisc", "del", "dev", f"{PREFIX}-v{h.index}", "root", check=False)
             sh("tc", "-n", h.name, "qdisc", "del", "dev", "eth0", "root", check=False)
+            sh("tc", "qdisc", "del", "dev", f"{PREFIX}-f{h.index}", "root", check=False)
+            sh("tc", "-n", h.name, "qdisc", "del", "dev", FABRIC, "root", check=False)
         sh("tc", "qdisc", "del", "dev", BRIDGE, "root", check=False)
+
+    def fabric(self, decoys: bool = True) -> None:
+        """A second network between the hosts, as GPU servers have beside their management network: a bridge of its
+        own with no address of the workstation's (so only the hosts reach it), each host's end named fabric0 with an
+        address on FABRIC_SUBNET; with decoys, every host also gets a docker0 with the same address. Both stay until
+        no_fabric() (or the lab's end)."""
+        sh("ip", "link", "add", FABRIC_BRIDGE, "type", "bridge")
+        sh("ip", "link", "set", FABRIC_BRIDGE, "up")
+        sh("iptables", "-I", "FORWARD", *FABRIC_RULE)
+        for h in self.hosts:
+            veth, peer = f"{PREFIX}-f{h.index}", f"{PREFIX}-g{h.index}"
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+            sh("ip", "link", "set", veth, "master", FABRIC_BRIDGE, "up")
+            sh("ip", "link", "set", peer, "netns", h.name)
+            for cmd in (["link", "set", peer, "name", FABRIC], ["addr", "add", f"{h.fabric_address}/24", "dev", FABRIC],
+                        ["link", "set", FABRIC, "up"]):
+                sh("ip", "-n", h.name, *cmd)
+            if decoys:
+                name, address = DECOY
+                for cmd in (["link", "add", name, "type", "bridge"], ["addr", "add", address, "dev", name],
+                            ["link", "set", name, "up"]):
+                    sh("ip", "-n", h.name, *cmd)
+
+    def no_fabric(self) -> None:
+        """The fabric and the decoys gone again."""
+        for h in self.hosts:
+            sh("ip", "-n", h.name, "link", "del", FABRIC, check=False)
+            sh("ip", "-n", h.name, "link", "del", DECOY[0], check=False)
+        sh("ip", "link", "del", FABRIC_BRIDGE, check=False)
+        sh("iptables", "-D", "FORWARD", *FABRIC_RULE, check=False)
+
+    def fabric_link(self, h: LabHost, up: bool) -> None:
+        """The host's fabric port down (a cable pulled, a port disabled) or up again."""
+        sh("ip", "-n", h.name, "link", "set", FABRIC, "up" if up else "down")
+
+    def shape_fabric(self, rate: str, hosts: list[LabHost] | None = None) -> None:
+        """The fabric's links (of these hosts) limited to `rate`, both ways, as shape() does the hosts' network."""
+        for h in hosts or self.hosts:
+            sh("tc", "qdisc", "replace", "dev", f"{PREFIX}-f{h.index}", "root", *token_bucket(rate))
+            sh("tc", "-n", h.name, "qdisc", "replace", "dev", FABRIC, "root", *token_bucket(rate))
 
     def cut(self, h: LabHost) -> None:
         """The host's link goes down (a pulled cable): nothing reaches it, nothing leaves it."""
@@ -619,9 +678,10 @@ def cleanup_leftovers() -> None:
     for link in json.loads(sh("ip", "-j", "link", "show", check=False).stdout or "[]"):
         if link["ifname"].startswith(f"{PREFIX}-"):
             sh("ip", "link", "del", link["ifname"], check=False)
-    for _ in range(10):  # the lab's own firewall rule, however many runs left it
-        if sh("iptables", "-D", "FORWARD", *FORWARD_RULE, check=False).returncode != 0:
-            break
+    for rule in (FORWARD_RULE, FABRIC_RULE):
+        for _ in range(10):  # the lab's own firewall rules, however many runs left them
+            if sh("iptables", "-D", "FORWARD", *rule, check=False).returncode != 0:
+                break
     for root in (RUN, DATA):
         if root.exists():
             for d in root.glob("*/exec"):  # overlay mounts of a dockerd that died hard
