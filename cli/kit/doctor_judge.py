@@ -224,31 +224,28 @@ def cluster_nic(nics: list[Nic], addresses: list[str]) -> Nic | None:
 
 
 def _nics(readings: list[Reading]) -> list[Finding]:
+    """Each host's NIC of its hosts.txt address (SSH and kit's own traffic go over it; the training network has a
+    check of its own): one that differs in MTU from the others' is a warning."""
     seen = [r for r in readings if r.facts]
-    addresses = [r.address for r in seen]
-    chosen = {r.name: cluster_nic(r.nics, addresses) for r in seen}
-    names = {n.name for n in chosen.values() if n}
+    chosen = {r.name: next((n for n in r.nics if n.address == r.address), None) for r in seen}
     mtus = [n.mtu for n in chosen.values() if n and n.mtu]
     usual = majority(mtus)
     out = []
     for r in seen:
         n = chosen[r.name]
         if n is None:
-            out.append(Finding(r.name, "nic", FAIL, f"no interface here is on a subnet that holds every cluster "
-                               f"address ({', '.join(addresses)})", "put the hosts on one subnet, or list them "
-                               "in hosts.txt by their addresses on it"))
+            out.append(Finding(r.name, "nic", FAIL, f"the address kit reaches it at ({r.address}) is on none of its "
+                               "interfaces (behind NAT, or a jump host's?): its container's sshd cannot listen there",
+                               "list the host in hosts.txt by an address of its own (or by a name that resolves to "
+                               "one)"))
             continue
         text = (f"{n.name} ({n.address}/{n.prefix}), MTU {n.mtu or '?'}, "
                 + (f"{n.speed_mbps} Mb/s" if n.speed_mbps else "speed not reported"))
         if n.mtu and len(set(mtus)) > 1 and n.mtu != usual:
             others = usual or ", ".join(str(c.mtu) for h, c in chosen.items() if h != r.name and c and c.mtu)
-            out.append(Finding(r.name, "nic", FAIL, f"{text}; the other hosts' MTU is {others}: large messages "
-                               "stall between them", f"set the same MTU on every host (ip link set dev {n.name} "
-                               f"mtu N, and in the host's network configuration)"))
-        elif len(names) > 1:
-            out.append(Finding(r.name, "nic", WARN, f"{text}; the hosts' names for it differ "
-                               f"({', '.join(sorted(names))})", "nothing to do for kit (it passes every name to "
-                               "Horovod, NCCL and Gloo); scripts of your own must not assume one name"))
+            out.append(Finding(r.name, "nic", WARN, f"{text}; the other hosts' MTU is {others}: large messages between "
+                               "them stall", f"set the same MTU on every host (ip link set dev {n.name} mtu N, and "
+                               "in the host's network configuration)"))
         else:
             out.append(Finding(r.name, "nic", OK, text))
     return out

@@ -89,8 +89,9 @@ def _missing(found: list[Candidate], chosen: str) -> list[Finding]:
             source, target = pair.split(" -> ")
             out.append(Finding(target, "network", WARN, f"{_where(c)} ({c.names}): {source} cannot reach this host's "
                                f"{c.members[target].address if target in c.members else 'address'} on it ({error})",
-                               "check the host's firewall and the switch between them; kit trains over another "
-                               "network meanwhile"))
+                               "check the host's firewall (`kit prepare --hosts hosts.txt` opens the cluster's "
+                               "ports on each network of the hosts) and the switch between them; kit trains over "
+                               "another network meanwhile"))
     return out
 
 

@@ -141,27 +141,20 @@ def fanout(launcher: str, state: st.ClusterState, nodes: list[Node], slots: list
     order of their node ranks (the state's, or -H's); nodes: at least theirs; members: each host's interface and
     address on the training network (kit.network.measure.route)."""
     hosts = [state.host(s.host) for s in slots]
-    hca = measure.ib_hca({s.host: members[s.host] for s in slots})
     if launcher == "torchrun":
         commands = []
         for h, slot in zip(hosts, slots):  # nodes, rank, store address and port are the launch's: the supervisor's
             commands.append(NodeCommand(h.name, h.address, (
-                "env", *network_env(members[h.name].iface, hca), f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
+                "env", *measure.host_env(members[h.name]), f"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE={TORCHRUN_PREFIX}",
                 *torchrun_argv(NNODES, nproc or slot.slots, NODE_RANK, MASTER_ADDR, MASTER_PORT, rank_cmd)), None))
         return tuple(commands), tuple(torch_ranks(slots, nproc))
     by_name = {n.name: n for n in nodes}
     ports = fan_out("finding free ports", [by_name[s.host] for s in slots], free_port, lambda n: n.name)
     workers = [f"{s.talks_at}:{p}" for s, p in zip(slots, ports)]
-    commands = [NodeCommand(h.name, h.address, ("env", *network_env(members[h.name].iface, hca),
+    commands = [NodeCommand(h.name, h.address, ("env", *measure.host_env(members[h.name]),
                                                 f"TF_CONFIG={tf_config(workers, i)}", *rank_cmd), i)
                 for i, h in enumerate(hosts)]
     return tuple(commands), tuple(replace(s, slots=1) for s in slots)
-
-
-def network_env(iface: str, hca: str) -> list[str]:
-    """A host's variables for the training network: its interface for Gloo and NCCL, and NCCL_IB_HCA where the
-    network has RDMA ports."""
-    return [f"GLOO_SOCKET_IFNAME={iface}", f"NCCL_SOCKET_IFNAME={iface}", *([f"NCCL_IB_HCA={hca}"] if hca else [])]
 
 
 @dataclass

@@ -10,9 +10,9 @@ nodes: Slurm starts every task, and each derives its part from what Slurm says a
     kit_task.py torchrun SCRIPT ARGS   one task a node: torchrun with a c10d rendezvous on the first node
     kit_task.py tf SCRIPT ARGS         one worker a task: TF_CONFIG from the job's nodes
 
-The batch script gives every task KIT_NODES (`name=address` of each node of the job, in Slurm's order) and
-KIT_PORT (from the job id: two jobs on one node never share it); KIT_SUBNET, where kit.yaml names one, picks
-the ranks' network.
+The batch script gives every task KIT_NODES (`name=address` of each node of the job, in Slurm's order), KIT_PORT
+(from the job id: two jobs on one node never share it) and KIT_NET_KEY (the file of the job's key for its network
+survey, mode 0600); KIT_SUBNET, where kit.yaml names one, picks the ranks' network.
 """
 
 import os  # (os and sys were loaded as the interpreter started: no folder can give other ones)
@@ -175,13 +175,14 @@ def training_network(env, nodes):
         sys.path[:] = given
     try:
         decision = survey.task(env, nodes)
-    except survey.SurveyError as e:
-        raise SystemExit("kit: the job's network survey failed on %s: %s" % (socket.gethostname(), e)) from None
-    mine = decision.members[nodes[int(env["SLURM_NODEID"])][0]]
-    said = decision.summary(len(nodes), "nodes", "NodeAddr", "Slurm") if env["SLURM_PROCID"] == "0" and len(nodes) > 1 \
-        else ""
-    return mine.iface, mine.address, [decision.members[name].address for name, _ in nodes], \
-        said, ",".join(sorted({p for m in decision.members.values() for p in m.rdma}))
+    except (survey.SurveyError, OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit("kit: the job's network survey failed on %s: %s: %s"
+                         % (socket.gethostname(), type(e).__name__, e)) from None
+    mine = decision.members[nodes[int(env["SLURM_NODEID"])][0]]  # (the decision names every node: survey.checked)
+    said = ""
+    if env["SLURM_PROCID"] == "0" and len(nodes) > 1:
+        said = "\n".join([decision.summary(len(nodes), "nodes", "NodeAddr", "Slurm"), *decision.warnings])
+    return mine.iface, mine.address, [decision.members[name].address for name, _ in nodes], said, ",".join(mine.rdma)
 
 
 def main(argv, env):
@@ -191,10 +192,10 @@ def main(argv, env):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         return rendezvous(env, nodes, command[0])
     nic, address, addresses, said, hca = training_network(env, nodes)
-    if said:
-        print("kit: " + said, flush=True)
+    for line in said.splitlines():
+        print("kit: " + line, flush=True)
     nodes = [(name, a) for (name, _), a in zip(nodes, addresses)]  # from here on: where each node's ranks talk
-    run = dict(env, GLOO_SOCKET_IFNAME=nic, NCCL_SOCKET_IFNAME=nic, PYTHONUNBUFFERED="1")
+    run = dict(env, GLOO_SOCKET_IFNAME=nic, NCCL_SOCKET_IFNAME="=" + nic, PYTHONUNBUFFERED="1")  # (NCCL's: exact)
     if hca and "NCCL_IB_HCA" not in env:
         run["NCCL_IB_HCA"] = "=" + hca
     if mode == "horovod":

@@ -168,15 +168,21 @@ def test_a_clock_ten_minutes_off_is_named_against_the_others():
     assert found["a"][0] == found["b"][0] == "ok"
 
 
-def test_nic_names_that_differ_are_said_and_a_different_mtu_fails():
-    def host(name, nic, address, mtu):
-        return reading(name, address=address, nics=[rd.Nic(nic, address, 24, mtu, 1000)])
+def test_each_hosts_nic_is_that_of_its_own_address_and_a_different_mtu_is_a_warning():
+    """Names that differ are nothing to fix (each host's ranks get their own); hosts.txt addresses on several
+    subnets (routed) are fine; an address that is on none of the host's interfaces is a failure."""
+    def host(name, nic, address, mtu, prefix=24):
+        return reading(name, address=address, nics=[rd.Nic(nic, address, prefix, mtu, 1000)])
     same = by_host(jd._nics([host("a", "eth0", "10.0.0.1", 1500), host("b", "ens3", "10.0.0.2", 1500)]))
-    assert same["a"][0] == "warn" and "differ (ens3, eth0)" in same["a"][1]
+    assert same == {"a": ("ok", "eth0 (10.0.0.1/24), MTU 1500, 1000 Mb/s"), "b": ("ok", "ens3 (10.0.0.2/24), MTU "
+                                                                                 "1500, 1000 Mb/s")}
+    routed = by_host(jd._nics([host("a", "eth0", "10.1.0.1", 1500), host("b", "eth0", "10.2.0.1", 1500)]))
+    assert {level for level, _ in routed.values()} == {"ok"}
     mtu = by_host(jd._nics([host("a", "eth0", "10.0.0.1", 1500), host("b", "eth0", "10.0.0.2", 1500),
                             host("c", "eth0", "10.0.0.3", 9000)]))
-    assert mtu["c"][0] == "fail" and "the other hosts' MTU is 1500" in mtu["c"][1]
-    assert mtu["a"] == ("ok", "eth0 (10.0.0.1/24), MTU 1500, 1000 Mb/s")
+    assert mtu["c"][0] == "warn" and "the other hosts' MTU is 1500" in mtu["c"][1]
+    nat = by_host(jd._nics([reading("d", address="203.0.113.9", nics=[rd.Nic("eth0", "10.0.0.4", 24, 1500, 1000)])]))
+    assert nat["d"][0] == "fail" and "(203.0.113.9) is on none of its interfaces" in nat["d"][1]
 
 
 def test_gpu_drivers_that_differ_are_named():

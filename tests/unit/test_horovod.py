@@ -83,18 +83,18 @@ def test_each_horovod_rank_takes_its_own_hosts_interface_before_the_jobs_variabl
     (KIT_RANK_NICS, by HOROVOD_HOSTNAME), and a variable the job set itself (-e) still wins."""
     script = tmp_path / "show.py"
     script.write_text("import os\nprint(*(os.environ.get(k) for k in ('HOROVOD_GLOO_IFACE', 'GLOO_SOCKET_IFNAME', "
-                      "'NCCL_SOCKET_IFNAME', 'KIT_RANK_NICS')))\n")
+                      "'NCCL_SOCKET_IFNAME', 'NCCL_IB_HCA', 'KIT_RANK_NICS', 'KIT_RANK_HCAS')))\n")
     env_dir = tmp_path / "env"
     env_dir.mkdir()
     (env_dir / "j1").write_text(json.dumps({"NCCL_SOCKET_IFNAME": "mine"}))
     base = {"PATH": os.environ["PATH"], "HOROVOD_GLOO_IFACE": "fabric0", "HOROVOD_HOSTNAME": "10.0.0.2",
-            "KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0"}
+            "KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0", "KIT_RANK_HCAS": "10.0.0.2=mlx5_2:1,mlx5_3:1"}
     argv = ["python", "-u", "-c", rank_launcher(env_dir=str(env_dir)), str(script)]
     said = subprocess.run(argv, env=base, capture_output=True, text=True, check=True).stdout.splitlines()[0]
-    assert said == "enp65s0 enp65s0 enp65s0 None"
+    assert said == "enp65s0 enp65s0 =enp65s0 =mlx5_2:1,mlx5_3:1 None None"
     said = subprocess.run(argv, env={**base, "KIT_JOB": "j1", "KIT_ENV": "1"}, capture_output=True, text=True,
                           check=True).stdout.splitlines()[0]
-    assert said == "enp65s0 enp65s0 mine None"
+    assert said == "enp65s0 enp65s0 mine =mlx5_2:1,mlx5_3:1 None None"
 
 
 def test_output_lines_carry_their_rank():

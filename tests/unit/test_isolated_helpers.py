@@ -128,6 +128,7 @@ def _slurm_task(workspace: Path) -> None:
     kit_dir.mkdir()
     (kit_dir / "kit_task.py").write_text(Path(slurmtask.__file__).read_text())
     (kit_dir / "kit_net.py").write_text(network_script.script())
+    (kit_dir / "net-key-1").write_text("0123456789abcdef0123456789abcdef")
     (kit_dir / "kit_rank.py").write_text(rank_launcher(env_dir=str(workspace / "env")))
     (workspace / "train.py").write_text("import os\nprint('worker', os.environ['TF_CONFIG'], flush=True)\n")
     script = sbatch.render(sbatch.SbatchJob("job-1", "train.py", (), "tf", sbatch.shape("tf", 1, None, None, None),
@@ -135,6 +136,7 @@ def _slurm_task(workspace: Path) -> None:
     start = re.search(r"srun [^\n]*?(\S+ -u[^\n]*?) \.kit/kit_task\.py tf ", script)
     argv = ["python", *start[1].split()[1:], ".kit/kit_task.py", "tf", "train.py"]
     r = _run(argv, workspace, PYTHONPATH=".", KIT_NODES="n1=127.0.0.1", KIT_PORT="24242", KIT_SUBNET="127.0.0.0/8",
+             KIT_NET_KEY=".kit/net-key-1",
              SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_NODEID="0", SLURM_JOB_ID="1")
     assert r.returncode == 0 and MARK not in r.stderr, r.stderr
     assert r.stdout.startswith('worker {"cluster":{"worker":["127.0.0.1:24242"]}'), r.stdout

@@ -18,7 +18,8 @@ from kit.doctor_network import judge_candidates, judge_rdma, judge_survey
 from kit.doctor_read import Reading as DoctorReading
 from kit.errors import BadInput, KitError
 from kit.network import measure, shipped, survey
-from kit.network.choose import ROUTED, SSH, Decision, Member, Refused, candidates, decide, to_probe
+from kit.network.choose import (ROUTED, SSH, Decision, Member, Refused, candidates, checked, decide, to_probe,
+                                unaddressed_rdma)
 from kit.network.links import SCRIPT, Address, Link, Port, Reading, parse
 from kit.network.rdma import rdma_devices
 from kit.steps.facts import HostFacts
@@ -251,25 +252,40 @@ def loopback_host(i: int, fabric: bool = True, fabric_address: str | None = None
     return host(*links)
 
 
-def run_survey(readings: list[Reading], setting: str | None = None, members: int | None = None, wait: float = 10):
+def run_survey(readings: list[Reading], setting: str | None = None, members: int | None = None, wait: float = 10,
+               before=None):
+    """The survey on loopback: the coordinator here, each member in a thread, each node with a key of its own;
+    before(port, keys), where given, runs once the coordinator listens (an intruder)."""
     nodes = [(f"h{i + 1}", f"127.0.2.{i + 1}") for i in range(len(readings))]
+    keys = {name: f"key-of-{name}" for name, _ in nodes}
     server = survey.listen("127.0.2.1")
     port, said = server.getsockname()[1], {}
 
     def member(i: int) -> None:
         try:
-            said[i] = survey.member("127.0.2.1", port, nodes[i][0], readings[i], wait)
+            said[i] = survey.member("127.0.2.1", port, nodes[i][0], readings[i], keys[nodes[i][0]], wait)
         except survey.SurveyError as e:
             said[i] = e
+    decided: list = []
+
+    def coordinate() -> None:
+        with server:
+            try:
+                decided.append(survey.coordinate(server, nodes, len(readings), readings[0], keys, setting, wait))
+            except survey.SurveyError as e:
+                decided.append(e)
+    coordinator = threading.Thread(target=coordinate)
+    coordinator.start()
+    if before:
+        before(port, keys)  # before any member says hello
     threads = [threading.Thread(target=member, args=(i,)) for i in range(1, members or len(readings))]
     for t in threads:
         t.start()
-    try:
-        with server:
-            return survey.coordinate(server, nodes, len(readings), readings[0], setting, wait), said
-    finally:
-        for t in threads:
-            t.join(30)
+    for t in [*threads, coordinator]:
+        t.join(60)
+    if isinstance(decided[0], Exception):
+        raise decided[0]
+    return decided[0], said
 
 
 def test_the_survey_checks_every_pair_and_every_member_learns_the_choice():
@@ -293,6 +309,46 @@ def test_an_address_another_host_answers_for_is_caught_by_its_token():
     finally:
         listener.close()
     assert survey.reach(["n", "h3", "127.0.0.1", 1, "bbbb", ""]).startswith("127.0.0.1:1: ")
+
+
+def test_a_process_without_the_nodes_key_cannot_speak_for_it_nor_stop_the_survey():
+    """A job's process that found the coordinator's port says hello as h2 (with a reading of its own), sends what
+    is no hello at all, and dribbles a byte at a time: none of it is heard, and the real h2 takes part."""
+    import socket as sockets
+
+    def intruder(port: int, keys: dict) -> None:
+        forged = {"node": "h2", "nonce": "0" * 32, "body": {"node": "h2", "reading": loopback_host(9).as_dict(),
+                                                             "port": 1, "token": "ab"}, "mac": "00" * 32}
+        for message in (json.dumps(forged).encode() + b"\n", b'{"node": "h2", "reading": 7}\n', b"[1, 2]\n"):
+            with sockets.create_connection(("127.0.2.1", port), timeout=5) as s:
+                s.recv(100)
+                s.sendall(message)
+        slow = sockets.create_connection(("127.0.2.1", port), timeout=5)
+        slow.sendall(b"{")  # and no more: the coordinator waits for it a bounded time only
+    decision, said = run_survey([loopback_host(i) for i in (1, 2, 3)], before=intruder)
+    assert {h: m.address for h, m in decision.members.items()} == {"h1": "127.0.1.1", "h2": "127.0.1.2",
+                                                                   "h3": "127.0.1.3"}
+    assert all(not isinstance(d, Exception) for d in said.values())
+
+
+def test_a_member_does_not_take_a_decision_from_what_is_not_the_coordinator():
+    """A program on the port before the coordinator (another user's, on the job's port): it cannot seal a decision
+    with the job's key, so the member refuses what it says."""
+    import socket as sockets
+    server = sockets.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def squat() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b'{"nonce": "' + b"1" * 32 + b'"}\n')
+            conn.recv(1 << 16)
+            conn.sendall(json.dumps({"body": {"decision": {}}, "mac": "00" * 32}).encode() + b"\n")
+    threading.Thread(target=squat, daemon=True).start()
+    with pytest.raises(survey.SurveyError, match="its seal does not hold"):
+        survey.member("127.0.0.1", server.getsockname()[1], "h2", loopback_host(2), "the-job-key", 5)
+    server.close()
 
 
 def test_the_probe_decides_where_the_speeds_are_equal():
@@ -319,7 +375,7 @@ def test_the_shipped_script_is_the_three_modules_and_runs_alone(tmp_path):
     assert len(names) == len(set(names))  # one namespace: no module's name hides another's
     (tmp_path / "kit_net.py").write_text(script)
     r = subprocess.run(["python3", "-I", str(tmp_path / "kit_net.py"), "member", "127.0.0.1:1", "h2", "0.3"],
-                       capture_output=True, text=True, timeout=60)
+                       input="a-key", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "the survey's first node at 127.0.0.1:1 does not answer" in r.stdout
 
 
@@ -354,8 +410,11 @@ def test_an_infiniband_cluster_trains_over_ib0_and_nccl_gets_its_active_port(tmp
     d = decide(candidates(readings, SSH_ADDRESSES | {"h1": "10.231.77.11", "h2": "10.231.77.12",
                                                      "h3": "10.231.77.13"})[0])
     assert (d.network, d.gbits) == ("10.233.0.0/16", 200.0)
-    assert {m.rdma for m in d.members.values()} == {("mlx5_0:1",)}
-    assert measure.ib_hca(d.members) == "=mlx5_0:1"
+    assert {m.rdma for m in d.members.values()} == {("mlx5_0:1",)}  # (mlx5_1's port is down: not a rail)
+    assert d.summary(3).startswith("training network: 10.233.0.0/16 (ib0), 200 Gbit/s, 3 of 3 hosts, NCCL over 1 RDMA "
+                                   "port a host; ssh over 10.231.77.0/24")
+    assert measure.host_env(d.members["h1"]) == ["GLOO_SOCKET_IFNAME=ib0", "NCCL_SOCKET_IFNAME==ib0",
+                                                 "NCCL_IB_HCA==mlx5_0:1"]
     assert d.unjoined == []  # ib1 is down on every host: no candidate at all
 
 
@@ -363,7 +422,9 @@ def test_a_roce_cluster_and_its_containers(tmp_path):
     readings = {f"h{i}": read_tree("roce", i, tmp_path) for i in (1, 2)}
     d = decide(candidates(readings, {"h1": "10.231.77.11", "h2": "10.231.77.12"})[0])
     assert (d.network, {m.iface for m in d.members.values()}) == ("10.232.0.0/24", {"ens1f0np0"})
-    assert measure.ib_hca(d.members) == "=mlx5_0:1"
+    assert measure.rank_env(d.members, {"h1": "10.231.77.11", "h2": "10.231.77.12"}) == (
+        ("KIT_RANK_NICS", "10.231.77.11=ens1f0np0 10.231.77.12=ens1f0np0"),
+        ("KIT_RANK_HCAS", "10.231.77.11=mlx5_0:1 10.231.77.12=mlx5_0:1"))
     spec = ContainerSpec(ClusterConfig(), ClusterConfig().host_place(), "img", "sha256:1", gpus=True,
                          rdma=rdma_devices(readings["h1"]))
     options = spec.options()
@@ -374,7 +435,8 @@ def test_a_roce_cluster_and_its_containers(tmp_path):
 def test_a_host_without_rdma_gets_no_device_and_no_nccl_ib_hca(tmp_path):
     readings = {f"h{i}": read_tree("none", i, tmp_path) for i in (1, 2)}
     d = decide(candidates(readings, {"h1": "10.231.77.11", "h2": "10.231.77.12"})[0])
-    assert measure.ib_hca(d.members) == "" and rdma_devices(readings["h1"]) == ()
+    assert measure.host_env(d.members["h1"]) == ["GLOO_SOCKET_IFNAME=eth0", "NCCL_SOCKET_IFNAME==eth0"]
+    assert rdma_devices(readings["h1"]) == () and d.warnings == []
     options = ContainerSpec(ClusterConfig(), ClusterConfig().host_place(), "img", "sha256:1", gpus=True).options()
     assert "--device" not in options and "IPC_LOCK" not in options
 
@@ -489,3 +551,44 @@ def test_kit_up_surveys_only_where_there_is_a_choice_and_only_when_the_hosts_net
     assert surveys == [None]  # the same networks: as recorded, no survey
     assert step.choose(two, tmp_path, "10.2.0.0/24")[0].how == "its links report the most, against 10.1.0.0/24 " \
                                                                 "1 Gbit/s" and surveys == [None, "10.2.0.0/24"]
+    plain = step.choose(two, tmp_path, SSH)[0]  # the way around a survey that fails: none runs
+    assert (plain.network, plain.how, surveys) == ("10.1.0.0/24", "cluster.network: ssh", [None, "10.2.0.0/24"])
+
+
+def test_nccl_keeps_every_rail_of_the_fabric_and_no_port_of_another():
+    """A GPU server's eight InfiniBand ports (rails), an IP address on the first only, and a RoCE port of a storage
+    network: NCCL_IB_HCA names the eight, per host (its names may differ from another host's)."""
+    def server(i: int, first: int) -> Reading:
+        rails = tuple(Port(f"mlx5_{first + n}", 1, "ACTIVE", "LinkUp", "InfiniBand", 400.0, "ib0" if n == 0 else "")
+                      for n in range(8))
+        storage = Port("mlx5_9", 1, "ACTIVE", "LinkUp", "Ethernet", 100.0, "ens9")
+        return Reading((link("eno1", f"10.1.0.1{i}", 1000), link("ib0", f"10.5.0.1{i}", 400000, kind="infiniband"),
+                        link("ens9", f"10.9.0.1{i}", 100000)), (*rails, storage))
+    readings = {"h1": server(1, 0), "h2": server(2, 10)}
+    d = decide(candidates(readings, {"h1": "10.1.0.11", "h2": "10.1.0.12"})[0])
+    assert d.network == "10.5.0.0/24"
+    assert d.members["h1"].rdma == tuple(f"mlx5_{n}:1" for n in range(8))
+    assert d.members["h2"].rdma == tuple(sorted(f"mlx5_{n}:1" for n in range(10, 18)))
+    env = dict(measure.rank_env(d.members, {"h1": "10.1.0.11", "h2": "10.1.0.12"}))
+    assert env["KIT_RANK_HCAS"].split()[0] == "10.1.0.11=" + ",".join(f"mlx5_{n}:1" for n in range(8))
+
+
+def test_rdma_ports_that_carry_no_network_are_said():
+    """InfiniBand without IPoIB addresses: kit trains over the management network for its setup, and says that NCCL
+    moves its data over the hosts' active ports all the same."""
+    readings = {f"h{i}": Reading((link("eno1", f"10.1.0.1{i}", 1000),),
+                                 (Port("mlx5_0", 1, "ACTIVE", "LinkUp", "InfiniBand", 200.0, ""),)) for i in (1, 2)}
+    d = decide(candidates(readings, {"h1": "10.1.0.11", "h2": "10.1.0.12"})[0])
+    assert unaddressed_rdma(readings, d) == [
+        "active RDMA ports that carry no network of the hosts (h1: mlx5_0:1; h2: mlx5_0:1): NCCL, in a gpu image, "
+        "moves its data over them, and only its setup over the training network"]
+
+
+def test_a_decision_that_leaves_out_a_node_or_names_no_interface_is_refused():
+    d = decide(candidates(three(), SSH_ADDRESSES)[0])
+    assert checked(d, ["h1", "h2", "h3"]) is d
+    with pytest.raises(ValueError, match="are not the hosts"):
+        checked(d, ["h1", "h2", "h3", "h4"])
+    d.members["h2"] = Member("eth0 x", "10.2.0.12")
+    with pytest.raises(ValueError, match="is not an interface"):
+        checked(d, ["h1", "h2", "h3"])

@@ -18,7 +18,7 @@ from kit.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hos
 from kit.config import ClusterConfig
 from kit.errors import BadInput
 from kit.network.choose import Member
-from kit.network.measure import route
+from kit.network.measure import rank_env as route_env, route
 from kit.supervisor.launch import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
 
 RUN = typer.main.get_command(app).commands["run"]
@@ -218,8 +218,8 @@ def test_a_torchrun_job_talks_over_the_training_network_each_host_on_its_own_int
                                                                                             SLOTS, "lab")]
     fanout, placed = jobs.fanout("torchrun", state, [], picked, ["python", "t.py"], None, members)
     assert [n.argv[1:4] for n in fanout] == [
-        ("GLOO_SOCKET_IFNAME=enp65s0", "NCCL_SOCKET_IFNAME=enp65s0", "NCCL_IB_HCA==mlx5_0:1,mlx5_2:1"),
-        ("GLOO_SOCKET_IFNAME=ens1f0", "NCCL_SOCKET_IFNAME=ens1f0", "NCCL_IB_HCA==mlx5_0:1,mlx5_2:1")]
+        ("GLOO_SOCKET_IFNAME=enp65s0", "NCCL_SOCKET_IFNAME==enp65s0", "NCCL_IB_HCA==mlx5_0:1"),
+        ("GLOO_SOCKET_IFNAME=ens1f0", "NCCL_SOCKET_IFNAME==ens1f0", "NCCL_IB_HCA==mlx5_2:1")]
     job = jobs.Job("j1", state, len(placed), tuple(picked), ("fabric0",), ("python", "t.py"), launcher="torchrun",
                    fanout=fanout, placed=placed)
     argv, _ = job.plan().launch(picked, "29400")
@@ -231,7 +231,7 @@ def test_horovod_ranks_each_take_their_hosts_interface():
     variables: each rank takes its own host's name for the fabric from KIT_RANK_NICS, by HOROVOD_HOSTNAME."""
     state = subset_state()
     members = {"a": Member("fabric0", "10.9.0.1"), "b": Member("enp65s0", "10.9.0.2"), "c": Member("ens1f0", "10.9.0.3")}
-    env = dict(cli_jobs.horovod_network(members, state.hosts))
+    env = dict(route_env(members, {h.name: h.address for h in state.hosts}))
     assert env == {"KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0 10.0.0.3=ens1f0"}
     job = jobs.Job("j1", state, 3, tuple(SLOTS), ("fabric0",), ("python", "t.py"), network=tuple(env.items()))
     assert json.loads(job.request(None).split(b"\n")[0])["env"]["KIT_RANK_NICS"] == env["KIT_RANK_NICS"]

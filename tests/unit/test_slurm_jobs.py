@@ -74,7 +74,8 @@ def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
 def test_a_job_with_variables_names_only_their_file_and_removes_it():
     job = golden_job("horovod", "none")
     text = sbatch.render(job)
-    assert f"trap 'rm -f .kit/env/{JOB_ID}' EXIT" in text and "export KIT_ENV=1" in text
+    assert f"ends+=(.kit/env/{JOB_ID})" in text and "trap 'rm -f \"${ends[@]}\"' EXIT" in text
+    assert "export KIT_ENV=1" in text
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
 
 

@@ -144,9 +144,11 @@ def _print_network(decision, hosts: int, note: str) -> None:
     """The training network in one line; each network that misses hosts, and why it was left."""
     console.print(f"  {visible(decision.summary(hosts, earlier=note == EARLIER))}", markup=False, highlight=False)
     for line in decision.unjoined:
-        console.print(f"  [yellow]note[/] {escape(visible(line))}: not used")
-    if note and note != EARLIER:
-        console.print(f"  [yellow]note[/] {escape(visible(note))}")
+        console.print(f"  [yellow]note[/] {escape(visible(line))}: not used" + (
+            " (a firewall on the way? `kit prepare --hosts hosts.txt` opens the cluster's ports on each network of the "
+            "hosts: run it again after adding one)" if "timed out" in line else ""))
+    for line in [*decision.warnings, *([note] if note and note != EARLIER else [])]:
+        console.print(f"  [yellow]note[/] {escape(visible(line))}")
 
 
 def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:

@@ -240,7 +240,8 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             if launcher != "horovod" else ((), ())
         job = jobs.Job(jobs.new_job_id(), state, len(placed) if fanout else count, tuple(slots),
                        (members[state.primary.name].iface,), tuple(rank_cmd), options, env, launcher, fanout, placed,
-                       nproc_per_node, policy, horovod_network(members, on) if launcher == "horovod" else ())
+                       nproc_per_node, policy,
+                       measure.rank_env(members, {h.name: h.address for h in on}) if launcher == "horovod" else ())
         if policy.min_np is not None and policy.min_np > job.np:
             raise BadInput(f"--min-np: {policy.min_np} is more than the job's {job.np} processes",
                            hint=f"give --min-np from 1 to {job.np}")
@@ -278,14 +279,6 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
             n.runner.close()
     report(outcome, job.id, job.launcher, state, out)
     return job
-
-
-def horovod_network(members: dict[str, measure.Member], on: list[st.HostState]) -> tuple[tuple[str, str], ...]:
-    """What horovodrun's ranks get of the training network: each host's own interface (its name may differ from the
-    primary's, which horovodrun gives them all), and NCCL_IB_HCA where the network has RDMA ports."""
-    hca = measure.ib_hca({h.name: members[h.name] for h in on})
-    return (("KIT_RANK_NICS", measure.nics_by_address(members, {h.name: h.address for h in on})),
-            *((("NCCL_IB_HCA", hca),) if hca else ()))
 
 
 def job_line(job_id: str, script: list[str], ranks: list[str], copied: int, folder: Path) -> str:

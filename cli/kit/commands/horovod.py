@@ -87,10 +87,13 @@ def report(code):
             pass
 if BEAT:
     threading.Thread(target=heartbeat, daemon=True, name="kit-heartbeat").start()
-NIC = dict(p.split("=", 1) for p in os.environ.pop("KIT_RANK_NICS", "").split() if "=" in p).get(
-    os.environ.get("HOROVOD_HOSTNAME", ""))
+def own(name):  # this host's part of a KIT_RANK_* map (`address=value ...`, by horovodrun's HOROVOD_HOSTNAME)
+    return dict(p.split("=", 1) for p in os.environ.pop(name, "").split() if "=" in p).get(os.environ.get("HOROVOD_HOSTNAME", ""))
+NIC, HCAS = own("KIT_RANK_NICS"), own("KIT_RANK_HCAS")
 if NIC:  # this host's own interface on the training network (horovodrun gives every rank the first host's name)
-    os.environ.update(HOROVOD_GLOO_IFACE=NIC, GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME=NIC)
+    os.environ.update(HOROVOD_GLOO_IFACE=NIC, GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME="=" + NIC)
+if HCAS:  # its RDMA ports, exact names
+    os.environ["NCCL_IB_HCA"] = "=" + HCAS
 if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
     try:
         with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:

@@ -15,14 +15,16 @@ of a short bandwidth probe; a tie goes to the hosts.txt network. cluster.network
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import asdict, dataclass, field
 
-from kit.network.links import Reading  # shipped together
+from kit.network.links import NAME, Reading  # shipped together
 
 ROUTED = "routed"     # the hosts.txt addresses' network where they are on no one subnet
 SSH = "ssh"           # cluster.network: train over the hosts.txt network, as kit did before it chose
 TIE = 0.9             # probe figures within 10% of each other are a tie
 NO_ADDRESS = "no address on it"
+RAIL = re.compile(r"[A-Za-z0-9_.-]{1,64}:[0-9]{1,3}")   # an RDMA port as NCCL_IB_HCA names it
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Member:
     address: str
     mbps: int | None = None
     mtu: int | None = None
-    rdma: tuple[str, ...] = ()    # the active RDMA ports that carry it (NCCL_IB_HCA's form: mlx5_0:1)
+    rdma: tuple[str, ...] = ()    # NCCL_IB_HCA's ports (mlx5_0:1): where an active one carries it, its kind's (rails)
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Decision:
     unjoined: list[str] = field(default_factory=list)   # candidates that miss hosts, each with them
     notes: list[str] = field(default_factory=list)      # what was left out, and why
     candidates: list[dict] = field(default_factory=list)  # every candidate as the survey found it (Candidate.as_dict)
+    warnings: list[str] = field(default_factory=list)   # what the user should know of it (said at kit up)
 
     def summary(self, hosts: int, word: str = "hosts", home: str = "hosts.txt", reach: str = "ssh",
                 earlier: bool = False) -> str:
@@ -102,7 +105,10 @@ class Decision:
         where = f"the {home} addresses (routed)" if self.network == ROUTED else self.network
         names = " / ".join(dict.fromkeys(m.iface for m in self.members.values()))
         tail = f"the {home} network" if self.ssh else f"{reach} over {self.ssh_network or f'the {home} addresses'}"
-        return (f"training network: {where} ({names}), {speed}, {len(self.members)} of {hosts} {word}; "
+        rails = sorted({len(m.rdma) for m in self.members.values()})
+        nccl = f", NCCL over {'-'.join(map(str, rails))} RDMA port{'s' if rails[-1] > 1 else ''} a host" \
+            if rails and rails[-1] else ""
+        return (f"training network: {where} ({names}), {speed}, {len(self.members)} of {hosts} {word}{nccl}; "
                 f"{tail}" + (f" ({self.how.replace('hosts.txt', home)})" if self.how else ""))
 
     def as_dict(self) -> dict:
@@ -182,10 +188,10 @@ def _candidate(name: str, net, owned: dict[str, list[tuple]], readings: dict[str
         up = [(link, a) for link, a in on if link.usable]
         if up:
             link, a = up[0]
-            rdma = tuple(p.label for p in readings[host].ports_of(link.name) if p.active)
             rate = max([int(p.gbits * 1000) for p in readings[host].ports_of(link.name) if p.active and p.gbits],
                        default=0)
-            c.members[host] = Member(link.name, a.address, max(link.mbps or 0, rate) or None, link.mtu, rdma)
+            c.members[host] = Member(link.name, a.address, max(link.mbps or 0, rate) or None, link.mtu,
+                                     readings[host].rails(link.name))
         elif on:
             c.missing[host] = f"{on[0][0].name} is {on[0][0].state} there"
         else:
@@ -215,16 +221,48 @@ def _mark_ssh(found: list[Candidate], owned, readings: dict[str, Reading], ssh: 
     routed = Candidate(ROUTED, ssh=True)
     for host, r in readings.items():
         link = next((l for l in r.links if any(a.address == ssh.get(host) for a in l.addresses)), None)
-        if link is None:
+        if r.noip:
+            routed.missing[host] = "kit cannot read its interfaces: `ip` (iproute2) is not installed there"
+        elif link is None:
             routed.missing[host] = f"its address {ssh.get(host)} is on none of its interfaces (behind NAT?)"
         else:
-            rdma = tuple(p.label for p in r.ports_of(link.name) if p.active)
-            routed.members[host] = Member(link.name, ssh[host], link.mbps, link.mtu, rdma)
+            routed.members[host] = Member(link.name, ssh[host], link.mbps, link.mtu, r.rails(link.name))
     found.append(routed)
 
 
 def _once(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def unaddressed_rdma(readings: dict[str, Reading], chosen: Decision) -> list[str]:
+    """Where the training network has no RDMA port but hosts have active ones (InfiniBand without IPoIB addresses):
+    NCCL (in a gpu image) moves its data over those ports all the same, and only its setup over the network."""
+    if any(m.rdma for m in chosen.members.values()):
+        return []
+    found = {host: [p.label for p in r.ports if p.active] for host, r in readings.items()}
+    found = {host: ports for host, ports in found.items() if ports}
+    if not found:
+        return []
+    where = "; ".join(f"{host}: {', '.join(ports)}" for host, ports in found.items())
+    return [f"active RDMA ports that carry no network of the hosts ({where}): NCCL, in a gpu image, moves its data "
+            "over them, and only its setup over the training network"]
+
+
+def checked(d: Decision, hosts: list[str]) -> Decision:
+    """A decision whose every host is one of `hosts` (all of them), every interface a name, every address IPv4, every
+    RDMA port mlx5_0:1's form: it came from another process (a container's root could have written it). Raises
+    ValueError."""
+    if set(d.members) != set(hosts):
+        raise ValueError(f"members {sorted(d.members)} are not the hosts {sorted(hosts)}")
+    for m in d.members.values():
+        if not NAME.fullmatch(m.iface) or ipaddress.ip_address(m.address).version != 4 or \
+                not all(RAIL.fullmatch(p) for p in m.rdma):
+            raise ValueError(f"{m.iface!r} {m.address!r} is not an interface and an IPv4 address")
+    if d.network != ROUTED:
+        ipaddress.ip_network(d.network)
+    if d.gbits is not None and not isinstance(d.gbits, (int, float)):
+        raise ValueError("its speed is not a number")
+    return d
 
 
 def to_probe(found: list[Candidate]) -> list[str]:

@@ -29,7 +29,7 @@ for d in "$s"/class/net/*; do
 $(cat "$d/operstate" 2>/dev/null || echo -) $(cat "$d/type" 2>/dev/null || echo -)"
 done
 echo '{MARK}addr'
-ip -o addr show 2>/dev/null
+ip -o addr show 2>/dev/null || command -v ip >/dev/null 2>&1 || echo '{MARK}noip'
 echo '{MARK}rdma'
 for p in "$s"/class/infiniband/*/ports/*; do
   [ -e "$p/state" ] || continue
@@ -124,6 +124,7 @@ class Reading:
     links: tuple[Link, ...] = ()
     ports: tuple[Port, ...] = ()
     devices: tuple[str, ...] = ()   # the files under /dev/infiniband (uverbs0, rdma_cm...)
+    noip: bool = False              # `ip` is not installed: the addresses could not be read
 
     def link(self, name: str) -> Link | None:
         return next((l for l in self.links if l.name == name), None)
@@ -131,6 +132,13 @@ class Reading:
     def ports_of(self, name: str) -> tuple[Port, ...]:
         """The RDMA ports that carry interface `name`."""
         return tuple(p for p in self.ports if p.netdev == name)
+
+    def rails(self, name: str) -> tuple[str, ...]:
+        """NCCL_IB_HCA's ports for a training network over interface `name`: where an active RDMA port carries it,
+        every active port of its kind here (a GPU server's rails: 8 InfiniBand ports, of which 1 or 2 carry an IP
+        address), so that NCCL keeps them all but those of another fabric (a RoCE storage network beside InfiniBand)."""
+        kinds = {p.layer for p in self.ports_of(name) if p.active}
+        return tuple(sorted(p.label for p in self.ports if p.active and p.layer in kinds))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +156,7 @@ class Reading:
                            str(p["layer"])[:20], float(p["gbits"]) if p["gbits"] else None,
                            _name(p["netdev"]) if p["netdev"] else "")
                       for p in data.get("ports", []))
-        return cls(links, ports, tuple(_name(d, 64) for d in data.get("devices", [])))
+        return cls(links, ports, tuple(_name(d, 64) for d in data.get("devices", [])), data.get("noip") is True)
 
 
 def _name(text: object, size: int = 15) -> str:
@@ -208,7 +216,7 @@ def parse(text: str) -> Reading:
     links += [Link(name, None, None, "unknown", "?", tuple(found)) for name, found in addresses.items()
               if name not in known and NAME.fullmatch(name)]  # a /sys that does not show it (another namespace's)
     return Reading(tuple(links), tuple(p for p in map(_port, s.get("rdma", [])) if p),
-                   tuple(d.strip() for d in s.get("devices", []) if NAME.fullmatch(d.strip())))
+                   tuple(d.strip() for d in s.get("devices", []) if NAME.fullmatch(d.strip())), "noip" in s)
 
 
 def _port(line: str) -> Port | None:

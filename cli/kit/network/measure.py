@@ -4,19 +4,18 @@ the cluster's state, and what each launcher is given from it (kit.network.survey
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
-import re
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.commands.docker import command, exec_argv
-from kit.errors import BadInput, KitError
+from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.network import shipped
-from kit.network.choose import ROUTED, SSH, Candidate, Decision, Member, Refused, candidates, decide
-from kit.network.links import NAME
+from kit.commands.horovod import on_cluster_subnet
+from kit.network.choose import ROUTED, SSH, Candidate, Decision, Member, Refused, candidates, checked, decide
 
 if TYPE_CHECKING:
     from kit import state as st
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
 
 SCRIPT = shipped.script()
 WAIT_S = 30           # for every container's hello to the survey's coordinator
-RDMA_PORT = re.compile(r"[A-Za-z0-9_.-]{1,64}:[0-9]{1,3}")
 
 
 def survey_argv(container: str, *args: str) -> list[str]:
@@ -38,8 +36,10 @@ def bounded(argv: list[str], seconds: float) -> str:
 
 def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Decision:
     """The survey on the nodes' containers (nodes[0], the primary's, coordinates): the network the ranks train over.
+    Each container gets a key of its own on stdin (never on a command line), which its messages are sealed with.
     Raises KitError naming the host where it failed, or a setting (cluster.network) that misses a host."""
     primary = nodes[0]
+    keys = {n.name: secrets.token_hex(16) for n in nodes}
     names = " ".join(f"{n.name}={n.address}" for n in nodes)
     said: list[str] = []
     listening, ended = threading.Event(), threading.Event()
@@ -48,7 +48,8 @@ def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Dec
         try:
             primary.runner.stream_out(bounded(survey_argv(primary.place.container, "coordinate", primary.address,
                                                           names, str(wait), setting or ""), wait * 2 + 60),
-                                      lambda line: (said.append(line), listening.set()))
+                                      lambda line: (said.append(line), listening.set()),
+                                      stdin=json.dumps(keys).encode())
         finally:
             listening.set()
             ended.set()
@@ -62,12 +63,25 @@ def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Dec
 
     def join(n) -> None:
         argv = survey_argv(n.place.container, "member", f"{primary.address}:{port}", n.name, str(wait))
-        n.runner.run(bounded(argv, wait * 2 + 60), timeout=wait * 2 + 90)
+        r = n.runner.run(bounded(argv, wait * 2 + 60), stdin=keys[n.name].encode(), timeout=wait * 2 + 90)
+        if not r.ok:
+            raise KitError(f"its part of the network survey failed (exit {r.exit_code})", host=n.name,
+                           command="kit's network survey", output_tail=r.tail(),
+                           hint="`kit status` shows the containers; `kit doctor` each host's networks")
+    hosts = [n.name for n in nodes]
     try:
         fan_out("the network survey", nodes[1:], join, lambda n: n.name)
-    finally:
+    except HostsFailed as failed:
         ended.wait(wait * 2 + 90)
-    return parse_answer(said[-1] if said else "", [n.name for n in nodes], primary.name)
+        answer = _answer(said[-1] if len(said) > 1 else "", hosts, primary.name)
+        if isinstance(answer, Decision):
+            return answer  # (a member that failed after the decision: what it had to say was said)
+        raise HostsFailed("the network survey", {primary.name: answer, **failed.failures}) from None
+    ended.wait(wait * 2 + 90)
+    answer = _answer(said[-1] if len(said) > 1 else "", hosts, primary.name)
+    if isinstance(answer, KitError):
+        raise answer
+    return answer
 
 
 def _port(line: str) -> int | None:
@@ -80,32 +94,24 @@ def _port(line: str) -> int | None:
 
 def parse_answer(line: str, hosts: list[str], where: str) -> Decision:
     """The coordinator's last line -> Decision, every value checked (a container's root could have printed it)."""
+    answer = _answer(line, hosts, where)
+    if isinstance(answer, KitError):
+        raise answer
+    return answer
+
+
+def _answer(line: str, hosts: list[str], where: str) -> Decision | KitError:
     try:
         answer = json.loads(line)
         if "error" in answer:
-            raise KitError(f"the network survey failed: {str(answer['error'])[:500]}", host=where,
-                           command="kit's network survey",
-                           hint="kit doctor shows each host's networks; fix the host it names and run kit up again")
+            return KitError(f"the network survey failed: {str(answer['error'])[:500]}", host=where,
+                            command="kit's network survey",
+                            hint="kit doctor shows each host's networks; fix the host it names and run kit up again")
         return checked(Decision.from_dict(answer["decision"]), hosts)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise KitError(f"the network survey's answer is not kit's ({type(e).__name__})", host=where,
-                       command="kit's network survey", output_tail=line[-500:],
-                       hint="run kit up again; `kit doctor` checks each host") from None
-
-
-def checked(d: Decision, hosts: list[str]) -> Decision:
-    """A decision whose every host is one of ours, every interface a name, every address IPv4: raises ValueError."""
-    if set(d.members) != set(hosts):
-        raise ValueError(f"members {sorted(d.members)} are not the hosts {sorted(hosts)}")
-    for m in d.members.values():
-        if not NAME.fullmatch(m.iface) or ipaddress.ip_address(m.address).version != 4 or \
-                not all(RDMA_PORT.fullmatch(p) for p in m.rdma):
-            raise ValueError(f"{m.iface!r} {m.address!r} is not an interface and an IPv4 address")
-    if d.network != ROUTED:
-        ipaddress.ip_network(d.network)
-    if d.gbits is not None and not isinstance(d.gbits, (int, float)):
-        raise ValueError("its speed is not a number")
-    return d
+        return KitError(f"the network survey's answer is not kit's ({type(e).__name__})", host=where,
+                        command="kit's network survey", output_tail=line[-500:],
+                        hint="run kit up again; `kit doctor` checks each host")
 
 
 # ---------------------------------------------------------------- from the facts, before anything changes
@@ -177,12 +183,11 @@ def route(state: st.ClusterState) -> dict[str, Member]:
     addresses = [h.address for h in state.hosts]
     out = {}
     for h in state.hosts:
-        net = next((i for i in h.interfaces if all(ipaddress.ip_address(a) in ipaddress.ip_network(
-            f"{i[1]}/{i[2]}", strict=False) for a in addresses)), None)
-        if net is None:
+        at = on_cluster_subnet([tuple(i) for i in h.interfaces], addresses)
+        if at is None:
             raise BadInput(f"{h.name} has no interface on a subnet that holds every cluster address "
                            f"({', '.join(addresses)})", hint="run kit up again: it chooses the training network")
-        out[h.name] = Member(net[0], h.address)
+        out[h.name] = Member(h.interfaces[at][0], h.address)
     return out
 
 
@@ -197,14 +202,18 @@ def described(state: st.ClusterState, hosts: set[str]) -> str:
     return f"{where} ({names})" + ("" if d.ssh else ", not the hosts.txt network")
 
 
-def ib_hca(members: dict[str, Member]) -> str:
-    """NCCL_IB_HCA for these hosts: the active RDMA ports of the training network, exact names (`=` in front), or ""
-    where it has none (NCCL then decides by itself)."""
-    ports = sorted({p for m in members.values() for p in m.rdma})
-    return "=" + ",".join(ports) if ports else ""
+def rank_env(members: dict[str, Member], addresses: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """What horovodrun's ranks get of the training network, from which each rank takes its own host's (horovodrun
+    gives every rank the same variables, and names may differ between hosts): KIT_RANK_NICS, `hosts.txt
+    address=interface ...`, and, where hosts have RDMA ports on it, KIT_RANK_HCAS, `address=mlx5_0:1,mlx5_1:1 ...`
+    (kit.commands.horovod's rank launcher)."""
+    on = [(addresses[h], m) for h, m in members.items() if h in addresses]
+    hcas = " ".join(f"{a}={','.join(m.rdma)}" for a, m in on if m.rdma)
+    return (("KIT_RANK_NICS", " ".join(f"{a}={m.iface}" for a, m in on)), *((("KIT_RANK_HCAS", hcas),) if hcas else ()))
 
 
-def nics_by_address(members: dict[str, Member], addresses: dict[str, str]) -> str:
-    """KIT_RANK_NICS: `hosts.txt address=interface ...`, from which each Horovod rank takes its host's interface
-    (horovodrun gives every rank the same variables, and the names may differ between hosts)."""
-    return " ".join(f"{addresses[h]}={m.iface}" for h, m in members.items() if h in addresses)
+def host_env(member: Member) -> list[str]:
+    """A host's variables for the training network, `NAME=VALUE`: its interface for Gloo, and for NCCL by its exact
+    name (NCCL takes a bare name as a prefix: eth1 would also be eth10), and NCCL_IB_HCA where it has RDMA ports."""
+    return [f"GLOO_SOCKET_IFNAME={member.iface}", f"NCCL_SOCKET_IFNAME=={member.iface}",
+            *([f"NCCL_IB_HCA=={','.join(member.rdma)}"] if member.rdma else [])]

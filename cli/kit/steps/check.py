@@ -69,9 +69,7 @@ def cuda_check_argv(state: st.ClusterState) -> tuple[list[str], list[str]]:
     tensors through NCCL over the training network, each host's ranks on its own interface (the rank launcher)."""
     members = measure.route(state)
     ranks = [Slot(h.name, h.address, h.slots or 1, members[h.name].address) for h in state.hosts]
-    env = ["-e", f"KIT_RANK_NICS={measure.nics_by_address(members, {h.name: h.address for h in state.hosts})}"]
-    if hca := measure.ib_hca(members):
-        env += ["-e", f"NCCL_IB_HCA={hca}"]
+    env = [a for k, v in measure.rank_env(members, {h.name: h.address for h in state.hosts}) for a in ("-e", f"{k}={v}")]
     return env, horovodrun_argv(sum(r.slots for r in ranks), ranks, state.ssh_port, [members[state.primary.name].iface],
                                 rank_command("/opt/kit/allreduce_check.py", ["--cuda"]), HorovodOptions())
 

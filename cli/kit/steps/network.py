@@ -10,7 +10,7 @@ from pathlib import Path
 from kit import state as st
 from kit.errors import KitError
 from kit.network import measure
-from kit.network.choose import SSH, Decision, decide
+from kit.network.choose import SSH, Decision, decide, unaddressed_rdma
 from kit.steps.node import Node
 
 EARLIER = "as recorded"  # the note of a choice an earlier up measured
@@ -27,9 +27,10 @@ def choose(nodes: list[Node], folder: Path, setting: str | None) -> tuple[Decisi
             return old.decision, EARLIER
         found, notes = measure.facts_candidates(nodes)
         ssh = next(c for c in found if c.ssh)
-        if ssh.joins and setting in (None, SSH) and not [c for c in found if c.members and c is not ssh]:
-            decision = decide(found, SSH, notes)  # one network: the SSH check between the containers crossed it
-            decision.how = "the only network the hosts share"
+        if ssh.joins and (setting == SSH or setting is None and not [c for c in found if c.members and c is not ssh]):
+            decision = decide(found, SSH, notes)  # the SSH check between the containers crossed it
+            decision.how = "cluster.network: ssh" if setting else "the only network the hosts share"
+            decision.warnings += unaddressed_rdma({n.name: n.facts.links for n in nodes}, decision)
         else:
             try:
                 decision = measure.survey(nodes, setting)
