@@ -94,21 +94,34 @@ def live(pid_file: Path) -> int | None:
 
 
 def stop(pid: int, timeout: float = 20) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    stop_all([pid], timeout)
+
+
+def stop_all(pids: list[int], timeout: float = 20) -> None:
+    """SIGTERM to every one at once, then wait for them together (bounded); SIGKILL to what is left."""
+    for pid in pids:
         try:
-            os.kill(pid, 0)
+            os.kill(pid, signal.SIGTERM)
         except OSError:
-            return
+            pass
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if live_pid(pid)]
         time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def live_pid(pid: int) -> bool:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, 0)
+        return True
     except OSError:
-        pass
+        return False
 
 
 def firewall_rules(h: LabHost, comment: str) -> list[tuple[str, str]]:
@@ -158,12 +171,9 @@ def slurm_cluster(lab: Lab, folder: Path, check: bool = True):
             yield s
         finally:
             cancel_jobs(s)
-            for p in pid_files(nodes.values()):
-                if p not in running and (pid := live(p)):
-                    stop(pid)
-            for h in lab.hosts:  # a job step's slurmstepd outlives its slurmd
-                for pid in h.processes(r"^slurmstepd"):
-                    stop(pid, timeout=5)
+            stop_all([pid for p in pid_files(nodes.values()) if p not in running and (pid := live(p))])
+            # a job step's slurmstepd outlives its slurmd
+            stop_all([pid for h in lab.hosts for pid in h.processes(r"^slurmstepd")], timeout=5)
             for p in WRITTEN + [f"/run/slurmd-{n}.pid{e}" for n in nodes.values() for e in ("", ".kit")] \
                     + [f"/var/log/slurm/slurmd-{n}.log" for n in nodes.values()]:
                 if p not in there:
