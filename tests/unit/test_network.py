@@ -592,3 +592,10 @@ def test_a_decision_that_leaves_out_a_node_or_names_no_interface_is_refused():
     d.members["h2"] = Member("eth0 x", "10.2.0.12")
     with pytest.raises(ValueError, match="is not an interface"):
         checked(d, ["h1", "h2", "h3"])
+
+
+def test_the_survey_reads_its_key_from_the_containers_stdin():
+    """docker exec passes stdin on only with -i: without it the key never reaches the survey, which then fails."""
+    argv = measure.survey_argv("kit-lab", "member", "10.0.0.1:4000", "h2", "30")
+    assert argv[:4] == ["docker", "exec", "-i", "kit-lab"]
+    assert argv[4:7] == ["python", "-I", "-c"] and argv[-4:] == ["member", "10.0.0.1:4000", "h2", "30"]

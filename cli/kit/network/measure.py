@@ -26,8 +26,9 @@ WAIT_S = 30           # for every container's hello to the survey's coordinator
 
 
 def survey_argv(container: str, *args: str) -> list[str]:
-    """The survey in a container, isolated (-I): the workspace (its folder) holds the job's files, not kit's."""
-    return exec_argv(container, ["python", "-I", "-c", SCRIPT, *args])
+    """The survey in a container, isolated (-I): the workspace (its folder) holds the job's files, not kit's; its stdin
+    (-i) is the container's key."""
+    return exec_argv(container, ["python", "-I", "-c", SCRIPT, *args], ("-i",))
 
 
 def bounded(argv: list[str], seconds: float) -> str:
