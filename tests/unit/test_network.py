@@ -554,6 +554,16 @@ def test_kit_up_surveys_only_where_there_is_a_choice_and_only_when_the_hosts_net
     plain = step.choose(two, tmp_path, SSH)[0]  # the way around a survey that fails: none runs
     assert (plain.network, plain.how, surveys) == ("10.1.0.0/24", "cluster.network: ssh", [None, "10.2.0.0/24"])
 
+    def fails(nodes, setting=None):
+        raise KitError("the network survey did not start in the primary's container", host="h1")
+    monkeypatch.setattr(measure, "survey", fails)
+    fell, note = step.choose(two, tmp_path, None)  # no setting: the hosts.txt network, said, measured at the next up
+    assert (fell.network, fell.how) == ("10.1.0.0/24", "not measured: the survey failed"), fell
+    assert note.startswith("the network survey failed (h1: the network survey did not start") and \
+        measure.recorded(st.load(tmp_path)).fingerprint == ""
+    with pytest.raises(KitError):  # a setting is never put aside
+        step.choose(two, tmp_path, "10.2.0.0/24")
+
 
 def test_nccl_keeps_every_rail_of_the_fabric_and_no_port_of_another():
     """A GPU server's eight InfiniBand ports (rails), an IP address on the first only, and a RoCE port of a storage

@@ -38,6 +38,7 @@ def choose(nodes: list[Node], folder: Path, setting: str | None) -> tuple[Decisi
                 if setting or not ssh.joins:
                     raise
                 decision, stamp = decide(found, SSH, notes), ""  # measured again at the next up
+                decision.how = "not measured: the survey failed"
                 note = f"the network survey failed ({e}); training over the hosts.txt network"
     measure.record(state, decision, stamp, setting)
     st.save(folder, state)
