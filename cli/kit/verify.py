@@ -54,7 +54,8 @@ RDMA_PY = ("import ctypes, glob, json, os\n"
            "    except OSError:\n        pass\n"
            "count = ctypes.c_int(-1)\n"
            "if lib:\n    lib.ibv_get_device_list.restype = ctypes.c_void_p\n"
-           "    lib.ibv_free_device_list(ctypes.c_void_p(lib.ibv_get_device_list(ctypes.byref(count))))\n"
+           "    found = lib.ibv_get_device_list(ctypes.byref(count))\n"
+           "    if found:\n        lib.ibv_free_device_list(ctypes.c_void_p(found))\n"  # NULL (no devices): freeing it crashes
            "providers = sorted(os.path.basename(p).split('-rdmav')[0].removeprefix('lib') "
            "for p in glob.glob('/usr/lib/*/libibverbs/*.so') + glob.glob('/usr/lib64/libibverbs/*.so'))\n"
            "print(json.dumps({'verbs': name if lib else '', 'devices': count.value, 'providers': providers}))")
