@@ -341,9 +341,10 @@ def test_gpu_image_is_built_without_a_gpu_or_a_registry_for_its_cuda_line(gpu_bu
     assert nccl and nvcc == "no-nvcc"  # the compiler stayed in the builder: one CUDA, torch's, in the image
 
 
-def test_the_cpu_flavors_horovod_builds_with_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
-    """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x), built again as its own target (its
-    layers are the gpu build's), where Horovod is built as the cpu flavor has it: PyTorch and Gloo, no GPU ops."""
+def test_the_gpu_images_horovod_is_built_by_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
+    """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x) built the image's Horovod: its torch
+    library names the GCC that compiled it, and the builder stage (its layers are the gpu build's, so it is not
+    built again) has that GCC and a CMake 4, with which Horovod's CMake files must work."""
     from kit.build import resolve_sources
     from kit.config import ConfigFile, build_config
     from kit.recipe import make_recipe
@@ -356,17 +357,13 @@ def test_the_cpu_flavors_horovod_builds_with_cmake_4_and_gcc_13_or_newer(gpu_bui
     log = list(client.api.build(path=str(tmp_path / "ctx"), target="builder", tag=tag, rm=True, decode=True))
     assert not [c for c in log if "error" in c], log[-5:]
     try:
-        r = docker_run(tag, "-c", "cmake --version | head -n 1; g++ -dumpfullversion; "
-                                  "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
-                                  "HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 /opt/kit/build_horovod.sh "
-                                  "/opt/kit/wheelhouse/horovod/* /tmp/cpu >/tmp/build.log 2>&1 "
-                                  "|| { tail -n 30 /tmp/build.log; exit 1; }; "
-                                  "pip install --no-deps --force-reinstall -q /tmp/cpu/*.whl && horovodrun --check-build",
-                       entrypoint="sh", timeout=1800)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        r = docker_run(tag, "-c", "cmake --version | head -n 1; g++ -dumpfullversion", entrypoint="sh")
         cmake, gcc = r.stdout.splitlines()[:2]
         assert int(re.search(r"cmake version (\d+)", cmake)[1]) >= 4 and int(gcc.split(".")[0]) >= 13, (cmake, gcc)
-        check = parse_check_build(r.stdout)
-        assert "PyTorch" in check.frameworks and check.operations == {"Gloo"}, check
     finally:
         client.images.remove(tag, force=True)
+    image = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", gpu_built.stdout)[1]
+    made = docker_run(image, "-c", "grep -a -o -h 'GCC: ([^)]*) [0-9.]*' "
+                                   "/opt/venv/lib/python3*/site-packages/horovod/torch/mpi_lib_v2*.so | sort -u",
+                      entrypoint="sh")
+    assert made.stdout.split() and made.stdout.strip().endswith(gcc), (made.stdout, gcc)
