@@ -609,3 +609,18 @@ def test_the_survey_reads_its_key_from_the_containers_stdin():
     argv = measure.survey_argv("kit-lab", "member", "10.0.0.1:4000", "h2", "30")
     assert argv[:4] == ["docker", "exec", "-i", "kit-lab"]
     assert argv[4:7] == ["python", "-I", "-c"] and argv[-4:] == ["member", "10.0.0.1:4000", "h2", "30"]
+
+
+def test_a_survey_that_stops_at_once_says_why_and_one_that_says_nothing_is_named():
+    """The coordinator's own error (a key that did not reach it) is the message, not "did not start"."""
+    from types import SimpleNamespace as Ns
+
+    def node(lines):
+        runner = Ns(stream_out=lambda command, on_line, stdin=None: [on_line(x) for x in lines] and 1)
+        return Ns(name="h1", address="10.1.0.11", runner=runner, place=Ns(container="kit-lab"))
+    said = ['{"error": "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"}']
+    with pytest.raises(KitError, match=r"the network survey failed: JSONDecodeError: Expecting value") as e:
+        measure.survey([node(said), node([])], wait=1)
+    assert e.value.host == "h1"
+    with pytest.raises(KitError, match="did not start in the primary's container"):
+        measure.survey([node(["Traceback (most recent call last):"]), node([])], wait=1)

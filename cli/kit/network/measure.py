@@ -57,6 +57,9 @@ def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Dec
     threading.Thread(target=coordinate, daemon=True).start()
     listening.wait(wait + 60)
     port = _port(said[0] if said else "")
+    if port is None and said and isinstance(failed := _answer(said[0], [], primary.name), KitError) and \
+            "survey failed:" in str(failed):
+        raise failed  # it started, and said why it stopped
     if port is None:
         raise KitError("the network survey did not start in the primary's container", host=primary.name,
                        command="kit's network survey", output_tail="\n".join(said[-5:]),
