@@ -343,27 +343,17 @@ def test_gpu_image_is_built_without_a_gpu_or_a_registry_for_its_cuda_line(gpu_bu
 
 def test_the_gpu_images_horovod_is_built_by_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
     """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x) built the image's Horovod: its torch
-    library names the GCC that compiled it, and the builder stage (its layers are the gpu build's, so it is not
-    built again) has that GCC and a CMake 4, with which Horovod's CMake files must work."""
+    library names the GCC that compiled it, and the builder installs CMake only from the build's wheelhouse (pip
+    --no-index), where the one CMake wheel is 4 or newer, with which Horovod's CMake files must work."""
     from kit.build import resolve_sources
     from kit.config import ConfigFile, build_config
-    from kit.recipe import make_recipe
     config = build_config(ConfigFile(), {"flavor": "gpu", "cuda_archs": ("90",)})
-    sources = resolve_sources(client, config, tmp_path / "work")
-    recipe = make_recipe(config, base=sources.base.ref, wheelhouse=sources.wheelhouse, ca_bundle=sources.ca_bundle)
-    (tmp_path / "ctx").mkdir()
-    recipe.write(tmp_path / "ctx")
-    tag = "kitlab-builder:gpu"
-    log = list(client.api.build(path=str(tmp_path / "ctx"), target="builder", tag=tag, rm=True, decode=True))
-    assert not [c for c in log if "error" in c], log[-5:]
-    try:
-        r = docker_run(tag, "-c", "cmake --version | head -n 1; g++ -dumpfullversion", entrypoint="sh")
-        cmake, gcc = r.stdout.splitlines()[:2]
-        assert int(re.search(r"cmake version (\d+)", cmake)[1]) >= 4 and int(gcc.split(".")[0]) >= 13, (cmake, gcc)
-    finally:
-        client.images.remove(tag, force=True)
+    wheelhouse = resolve_sources(client, config, tmp_path / "work").wheelhouse
+    cmakes = sorted({w.name.split("-")[1] for fs in wheelhouse.files.values() for w in fs if w.name.startswith("cmake-")})
+    assert len(cmakes) == 1 and int(cmakes[0].split(".")[0]) >= 4, cmakes
     image = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", gpu_built.stdout)[1]
     made = docker_run(image, "-c", "grep -a -o -h 'GCC: ([^)]*) [0-9.]*' "
                                    "/opt/venv/lib/python3*/site-packages/horovod/torch/mpi_lib_v2*.so | sort -u",
                       entrypoint="sh")
-    assert made.stdout.split() and made.stdout.strip().endswith(gcc), (made.stdout, gcc)
+    gccs = made.stdout.split("\n")[:-1]
+    assert gccs and all(int(g.rsplit(" ", 1)[1].split(".")[0]) >= 13 for g in gccs), made.stdout + made.stderr
