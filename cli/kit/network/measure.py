@@ -57,9 +57,8 @@ def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Dec
     threading.Thread(target=coordinate, daemon=True).start()
     listening.wait(wait + 60)
     port = _port(said[0] if said else "")
-    if port is None and said and isinstance(failed := _answer(said[0], [], primary.name), KitError) and \
-            "survey failed:" in str(failed):
-        raise failed  # it started, and said why it stopped
+    if port is None and (error := _error(said[0] if said else "")) is not None:
+        raise _failure(error, primary.name)  # it started, and said why it stopped
     if port is None:
         raise KitError("the network survey did not start in the primary's container", host=primary.name,
                        command="kit's network survey", output_tail="\n".join(said[-5:]),
@@ -104,13 +103,25 @@ def parse_answer(line: str, hosts: list[str], where: str) -> Decision:
     return answer
 
 
-def _answer(line: str, hosts: list[str], where: str) -> Decision | KitError:
+def _error(line: str) -> str | None:
+    """What a survey's line says went wrong, where it is its error line."""
     try:
         answer = json.loads(line)
-        if "error" in answer:
-            return KitError(f"the network survey failed: {str(answer['error'])[:500]}", host=where,
-                            command="kit's network survey",
-                            hint="kit doctor shows each host's networks; fix the host it names and run kit up again")
+    except ValueError:
+        return None
+    return str(answer["error"]) if isinstance(answer, dict) and "error" in answer else None
+
+
+def _failure(error: str, where: str) -> KitError:
+    return KitError(f"the network survey failed: {error[:500]}", host=where, command="kit's network survey",
+                    hint="kit doctor shows each host's networks; fix the host it names and run kit up again")
+
+
+def _answer(line: str, hosts: list[str], where: str) -> Decision | KitError:
+    if (error := _error(line)) is not None:
+        return _failure(error, where)
+    try:
+        answer = json.loads(line)
         return checked(Decision.from_dict(answer["decision"]), hosts)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return KitError(f"the network survey's answer is not kit's ({type(e).__name__})", host=where,
