@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.commands.docker import command, exec_argv
+from kit.commands.horovod import on_cluster_subnet
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.fanout import fan_out
 from kit.network import shipped
-from kit.commands.horovod import on_cluster_subnet
 from kit.network.choose import ROUTED, SSH, Candidate, Decision, Member, Refused, candidates, checked, decide
 
 if TYPE_CHECKING:
@@ -71,20 +71,18 @@ def survey(nodes: list, setting: str | None = None, wait: float = WAIT_S) -> Dec
             raise KitError(f"its part of the network survey failed (exit {r.exit_code})", host=n.name,
                            command="kit's network survey", output_tail=r.tail(),
                            hint="`kit status` shows the containers; `kit doctor` each host's networks")
-    hosts = [n.name for n in nodes]
+    failures: dict[str, KitError] = {}
     try:
         fan_out("the network survey", nodes[1:], join, lambda n: n.name)
     except HostsFailed as failed:
-        ended.wait(wait * 2 + 90)
-        answer = _answer(said[-1] if len(said) > 1 else "", hosts, primary.name)
-        if isinstance(answer, Decision):
-            return answer  # (a member that failed after the decision: what it had to say was said)
-        raise HostsFailed("the network survey", {primary.name: answer, **failed.failures}) from None
+        failures = failed.failures
     ended.wait(wait * 2 + 90)
-    answer = _answer(said[-1] if len(said) > 1 else "", hosts, primary.name)
-    if isinstance(answer, KitError):
-        raise answer
-    return answer
+    answer = _answer(said[-1] if len(said) > 1 else "", [n.name for n in nodes], primary.name)
+    if isinstance(answer, Decision):
+        return answer  # (where a member failed after the decision, what it had to say was said)
+    if failures:
+        raise HostsFailed("the network survey", {primary.name: answer, **failures})
+    raise answer
 
 
 def _port(line: str) -> int | None:
