@@ -1,4 +1,5 @@
-"""One kit command at a time on a cluster: `up`, `down`, `run` and `demo` hold its lock while they change it.
+"""One kit command at a time on a cluster: `up`, `down`, `run` and `demo` hold its lock while they change it; and one
+build at a time of an image's settings, which a second build of them waits for and then finds built.
 
 An flock on ~/.kit/.locks/<cluster> (outside the cluster's own folder, which `down` removes: a lock file
 made again there would be another file, and two commands would both hold "the" lock). The holder writes
@@ -39,12 +40,38 @@ def cluster_lock(cluster: str, root: Path | None = None) -> Iterator[None]:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command"
             raise Busy(f"cluster {cluster} is busy: {holder} holds it",
                        hint="wait until that command ends (or stop it), then run this one again") from None
-        me = f"`kit {shlex.join(sys.argv[1:])}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})"
         os.ftruncate(fd, 0)
-        os.pwrite(fd, me.encode(), 0)
+        os.pwrite(fd, _me().encode(), 0)
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # drops the lock
+
+
+def _me() -> str:
+    return f"`kit {shlex.join(sys.argv[1:])}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})"
+
+
+@contextlib.contextmanager
+def build_lock(key: str, on_wait, root: Path | None = None) -> Iterator[None]:
+    """Held while an image of settings `key` is built: a second build of the same settings (another terminal, a
+    `kit up` that builds) waits for it, told who holds it through on_wait(holder), rather than building it too."""
+    folder = (root or state_root()) / LOCKS
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder / f"build-{key}", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait(os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _me().encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)

@@ -11,16 +11,26 @@ from pathlib import Path
 from rich.markup import escape
 
 from kit.build import Step, build_image, find_built, resolve_sources, scratch, wheel_pins
+from kit.lock import build_lock
 from kit.recipe import Recipe, make_recipe
 from kit.cli.common import console
 
 
 def ensure_image(client, plan: Recipe, verbose: bool) -> str:
-    """The image of these settings: the one built before from them (its key), else resolved and built now. Its tag."""
-    built = find_built(client, plan)
-    if built:
-        console.print(f"[green]✓[/] {built} is up to date (built before from the same settings)")
-        return built
+    """The image of these settings: the one built before from them (its key), else resolved and built now, once:
+    a build of the same settings that runs already is waited for, and its image taken. Its tag."""
+    def waiting(holder: str) -> None:
+        console.print(f"{holder} is building the image of these settings: waiting for it")
+
+    if not (built := find_built(client, plan)):
+        with build_lock(plan.key, waiting):
+            if not (built := find_built(client, plan)):
+                return _build(client, plan, verbose)
+    console.print(f"[green]✓[/] {built} is up to date (built before from the same settings)")
+    return built
+
+
+def _build(client, plan: Recipe, verbose: bool) -> str:
     pins = wheel_pins()
     with tempfile.TemporaryDirectory(prefix="kit-build-", dir=scratch()) as work:
         with console.status("finding the base image and the Python packages") as status:
