@@ -6,6 +6,32 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py, for every test folder
 
+from helpers import machine_share  # noqa: E402
+
+# tests/run runs the whole suite in two streams side by side (see there); each test holds a share of the machine
+# (an flock on $KIT_TEST_STREAMS/machine) while it runs, and one marked `alone` holds all of it.
+STREAMS = os.environ.get("KIT_TEST_STREAMS")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other stream's tests "
+                                       "use: tests/run's other stream waits while it runs")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not STREAMS:
+        return (yield)
+    with machine_share(STREAMS, whole=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+@pytest.fixture(scope="session")
+def client():
+    """This machine's Docker engine."""
+    import docker
+    return docker.from_env(timeout=300)
+
 
 @pytest.fixture
 def wheelhouse(tmp_path: Path) -> Path:

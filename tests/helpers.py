@@ -1,5 +1,7 @@
 """Helpers shared by the unit tests, the lab tests and bench/."""
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -49,3 +51,20 @@ i=$((i + 1)); done ;;
   *) echo "| NVIDIA-SMI {driver}             Driver Version: {driver}     CUDA Version: {cuda}     |" ;;
 esac
 """
+
+
+@contextlib.contextmanager
+def machine_share(folder: str, whole: bool):
+    """A share of the machine among tests/run's streams, all of it if `whole`. A test that wants all of it waits
+    for the test the other stream runs to end, and no test starts meanwhile: both take a turnstile first, which one
+    that wants the whole keeps until it has it."""
+    turnstile = os.open(os.path.join(folder, "turnstile"), os.O_RDWR | os.O_CREAT, 0o600)
+    machine = os.open(os.path.join(folder, "machine"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(machine)  # closing drops the lock
+        os.close(turnstile)

@@ -2,17 +2,11 @@
 
 from pathlib import Path
 
-import docker
 import pytest
 
 from harness import Lab, make_project
 
 LAB_HOSTS = 3
-
-
-@pytest.fixture(scope="session")
-def client() -> docker.DockerClient:
-    return docker.from_env(timeout=300)
 
 
 @pytest.fixture(scope="session")

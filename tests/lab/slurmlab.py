@@ -232,7 +232,7 @@ def _copy_venv(tag: str, dest: Path) -> str:
 @contextlib.contextmanager
 def node_pythons(project: Path, scratch: Path, tf: bool = True):
     """launcher -> the nodes' Python for it: kit's cpu image's venv (torch, Horovod) and, with tf, its tf-cpu image's
-    (a build in `scratch`, which kit's build cache makes quick after tests/lab/test_build.py)."""
+    (a build in `scratch`, which kit's build cache makes quick after tests/engine/test_build.py)."""
     shutil.rmtree(SHARED, ignore_errors=True)
     SHARED.mkdir(parents=True)
     SHARED.chmod(0o755)

@@ -66,6 +66,7 @@ def test_driver_535_is_refused_by_up_and_by_the_doctor_naming_each_host_and_the_
         assert re.search(rf"^  fail cuda +{re.escape(REFUSAL)}\n +fix: build for CUDA 12\.8", section, re.M), section
 
 
+@pytest.mark.alone  # the engine's images before and after: the other stream's builds would count
 def test_driver_580_decides_gpu_and_plans_the_image_it_would_build_changing_nothing(lab, folder, client):
     images = sorted(i.id for i in client.images.list())
     before = host_state(lab)
@@ -143,6 +144,7 @@ def test_up_builds_the_missing_image_as_kit_build_does_and_stops_with_its_error(
     assert "no cpu image of these settings is built here yet: building it (as kit build does)" in up.stdout
 
 
+@pytest.mark.alone  # removes the images of the default settings with six, which tests/engine/test_build.py builds too
 def test_up_of_a_local_cluster_builds_the_missing_image_then_brings_the_cluster_up(lab, client, tmp_path):
     """This machine has no GPU: cpu; the default image with six on top is built by `kit up` (as this machine's user
     builds: its pins keep every layer below six's), then the cluster of one container comes up on it."""

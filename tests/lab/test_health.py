@@ -21,7 +21,7 @@ import yaml
 from harness import lab_cluster, wait_for
 from helpers import run_kit
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.alone]  # bandwidth against the links' rates: nothing else runs
 NAME, CONTAINER, PORT = "doc", "kit-doc", 12345
 
 

@@ -276,6 +276,7 @@ RESTARTING = {  # launcher -> (kit run's options, the example and its options)
 
 
 @pytest.mark.parametrize("launcher", RESTARTING)
+@pytest.mark.alone  # a 10 s hang watch over training steps: steps slowed by the other stream would read as a hang
 def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(project, lab, cluster, launcher):
     """A host's container killed mid-run: kit starts the job again on the two others (--restarts 1 --min-np 2),
     the example resumes from its last checkpoint and ends; kit jobs shows the restart and the host left out. The
@@ -316,6 +317,7 @@ def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(p
     assert re.search(rf"^{job['id']}\s.*succeeded\s.*\s1 \(left out {re.escape(h3.address)}\)", table, re.M), table
 
 
+@pytest.mark.alone  # named within the hang timeout + 60 s
 def test_a_hang_is_named_with_every_ranks_stack_and_the_job_stopped(project, lab, cluster):
     """Rank 2 blocks before an allreduce, the others wait in it: within the hang timeout + 60 s kit names rank 2 and
     its host, keeps each rank's stack (py-spy) in the job's folder, and nothing of the job is left."""

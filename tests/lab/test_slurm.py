@@ -245,6 +245,7 @@ def test_two_users_jobs_queue_and_both_finish(slurm, envs, users, tmp_path):
 
 
 
+@pytest.mark.alone  # bandwidth against the fabric's rate
 def test_a_job_trains_over_the_fabric_its_tasks_measured(slurm, envs, users, tmp_path):
     """With the fabric up at 1 Gbit/s and the nodes' network (their NodeAddr) at 100 Mbit/s, the job's tasks survey
     the nodes' networks before their ranks start: a 64 MiB allreduce of Horovod's then reaches 0.85 of the fabric's

@@ -1,6 +1,6 @@
 """`kit push`'s pure parts: the reference grammar, the engine's push stream, failures mapped to a fix with nothing of
 a credential shown; and the command refusing a bad name before the engine is asked. The push itself, to a real
-registry with TLS and a login, is tests/lab/test_push.py's."""
+registry with TLS and a login, is tests/engine/test_push.py's."""
 
 import base64
 

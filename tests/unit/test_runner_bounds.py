@@ -18,6 +18,8 @@ from kit.runners.base import LINE_KEPT, STDERR_KEPT, Tail
 from kit.runners.local import LocalRunner
 from kit.runners.ssh import SshRunner
 
+pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile
+
 host = test_ssh_runner.host  # the sshd of its own on loopback, with a HOME that trusts its key
 
 STREAM = 150 << 20  # what the rank writes, with no newline

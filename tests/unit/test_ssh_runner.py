@@ -16,6 +16,8 @@ from kit.errors import KitError
 from kit.inventory import Host
 from kit.runners.ssh import SshRunner
 
+pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile
+
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from kit.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NO
                                    discovery_script, fill, parse_discovery)
 from kit.supervisor.starter import COPIED, MANIFEST_END
 
+pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile
+
 HOSTS = [Slot("a", "10.0.0.1", 1), Slot("b", "10.0.0.2", 1), Slot("c", "10.0.0.3", 1)]
 
 

@@ -165,6 +165,7 @@ def test_changed_extra_packages_keep_every_layer_below_theirs(built, client, tmp
             client.images.remove(tag, force=True)
 
 
+@pytest.mark.alone  # the engine's images before and after: the other stream's builds would count
 def test_failed_step_is_named_with_the_tail_of_its_log(built, client, tmp_path):
     images_before = {i.id for i in client.images.list()}
     r = run_kit("build", "--apt", "kit-no-such-package", cwd=tmp_path, timeout=BUILD_TIMEOUT_S)
@@ -176,6 +177,7 @@ def test_failed_step_is_named_with_the_tail_of_its_log(built, client, tmp_path):
     assert {i.id for i in client.images.list()} == images_before
 
 
+@pytest.mark.alone  # the engine's images before and after: the other stream's builds would count
 def test_base_image_that_does_not_exist_is_bad_input(client, tmp_path):
     # A registry on a closed loopback port: the engine asks it and gets no answer, nothing leaves the machine.
     images_before = {i.id for i in client.images.list()}
