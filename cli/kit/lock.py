@@ -16,7 +16,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kit.errors import KitError
 from kit.identity import state_root
@@ -28,50 +28,39 @@ class Busy(KitError):
     """Another kit command holds the cluster: nothing was done."""
 
 
+def cluster_lock(cluster: str, root: Path | None = None) -> contextlib.AbstractContextManager[None]:
+    def busy(holder: str) -> None:
+        raise Busy(f"cluster {cluster} is busy: {holder} holds it",
+                   hint="wait until that command ends (or stop it), then run this one again") from None
+    return _held(cluster, busy, root)
+
+
+def build_lock(key: str, on_wait: Callable[[str], None],
+               root: Path | None = None) -> contextlib.AbstractContextManager[None]:
+    """Held while an image of settings `key` is built: a second build of the same settings (another terminal, a
+    `kit up` that builds) waits for it, told who holds it through on_wait(holder), rather than building it too."""
+    return _held(f"build-{key}", on_wait, root)
+
+
 @contextlib.contextmanager
-def cluster_lock(cluster: str, root: Path | None = None) -> Iterator[None]:
+def _held(name: str, on_busy: Callable[[str], None], root: Path | None) -> Iterator[None]:
+    """The flock on <kit's home>/.locks/<name>, the holder's command written in its file. When another holds it,
+    on_busy(that holder) raises to give up, or returns to wait for it."""
     folder = (root or state_root()) / LOCKS
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(folder / cluster, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command"
-            raise Busy(f"cluster {cluster} is busy: {holder} holds it",
-                       hint="wait until that command ends (or stop it), then run this one again") from None
+            on_busy(os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        me = f"`kit {shlex.join(sys.argv[1:])}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})"
         os.ftruncate(fd, 0)
-        os.pwrite(fd, _me().encode(), 0)
+        os.pwrite(fd, me.encode(), 0)
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # drops the lock
-
-
-def _me() -> str:
-    return f"`kit {shlex.join(sys.argv[1:])}` (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})"
-
-
-@contextlib.contextmanager
-def build_lock(key: str, on_wait, root: Path | None = None) -> Iterator[None]:
-    """Held while an image of settings `key` is built: a second build of the same settings (another terminal, a
-    `kit up` that builds) waits for it, told who holds it through on_wait(holder), rather than building it too."""
-    folder = (root or state_root()) / LOCKS
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(folder / f"build-{key}", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            on_wait(os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another kit command")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, _me().encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)
