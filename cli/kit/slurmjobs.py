@@ -243,15 +243,22 @@ class Reader:
             return self.seen_on.get(rank)
         return self.nodes[min(rank * len(self.nodes) // max(self.ranks, 1), len(self.nodes) - 1)]
 
+    @property
+    def tasks(self) -> int:
+        """The job's srun tasks: a rank each, or (torchrun) a node each."""
+        return (len(self.nodes) or self.ranks) if self.launcher == "torchrun" else self.ranks
+
     def feed(self, line: str) -> None:
         labelled = _LABEL.match(line)
-        if not labelled:
+        if not labelled or int(labelled[1]) >= self.tasks:  # no such task: a line written into the file by hand
             self._own(line)
             return
         task, text = int(labelled[1]), labelled[2]
         if self.launcher == "torchrun":  # one task a node: its ranks' lines carry torchrun's [rank] prefix
             rank, text = split_rank(text)
             node = self.nodes[task] if task < len(self.nodes) else None
+            if rank is not None and not 0 <= rank < self.ranks:
+                rank = None
             if rank is not None and node is not None:
                 self.seen_on[rank] = node
         else:
@@ -269,21 +276,39 @@ class Reader:
             self.srun_errors.append((failed[1], failed[2], failed[3]))
         self.show(None, None, line)
 
-    def first_failure(self) -> Failure | None:
-        """The rank that failed first, by its own exit line; else the task srun says failed first."""
-        failed = [(when, rank, code) for rank, (code, when) in self.exits.items() if code != 0]
-        if failed:
-            _, rank, code = min(failed)
-            return Failure(f"rank {rank}", self.node_of(rank), code, rank)
-        for node, tasks, what in self.srun_errors:  # the first is the first that failed; Slurm then ended the others
+    def _srun_failed(self) -> list[tuple[int, str, int]]:
+        """(task, node, exit code) of each task srun says failed, in srun's order (the first ended first; Slurm then
+        ended the others); a task the job does not have is not one."""
+        found: dict[int, tuple[str, int]] = {}
+        for node, tasks, what in self.srun_errors:
             code = re.search(r"exit code (\d+)", what)
             signal = next((number for name, number in SIGNALS.items() if name in what), None)
-            if code or signal:
-                task = int(re.split(r"[,-]", tasks)[0])
-                who = "torchrun" if self.launcher == "torchrun" else f"rank {task}"
-                return Failure(who, node, int(code[1]) if code else 128 + signal,
-                               None if self.launcher == "torchrun" else task)
-        return None
+            if not (code or signal):
+                continue
+            for part in tasks.split(","):
+                low, _, high = part.partition("-")
+                for task in range(int(low), int(high or low) + 1):
+                    if task < self.tasks:
+                        found.setdefault(task, (node, int(code[1]) if code else 128 + signal))
+        return [(task, node, code) for task, (node, code) in found.items()]
+
+    def first_failure(self) -> Failure | None:
+        """The task that failed first, as srun reports it (its exit code, its node). The ranks' own exit lines only
+        order the tasks srun says failed (which of them ended first), and name the rank of a torchrun node: they are
+        lines of the job's output, which the job may write whatever it likes into."""
+        failed = self._srun_failed()
+        if not failed:
+            return None
+        if self.launcher == "torchrun":
+            task, node, code = failed[0]
+            ranks = sorted((when, rank, own) for rank, (own, when) in self.exits.items()
+                           if own != 0 and self.seen_on.get(rank) == node)  # torchrun's exit says no rank's code
+            return Failure(f"rank {ranks[0][1]}", node, ranks[0][2], ranks[0][1]) if ranks else \
+                Failure("torchrun", node, code, None)
+        order = {task: self.exits[task][1] for task, _, _ in failed
+                 if task in self.exits and self.exits[task][0] != 0}
+        task, node, code = min(failed, key=lambda f: (order.get(f[0], float("inf")), failed.index(f)))
+        return Failure(f"rank {task}", node, code, task)
 
 
 @dataclass(frozen=True)

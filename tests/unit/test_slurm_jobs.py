@@ -292,10 +292,35 @@ def test_labels_of_ten_tasks_and_more_and_exit_lines_a_rank_printed_itself():
     reader = slurmjobs.Reader("horovod", 12, lambda *a: None)
     reader.feed("@@kit-nodes a=10.0.0.1 b=10.0.0.2 c=10.0.0.3")
     reader.feed("@@kit-nodes x=10.6.6.6")  # printed by a rank into the output: not the batch script's
-    for line in (" 3: @@kit-exit 0 1.0", " 3: @@kit-exit 7 5.0", "11: @@kit-exit 143 6.0", " 0: @@kit-exit 143 6.1"):
+    for line in (" 3: @@kit-exit 0 1.0", " 3: @@kit-exit 7 5.0", "11: @@kit-exit 143 6.0", " 0: @@kit-exit 143 6.1",
+                 "srun: error: c: tasks 8-11: Terminated", "srun: error: a: tasks 0,3: Exited with exit code 7"):
         reader.feed(line)
     assert reader.nodes == ["a", "b", "c"]
     assert reader.first_failure() == slurmjobs.Failure("rank 3", "a", 7, 3)
+
+
+def test_lines_a_job_writes_into_its_output_file_do_not_name_the_failed_rank():
+    """Every line of the output file is the job's to write: `7: @@kit-exit 42` of a 4-rank job names no rank 7; an
+    exit line of a rank that srun says did not fail names nothing; srun's report names the task and its code."""
+    shown = []
+    reader = slurmjobs.Reader("horovod", 4, lambda *line: shown.append(line))
+    for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "7: @@kit-exit 42 1.0", "12: hello", "0: @@kit-exit 9 2.0"):
+        reader.feed(line)
+    assert 7 not in reader.exits
+    assert (None, None, "7: @@kit-exit 42 1.0") in shown and (None, None, "12: hello") in shown
+    assert reader.first_failure() is None  # srun says no task failed: the job's own lines do not make one
+    reader.feed("srun: error: b: task 9: Exited with exit code 5")  # no task 9 in a 4-rank job
+    assert reader.first_failure() is None
+    reader.feed("srun: error: b: task 2: Exited with exit code 1")
+    assert reader.first_failure() == slurmjobs.Failure("rank 2", "b", 1, 2)  # rank 0's line named 9: srun's wins
+    torch = slurmjobs.Reader("torchrun", 4, lambda *a: None)
+    for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "0: [7]<stdout>:@@kit-exit 3 1.0",
+                 "0: [1]<stdout>:@@kit-exit 3 2.0", "1: [2]<stdout>:@@kit-exit 4 3.0",
+                 "srun: error: b: task 1: Exited with exit code 1"):
+        torch.feed(line)
+    assert 7 not in torch.exits
+    # rank 1's line came earlier, from a node srun says did not fail
+    assert torch.first_failure() == slurmjobs.Failure("rank 2", "b", 4, 2)
 
 
 def test_srun_alone_names_a_task_that_died_without_its_exit_line():
