@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from kit.errors import BadInput, KitError
-from kit.pipconfig import PipSettings, redact, redact_text
+from kit.pipconfig import PipSettings
+from kit.redact import redact, text as redact_text
 from kit.probe import probe
 
 if TYPE_CHECKING:  # (imported where it is used: `kit run`, `logs`, `exec` never need the docker SDK)

@@ -23,7 +23,8 @@ from kit.buildconfig import BuildConfig
 from kit.errors import BuildFailed, KitError
 from kit.flavors import default_torch_index
 from kit.identity import state_root
-from kit.pipconfig import PipSettings, redact
+from kit.pipconfig import PipSettings
+from kit.redact import redact
 from kit.recipe import Recipe
 from kit.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, containerd_store
 

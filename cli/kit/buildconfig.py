@@ -10,7 +10,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from kit.flavors import CONTENTS, CUDA_LINES, FLAVOR_DEFAULTS, default_torch_index, framework, uses_gpus
-from kit.pipconfig import has_credentials, redact
+from kit.redact import has_credentials, redact
 
 # The settings that only one framework's image reads.
 ONLY_FOR = {"torch": "horovod", "torch_index_url": "horovod", "horovod_version": "horovod",

@@ -24,7 +24,7 @@ from kit.buildconfig import GPU_ONLY, NO_CREDENTIALS, BuildConfig
 from kit.clusterconfig import ClusterConfig
 from kit.errors import BadInput, read_input
 from kit.flavors import AUTO_FLAVORS, CONTENTS, CUDA_LINES, FLAVORS, cuda_line, framework, uses_gpus
-from kit.pipconfig import redact_text
+from kit.redact import text as redact_text
 from kit.slurmconfig import SlurmConfig
 
 # The models live in kit.flavors, kit.buildconfig, kit.clusterconfig and kit.slurmconfig (none imports this module);

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from kit import redact
 from kit.errors import BadInput, KitError
 from kit.shown import visible
 
@@ -167,10 +168,6 @@ _FIXES = (
      "the registry does not answer",
      "check the address and that the registry runs: curl https://{host}/v2/ should answer 200 or 401"),
 )
-# What a failure message must never carry, should an engine or a registry put it there: a user:password@ in a URL,
-# an Authorization header's value, a JSON auth string.
-_SECRETS = re.compile(r"(?<=://)[^/@\s]+@|\b(?P<scheme>Basic|Bearer)\s+[A-Za-z0-9._~+/=-]{8,}|"
-                      r"(?P<key>\"?\b(?i:auth|password|identitytoken|registrytoken)\"?\s*[:=]\s*)\"?[^\s\",}]+\"?")
 
 
 def push_error(ref: Reference, message: str) -> KitError:
@@ -185,12 +182,9 @@ def push_error(ref: Reference, message: str) -> KitError:
 
 
 def shown(message: str) -> str:
-    """A message of the engine's, one line, control characters visible, anything credential-like cut out."""
-    def cut(m: re.Match) -> str:
-        if m["key"]:
-            return f"{m['key']}[redacted]"
-        return f"{m['scheme']} [redacted]" if m["scheme"] else "[redacted]@"
-    return visible(_SECRETS.sub(cut, message), one_line=True, cap=500)
+    """A message of the engine's, one line, control characters visible, anything credential-like cut out (kit.redact:
+    the registry's URL with a user or a token, an Authorization header, a JSON auth string, a pre-signed URL)."""
+    return visible(redact.text(message), one_line=True, cap=500)
 
 
 # ---------------------------------------------------------------- the push

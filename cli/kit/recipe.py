@@ -25,7 +25,7 @@ from kit import __version__, wheels
 from kit.buildconfig import BuildConfig
 from kit.errors import BadInput
 from kit.flavors import cuda_line
-from kit.pipconfig import harmless, redact, redact_text
+from kit.redact import harmless, redact, text as redact_text
 
 # Per framework: the Dockerfile template, and the files from images/ its context carries (in kit/).
 TEMPLATES = {"horovod": "Dockerfile.j2", "tensorflow": "Dockerfile.tf.j2"}
@@ -128,7 +128,7 @@ def render_dockerfile(config: BuildConfig, *, single_stage: bool = False, base: 
                          horovod_spec=redact(wheels.horovod_requirement(config)))  # a label: only a harmless URL
     else:
         framework = dict(tensorflow_requirements=wheels.tensorflow_requirements(config))
-    # For the image's users' own `pip install`: the indexes go in only when every one is harmless (pipconfig.harmless);
+    # For the image's users' own `pip install`: the indexes go in only when every one is harmless (kit.redact.harmless);
     # one with a user, a token or a query is used on this machine only (the build itself installs from the wheelhouse).
     image_indexes = config.pip_index_urls if all(map(harmless, config.pip_index_urls)) else ()
     return _template_env().get_template(TEMPLATES[config.framework]).render(

@@ -35,7 +35,8 @@ from packaging.utils import parse_wheel_filename
 
 from kit.config import CUDA_LINES, BuildConfig
 from kit.errors import KitError
-from kit.pipconfig import PipSettings, redact_text, run_env
+from kit.pipconfig import PipSettings, run_env
+from kit.redact import text as redact_text
 
 RESOLVE_TIMEOUT_S = 3600  # a bound on one pip run; multi-GB CUDA wheels over a slow proxy take long
 TAIL_LINES = 15

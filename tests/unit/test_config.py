@@ -70,7 +70,7 @@ BAD = [
     (None, {"torch": "latest"}, "--torch: 'latest' is not a version", "2.13.0"),
     (None, {"torch_index_url": "download.pytorch.org"}, "--torch-index-url: 'download.pytorch.org' is not a URL", "https"),
     (None, {"torch_index_url": "https://x/$(touch /tmp/pwned)"}, "--torch-index-url: 'https://x/**** /tmp/pwned)' "
-     "is not a URL", "https"),  # shown as every printed URL is (pipconfig.redact)
+     "is not a URL", "https"),  # shown as every printed URL is (kit.redact.redact)
     (None, {"pip_index_urls": ("pypi",)}, "--index-url: 'pypi' is not a URL", "https"),
     (None, {"pip_packages": ("numpy; rm -rf /",)}, "--pip: 'numpy; rm -rf /'", "requirement"),
     (None, {"apt_packages": ("Vim!",)}, "--apt: 'Vim!' is not a Debian package name", "Debian"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import pipconfig
+from kit import pipconfig, redact
 from kit.pipconfig import PipSettings, for_download, parse_config_list
 
 # Captured from `pip config list` on a machine with a user pip.conf, a global one and PIP_* variables.
@@ -87,8 +87,8 @@ def test_the_config_file_of_the_resolution_says_everything_in_both_sections():
     ("/opt/wheels", "/opt/wheels"),
 ])
 def test_credentials_are_never_printed(url, shown):
-    assert pipconfig.redact(url) == shown
-    assert pipconfig.has_credentials(url) == (url != shown)
+    assert redact.redact(url) == shown
+    assert redact.has_credentials(url) == (url != shown)
     settings = PipSettings({"index-url": url, "proxy": url, "constraint": url, "find-links": url})
     assert "s3cret" not in " ".join(settings.describe())
 

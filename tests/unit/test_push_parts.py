@@ -132,8 +132,51 @@ def test_nothing_credential_like_in_a_failure_is_shown():
                f'{{"auth": "{auth}", "password": "s3cret-pw"}} \x1b[2J\u202e')
     shown = str(push_error(REF, message))
     assert "s3cret-pw" not in shown and auth not in shown and "\x1b" not in shown and "\u202e" not in shown
-    assert "https://[redacted]@127.0.0.1:5000/v2/" in shown and "Basic [redacted]" in shown
+    assert "https://****@127.0.0.1:5000/v2/" in shown and "Authorization: Basic ****" in shown
     assert "\\x1b[2J\\u202e" in shown  # the rest is shown, made visible
+
+
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJyb2JvdCJ9.c2lnbmF0dXJlX29mX3RoZV90b2tlbg"
+# How the registries users have put a credential into what the engine says (the secret: SECRET, or the token itself).
+CREDENTIALS = {
+    "Docker Hub, a PAT in a URL": 'Get "https://kit:dckr_pat_2bSECRETaaaaaaaaaaaaaaa@registry-1.docker.io/v2/"',
+    "Docker Hub, the token service": "Get https://auth.docker.io/token?scope=repository:kit:push&account=kit"
+                                     "&access_token=SECRET: unauthorized",
+    "GHCR, a bearer header": "authorization: bearer ghp_SECRETabcdefghijklmnopqrstuvwx denied",
+    "GHCR, a PAT alone": "denied: token ghp_SECRETabcdefghijklmnopqrstuvwx has no write:packages",
+    "GitLab, a job token": "HTTP Basic: Access denied (JOB-TOKEN: SECRET-4Kq)",
+    "GitLab, a personal token": "401 glpat-SECRETxxxxxxxxxxxxxxx is revoked",
+    "GitLab, private_token in a query": "GET https://gitlab.example.com/jwt/auth?private_token=SECRET&service=x 401",
+    "Harbor, a robot's JSON": '{"username": "robot$kit", "password": "SECRET"}',
+    "Harbor, JSON auth": '{"auths": {"harbor.lab": {"auth": "a2l0OlNFQ1JFVA=="}}}',
+    "ECR, a pre-signed layer URL": "https://prod-eu.s3.amazonaws.com/layer?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+                                   "&X-Amz-Credential=AKIASECRETAAAAAAAAAA%2F2026&X-Amz-Signature=SECRETabc123",
+    "ECR, a header": "Authorization: AWS4-HMAC-SHA256 Credential=AKIASECRETAAAAAAAAAA/2026, Signature=SECRET",
+    "ECR, a session token": "x-amz-security-token=SECRETIQoJb3JpZ2luX2VjEJr",
+    "Artifactory, an API key header": "X-JFrog-Art-Api: SECRETAKCp8kXyZ returned 403",
+    "Artifactory, apiKey in JSON": '{"apiKey":"SECRET"}',
+    "a registry's JWT": f"Bearer {JWT}",
+    "a JWT alone": f"token {JWT} expired",
+    "an identity token": '"IdentityToken": "SECRET"',
+    "a password= in a log": "login: PASSWORD=SECRET failed",
+    "an Azure SAS URL": "https://acct.blob.core.windows.net/c/blob?sv=2024-01-01&se=2026&sig=SECRET%3D",
+}
+
+
+@pytest.mark.parametrize("form", CREDENTIALS)
+def test_a_credential_of_any_registry_never_reaches_a_shown_failure(form):
+    """One redaction (kit.redact, pip's URL masking's too): by key whatever the case, by shape for tokens."""
+    message = CREDENTIALS[form]
+    shown = str(push_error(REF, message))
+    for secret in ("SECRET", "2bSECRET", "a2l0OlNFQ1JFVA", JWT.split(".")[1], "AKIASECRET"):
+        assert secret not in shown, (form, shown)
+    assert "****" in shown
+
+
+def test_what_holds_no_credential_is_shown_as_it_is():
+    message = ("denied: requested access to the resource is denied; tag 2.3.1-cu128 of kit-horovod at "
+               "https://registry.lab:5000/v2/kit/manifests/2.3.1 (a token of 3 parts is needed)")
+    assert push_error(REF, message).message.endswith(message)
 
 
 class FakeImage:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kit import pipconfig
+from kit import redact
 from kit.app import app
 from kit.build import Sources, package_sources
 from kit.baseimage import Base
@@ -104,9 +104,9 @@ def test_a_token_in_an_index_urls_path_or_query_never_reaches_the_image(tmp_path
      "git+https://github.com/horovod/horovod@3a31d93f0c6b2d4e5a6b7c8d9e0f1a2b3c4d5e6f"),
 ])
 def test_printed_urls_hide_path_and_query_tokens(url, printed):
-    assert pipconfig.redact(url) == printed
-    assert pipconfig.harmless(url) == (url == printed)
-    line = pipconfig.redact_text(f"the package source {url} does not answer: timed out")
+    assert redact.redact(url) == printed
+    assert redact.harmless(url) == (url == printed)
+    line = redact.text(f"the package source {url} does not answer: timed out")
     assert line == f"the package source {printed} does not answer: timed out"
     described = " ".join(PipSettings({"index-url": url, "extra-index-url": url, "find-links": url,
                                       "constraint": url, "proxy": url}).describe())

@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
 from rich.text import Text
 
 from kit import state as st
-from kit import pipconfig
+from kit import redact
 from kit.config import ClusterConfig, ConfigFile, cluster_config, read_config
 from kit.errors import BadInput, KitError
 from kit.identity import Identity
@@ -123,7 +123,7 @@ def reports_errors(command: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001
             if os.environ.get("KIT_DEBUG"):
                 raise
-            _report(KitError(f"kit failed unexpectedly: {type(e).__name__}: {pipconfig.redact_text(str(e))}",
+            _report(KitError(f"kit failed unexpectedly: {type(e).__name__}: {redact.text(str(e))}",
                              hint="this is a bug in kit: run the command again with KIT_DEBUG=1 for the traceback, "
                                   "and report it"))
 
