@@ -259,12 +259,13 @@ class Starting:
 
 
 def copy_and_start(job: Job, nodes: list[Node], folder: Path, setup: Callable[["Synced"], tuple[str, ...]],
-                   follow: bool) -> tuple["Synced", Starting]:
+                   follow: bool, secrets: tuple[Path, ...] = ()) -> tuple["Synced", Starting]:
     """Copy what changed of the job's folder to the primary's workspace, and from there to the other hosts' (unless
     they share it), give every host's container the job's variables, and start the job with setup(what was copied)
     as its log's first lines: all in one conversation with the primary (Starting), so that kit's own link carries
-    each byte once. Nothing starts unless every host has its part. nodes[0] is the primary."""
-    ignore = workspace.Ignore.of(folder)
+    each byte once. Nothing starts unless every host has its part. nodes[0] is the primary. secrets: the job's
+    --env-file files, never copied (workspace.Ignore)."""
+    ignore = workspace.Ignore.of(folder, secrets)
     found = workspace.scan(folder, ignore)
     shared = job.state.workspace_shared
     starting = Starting(job, nodes[0], follow, nodes[1:], None if shared else found.files)

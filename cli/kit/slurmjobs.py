@@ -114,10 +114,11 @@ def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
     return out.strip().splitlines()[-1]
 
 
-def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]]) -> Iterator[bytes]:
-    """The job's folder (as a job's folder is copied: .kitignore and kit's defaults leave files out) and kit's files
-    (path -> (content, mode)) as one tar stream, built in a temporary file (a job's folder may be large)."""
-    found = scan(folder, Ignore.of(folder))
+def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]], secrets: tuple[Path, ...] = ()) -> Iterator[bytes]:
+    """The job's folder (as a job's folder is copied: .kitignore and kit's defaults leave files out, and the job's
+    --env-file files, `secrets`) and kit's files (path -> (content, mode)) as one tar stream, built in a temporary
+    file (a job's folder may be large)."""
+    found = scan(folder, Ignore.of(folder, secrets))
     with tempfile.TemporaryFile() as buffer:
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel in found.files:
@@ -131,14 +132,16 @@ def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]]) -> Iterator
             yield chunk
 
 
-def stage(runner: Runner, folder: Path, remote: str, script: str, variables: dict[str, str], job_id: str) -> None:
-    """Copy the job's folder, its sbatch script and its variables (0600, in a 0700 folder) to `remote`."""
+def stage(runner: Runner, folder: Path, remote: str, script: str, variables: dict[str, str], job_id: str,
+          secrets: tuple[Path, ...] = ()) -> None:
+    """Copy the job's folder (but its --env-file files, `secrets`), its sbatch script and its variables (0600, in a
+    0700 folder) to `remote`."""
     extra = {SCRIPT_NAME: (script.encode(), 0o644)}
     if variables:
         extra[f"{ENV_DIR}/{job_id}"] = (json.dumps(variables).encode(), 0o600)
     q = shlex.quote(remote)
     r = runner.stream_in(f"umask 077 && mkdir -p {q}/{ENV_DIR} && umask 022 && tar -x -C {q} -f - --no-same-owner",
-                         stage_archive(folder, extra), lambda n: None, timeout=300)
+                         stage_archive(folder, extra, secrets), lambda n: None, timeout=300)
     r.check(f"cannot copy the job's folder to {remote}", hint="the tail above says why (free space there?)")
 
 

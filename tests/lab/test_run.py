@@ -4,6 +4,7 @@ TensorFlow workers on a cluster of the tf-cpu image brought up from the same hos
 import hashlib
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,9 +126,13 @@ def test_a_failing_rank_ends_the_job_everywhere_naming_its_host(request, lab, la
 @pytest.mark.parametrize("launcher", LAUNCHES)
 def test_every_rank_gets_the_jobs_variables_and_no_secret_value_is_shown_or_kept(request, lab, launcher, tmp_path):
     project = cluster_for(request, launcher)
-    env_file = tmp_path / "f.env"
+    folder = tmp_path / "job"  # the variables' file beside the script, as users keep it: never copied to a host
+    folder.mkdir()
+    shutil.copy(JOBS / "print_env.py", folder)
+    env_file = folder / "vars.txt"
     env_file.write_text("# the tracker's key\nWANDB_API_KEY=s3cr3t-42\nSPACED= a  'b' $HOME\nOMP_NUM_THREADS=8\n")
-    r = kit(project, lab, "run", str(JOBS / "print_env.py"), *LAUNCHES[launcher][0], "-e", "NCCL_DEBUG=INFO",
+    (folder / ".env").write_text("ANOTHER_KEY=s3cr3t-43\n")
+    r = kit(project, lab, "run", str(folder / "print_env.py"), *LAUNCHES[launcher][0], "-e", "NCCL_DEBUG=INFO",
             "-e", "OMP_NUM_THREADS=2", "-e", "EMPTY=", "--env-file", str(env_file), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     printed = re.findall(r"^\[(\S+) rank (\d)\] env (.*)$", r.stdout, re.M)
@@ -148,6 +153,8 @@ def test_every_rank_gets_the_jobs_variables_and_no_secret_value_is_shown_or_kept
     for h in lab.hosts:  # the values left every container with the job
         left = h.docker("exec", f"kit-{cluster}", "ls", "-A", "/run/kit/env", check=False).stdout.split()
         assert job not in left, (h.name, left)
+        copied = h.run_in("ls", "-A", f"/var/lib/kit/{cluster}/workspace").stdout.split()
+        assert "print_env.py" in copied and "vars.txt" not in copied and ".env" not in copied, (h.name, copied)
 
 
 def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:

@@ -103,6 +103,19 @@ def test_a_secret_value_is_never_in_the_manifests(kind, launcher):
     assert not any(doc["kind"] == "Secret" for doc in yaml.safe_load_all(text))
 
 
+def test_the_jobs_env_files_beside_the_script_reach_no_configmap(tmp_path):
+    from kit.cli.k8s import make_job
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "vars.txt").write_text("WANDB_API_KEY=s3cr3t-1\n")
+    (tmp_path / ".env").write_text("WANDB_API_KEY=s3cr3t-2\n")
+    (tmp_path / "prod.env").write_text("WANDB_API_KEY=s3cr3t-3\n")
+    made = make_job(tmp_path / "train.py", [], "horovod", "indexed-job", sbatch.shape("horovod", 2, None, None, None),
+                    "registry.lab:5000/kit:1", (("WANDB_API_KEY", "s3cr3t-1"),), None, None, None, "kit-train",
+                    (tmp_path / "vars.txt",))
+    assert set(made.files) == {"train.py"}
+    assert "s3cr3t" not in k8s.render(made)
+
+
 def test_the_configmap_holds_kits_files_as_they_are_and_the_jobs_at_their_paths():
     docs = list(yaml.safe_load_all(k8s.render(job("indexed-job", "horovod"))))
     cm = docs[0]

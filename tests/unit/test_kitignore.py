@@ -44,6 +44,18 @@ def test_a_bang_line_brings_back_what_the_defaults_leave_out(tmp_path):
                                                                   "train.py"]
 
 
+def test_environment_files_and_the_jobs_env_files_are_never_carried(tmp_path):
+    """.env and *.env are left out by default (a `!` line brings one back); the job's --env-file files are left out
+    whatever their name and whatever .kitignore says, and so is a link to one."""
+    tree(tmp_path, "train.py", ".env", "prod.env", "conf/.env", "vars.txt", "keep.env", "notes.txt")
+    (tmp_path / "copy.txt").symlink_to("vars.txt")
+    (tmp_path / ".kitignore").write_text("!keep.env\n!vars.txt\n")
+    found = scan(tmp_path, Ignore.of(tmp_path, [tmp_path / "vars.txt", tmp_path.parent / "elsewhere.env"]))
+    assert sorted(found.files) == [".kitignore", "keep.env", "notes.txt", "train.py"]
+    assert found.left_out_files == 5
+    assert "vars.txt" in scan(tmp_path, Ignore.of(tmp_path)).files  # as any file, when it is not the job's env file
+
+
 def test_a_file_is_matched_as_under_its_folders():
     ignore = Ignore(workspace.pathspec.GitIgnoreSpec.from_lines([*workspace.DEFAULT_IGNORE, "data/", "!data/keep"]))
     assert ignore.file("data/keep") and ignore.file("data/sub/x") and ignore.file("a/data/x")

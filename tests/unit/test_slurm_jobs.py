@@ -79,6 +79,16 @@ def test_a_job_with_variables_names_only_their_file_and_removes_it():
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
 
 
+def test_the_jobs_env_files_are_not_staged_beside_it(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "secrets.txt").write_text("TOKEN=s3cr3t-value\n")
+    (tmp_path / ".env").write_text("OTHER=s3cr3t-other\n")
+    archive = b"".join(slurmjobs.stage_archive(tmp_path, {}, (tmp_path / "secrets.txt",)))
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert tar.getnames() == ["train.py"]
+    assert b"s3cr3t" not in archive
+
+
 def test_the_job_folder_as_sent_holds_the_variables_only_in_a_0600_file(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / ".kitignore").write_text("data/\n")

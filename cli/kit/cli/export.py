@@ -97,7 +97,7 @@ def export(
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                      gpus_per_node),
                     image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc,
-                    image_pull_secret, output, config)
+                    image_pull_secret, output, config, tuple(env_file or ()))
         return
     if given := [name for name, value in k8s_only.items() if value]:
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
@@ -151,13 +151,13 @@ def _write_out(text: str, output: Optional[Path]) -> Optional[Path]:
 
 def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
                 image: Optional[str], variables, namespace, workspace_pvc, pull_secret, output: Optional[Path],
-                config: Optional[Path]) -> None:
+                config: Optional[Path], secrets: tuple[Path, ...] = ()) -> None:
     if script is None:
         raise BadInput("--to k8s needs the training script", hint="kit export --to k8s train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     k8s.check_kind(kind)
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
-                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()))
+                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()), secrets)
     if path := _write_out(k8s.render(job), output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",
                       highlight=False)

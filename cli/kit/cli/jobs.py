@@ -139,13 +139,13 @@ def run(
             _run_on_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                          gpus_per_node),
                         image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
-                        workspace_pvc, image_pull_secret, detach)
+                        workspace_pvc, image_pull_secret, detach, tuple(env_file or ()))
             return
         settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
         slurm_cli.run_on_slurm(settings, script, args or [], workdir, launcher, shape, variables, detach,
-                               cfg.connect_timeout, slurm_cli.printer(launcher))
+                               cfg.connect_timeout, slurm_cli.printer(launcher), tuple(env_file or ()))
         return
     if given := [flag for flag, value in slurm_flags.items() if value is not None]:
         raise BadInput(f"{', '.join(given)}: Slurm's, and this job runs on the cluster", hint="add --on slurm, or "
@@ -182,7 +182,8 @@ def run(
         _check_launcher(launcher, state)
         options = HorovodOptions(fusion_threshold_mb, cycle_time_ms, timeline, verbose_horovod, start_timeout)
         run_job(cfg, state, script, args or [], np, workdir, options, variables, job_printer(launcher), launcher,
-                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang), hosts=picked)
+                 nproc_per_node, detach, jobs.Policy(restarts, min_np, hang), hosts=picked,
+                 secrets=tuple(env_file or ()))
 
 
 SCHEDULERS = {"slurm": "Slurm", "k8s": "Kubernetes"}
@@ -190,14 +191,14 @@ SCHEDULERS = {"slurm": "Slurm", "k8s": "Kubernetes"}
 
 def _run_on_k8s(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: Optional[str],
                 variables, namespace: Optional[str], workspace_pvc: Optional[str], pull_secret: Optional[str],
-                detach: bool) -> None:
+                detach: bool, secrets: tuple[Path, ...] = ()) -> None:
     k8s.check_kind(kind)
     if image is None:
         raise BadInput("--on k8s needs the image the pods pull", hint="push kit's image with `kit push "
                        "REGISTRY/REPO:TAG` and give it with --image (or set cluster.image_tag in kit.yaml)")
     job_id = jobs.new_job_id()
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image, variables, namespace, workspace_pvc,
-                           pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]))
+                           pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]), secrets)
     k8s_cli.run_on_k8s(job, job_id, detach)  # (make_job checked the job before kubectl is asked anything)
 
 
@@ -217,9 +218,10 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
              on_line: Callable[[int | None, str | None, str], None], launcher: str = "horovod",
              nproc_per_node: Optional[int] = None, detach: bool = False,
              policy: jobs.Policy = jobs.Policy(), out: Console = console,
-             hosts: Optional[list[tuple[str, int | None]]] = None) -> jobs.Job:
+             hosts: Optional[list[tuple[str, int | None]]] = None, secrets: tuple[Path, ...] = ()) -> jobs.Job:
     """Copy the job's folder, run it, say how it ended (on `out`); raise unless it succeeded. Detached: start it and
-    return. hosts: -H (parse_hosts), the cluster's hosts the job runs on (default: all)."""
+    return. hosts: -H (parse_hosts), the cluster's hosts the job runs on (default: all). secrets: the --env-file
+    files, which are never copied."""
     folder = (workdir or script.parent).resolve()
     if not script.is_file():
         raise BadInput(f"{script}: no such file", hint="give the path of your training script")
@@ -253,7 +255,7 @@ def run_job(cfg: ClusterConfig, state: st.ClusterState, script: Path, args: list
                       if policy.restarts else []),
                     f"hang watch: {f'{policy.hang_timeout:g} s without progress' if policy.hang_timeout else 'off'}",
                     *([f"network: {network}"] if (network := measure.described(state, used)) else []))
-        synced, starting = jobs.copy_and_start(job, nodes, folder, setup, follow=not detach)
+        synced, starting = jobs.copy_and_start(job, nodes, folder, setup, follow=not detach, secrets=secrets)
         if detach:
             for line in setup(synced):
                 out.print(line, markup=False, highlight=False)

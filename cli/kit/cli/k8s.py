@@ -21,11 +21,12 @@ from kit.steps.workspace import Ignore, scan
 from kit.cli.common import console, err_console
 
 
-def job_files(folder: Path) -> dict[str, tuple[bytes, bool]]:
-    """The job's folder as a job's folder is copied (.kitignore and kit's defaults leave files out): path ->
+def job_files(folder: Path, secrets: tuple[Path, ...] = ()) -> dict[str, tuple[bytes, bool]]:
+    """The job's folder as a job's folder is copied (.kitignore, kit's defaults and the job's --env-file files,
+    `secrets`, leave files out): path ->
     (content, executable). A link to a file of the folder is carried as that file; any other link is left out, and
     said: its target may be anything of this machine's. Sizes are added up before any file is read."""
-    found = scan(folder, Ignore.of(folder))
+    found = scan(folder, Ignore.of(folder, secrets))
     links = sorted(rel for rel in found.files if (folder / rel).is_symlink() and not _inside(folder / rel, folder))
     kept = [rel for rel in found.files if rel not in links]
     if links:
@@ -49,9 +50,9 @@ def _inside(link: Path, folder: Path) -> bool:
 
 def make_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: str,
              variables: tuple[tuple[str, str], ...], namespace: Optional[str], workspace_pvc: Optional[str],
-             pull_secret: Optional[str], name: str) -> k8s.K8sJob:
+             pull_secret: Optional[str], name: str, secrets: tuple[Path, ...] = ()) -> k8s.K8sJob:
     """With a PVC, SCRIPT is its path on the volume and nothing here is read; else the script's folder is the job's
-    (as kit run takes it: the folder the path names, its links resolved)."""
+    (as kit run takes it: the folder the path names, its links resolved), but the --env-file files (`secrets`)."""
     job = k8s.K8sJob(name, kind, launcher, script.as_posix(), tuple(args), shape, image, {}, variables, namespace,
                      workspace_pvc, pull_secret)
     if workspace_pvc is None:
@@ -60,7 +61,7 @@ def make_job(script: Path, args: list[str], launcher: str, kind: str, shape: sba
                            "--workspace-pvc, its path on the volume)")
         job = replace(job, script=script.name)
         k8s.check(job)  # before the folder is read
-        job = replace(job, files=job_files(script.parent.resolve()))
+        job = replace(job, files=job_files(script.parent.resolve(), secrets))
         if script.name not in job.files:
             raise BadInput(f"{script}: a link to a file outside its folder, which the job's ConfigMap does not carry",
                            hint="run the file it leads to, or copy it into the folder")

@@ -27,9 +27,9 @@ def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Opti
 
 def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
                  shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool, connect_timeout: int,
-                 show) -> None:
+                 show, secrets: tuple[Path, ...] = ()) -> None:
     """Copy the job's folder to the login host, submit its sbatch script, and follow it to its end (or return,
-    with --detach)."""
+    with --detach). secrets: the --env-file files, which are never copied."""
     folder = (workdir or script.parent).resolve()
     rel = _script_in(script, folder)
     job_id = jobs.new_job_id()
@@ -40,7 +40,7 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
     try:
         slurmjobs.check_environment(runner, settings, launcher)
         remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
-        slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id)
+        slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
         record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time())
         try:
             slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])

@@ -5,7 +5,8 @@ checkpoint and rank 2's log are at the same path everywhere.
 Nothing is deleted there: checkpoints and outputs that ranks wrote stay.
 
 What the job's .kitignore matches (gitignore's syntax), and what is never a job's input (DEFAULT_IGNORE), is neither
-hashed, nor copied to a host, nor copied between hosts afterwards.
+hashed, nor copied to a host, nor copied between hosts afterwards. The job's own --env-file files are never carried,
+whatever .kitignore says: their values reach the ranks as the job's variables, and only so.
 
 What is in a workspace is the job's: untrusted. A rank can leave a symlink there (ckpt -> /root/.ssh), and
 a tar run as root on the host would follow it, reading or writing the host's files. So the workspace is
@@ -21,6 +22,7 @@ import tarfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import pathspec
 
@@ -33,9 +35,10 @@ from kit.supervisor.launch import MANIFEST, parse_manifest
 COPY_TIMEOUT_S = 3600  # a bound on one copy of the job's outputs (checkpoints of many GB, over 1 GbE)
 
 IGNORE_FILE = ".kitignore"
-# Never a job's input: version control, Python's caches and virtual environments, kit's own folder. They come first,
-# so a `!` line of .kitignore brings one back (`!.venv/`).
-DEFAULT_IGNORE = (".git/", "__pycache__/", "*.pyc", ".venv/", ".pytest_cache/", ".kit/")
+# Never a job's input: version control, Python's caches and virtual environments, kit's own folder, and environment
+# files (secrets, mostly: a job's variables come from --env-file). They come first, so a `!` line of .kitignore brings
+# one back (`!.venv/`).
+DEFAULT_IGNORE = (".git/", "__pycache__/", "*.pyc", ".venv/", ".pytest_cache/", ".kit/", ".env", "*.env")
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,15 @@ class Ignore:
     looked into, so nothing under it comes back)."""
 
     spec: pathspec.GitIgnoreSpec = field(default_factory=lambda: pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORE))
+    secrets: frozenset[Path] = frozenset()  # files never carried (the job's --env-file), resolved: links to them too
 
     @classmethod
-    def of(cls, folder: Path) -> "Ignore":
-        """The defaults and the folder's .kitignore, if it has one; a bad line is named with its number."""
-        path = folder / IGNORE_FILE
+    def of(cls, folder: Path, secrets: Iterable[Path] = ()) -> "Ignore":
+        """The defaults and the folder's .kitignore, if it has one; a bad line is named with its number. secrets: the
+        job's --env-file files, left out wherever they are in the folder, and any link to one."""
+        path, kept = folder / IGNORE_FILE, frozenset(Path(s).resolve() for s in secrets)
         if not path.is_file():
-            return cls()
+            return cls(secrets=kept)
         lines = read_input(path, "ignore file", hint=f"make {path} a readable UTF-8 text file").splitlines()
         for number, line in enumerate(lines, 1):
             try:
@@ -59,7 +64,7 @@ class Ignore:
                 raise BadInput(f"{path}:{number}: {line!r} is not a gitignore pattern",
                                hint="write one pattern a line as in .gitignore, e.g. data/, *.ckpt or !keep.ckpt; "
                                     "escape a trailing backslash or a lone ! with \\") from None
-        return cls(pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORE, *lines]))
+        return cls(pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORE, *lines]), kept)
 
     def folder(self, rel: str) -> bool:
         return self.spec.match_file(rel.rstrip("/") + "/")
@@ -91,7 +96,7 @@ def scan(folder: Path, ignore: Ignore | None = None) -> Scan:
             path = Path(top) / name
             if not path.is_file():
                 continue
-            if ignore.file(prefix + name):
+            if ignore.file(prefix + name) or (ignore.secrets and path.resolve() in ignore.secrets):
                 found.left_out_files += 1
             else:
                 found.files[prefix + name] = file_sha256(path)  # in blocks: a job's folder may hold GB files
