@@ -2,7 +2,7 @@
 script (kit.sbatch) submitted, its output read back as kit shows a job's, its state, and scancel.
 
 kit talks to Slurm only through its commands on the login host (over the user's SSH, host keys checked), or on this
-machine where `slurm.login` is not set: sbatch, squeue, scontrol, sacct, scancel. What kit keeps of a job is a small
+machine where `slurm.login` is not set: sbatch, squeue, sacct, scancel. What kit keeps of a job is a small
 record in kit's home (its Slurm id, the login host, its folder there), so `kit jobs`, `kit logs` and `kit stop` find
 it again.
 """
@@ -182,18 +182,6 @@ def parse_squeue(text: str) -> str | None:
     return STATES.get(word.rstrip("+"), "running") if word else None
 
 
-def parse_scontrol(text: str) -> tuple[str, int | None] | None:
-    """`scontrol show job -o ID` -> (kit's state, exit code once ended)."""
-    state = re.search(r"\bJobState=(\S+)", text)
-    if not state:
-        return None
-    code = re.search(r"\bExitCode=(\d+):(\d+)", text)
-    mapped = STATES.get(state[1], "running")
-    exit_code = None if mapped not in ENDED or not code else (int(code[1]) or (128 + int(code[2]) if int(code[2])
-                                                                                else 0))
-    return mapped, exit_code
-
-
 def parse_sacct(text: str) -> tuple[str, int | None] | None:
     """`sacct -n -P -X -o State,ExitCode` (or sacct -c's jobcomp lines) -> (kit's state, exit code)."""
     for line in text.splitlines():
@@ -205,24 +193,31 @@ def parse_sacct(text: str) -> tuple[str, int | None] | None:
     return None
 
 
-GONE = "Invalid job id"  # what squeue and scontrol say of a job Slurm no longer keeps
+GONE = "Invalid job id"  # what squeue says of a job Slurm no longer keeps
 
 
 def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
-    """(kit's state, exit code) from scontrol while Slurm keeps the job, else from sacct (its database, or the
-    job completion file with -c); ("lost", None) when Slurm answers and none knows it; ("unknown", None) when Slurm
-    did not answer (a busy controller: ask again later)."""
-    r = runner.run(f"scontrol show job -o {slurm_id}", timeout=REMOTE_TIMEOUT_S)
-    if r.ok and (found := parse_scontrol(r.stdout)):
-        return found
-    if GONE not in r.stdout + r.stderr:
+    """(kit's state, exit code): the state squeue gives while Slurm lists the job; once it ended, the state and exit
+    code of sacct's record (its database, or the job completion file with -c). ("lost", None) when Slurm answers and
+    none knows it; ("unknown", None) when Slurm did not answer (a busy controller: ask again later).
+
+    Only fields kit names are read, each alone on its line or between kit's own separators: never a line that also
+    holds the job's name, comment or folder, which a job may set to anything (`scontrol update JobId=$SLURM_JOB_ID
+    JobName=x-JobState=COMPLETED-ExitCode=0:0`)."""
+    r = runner.run(f"squeue -h -j {slurm_id} -o %T", timeout=REMOTE_TIMEOUT_S)
+    if not r.ok and GONE not in r.stdout + r.stderr:
         return "unknown", None
+    listed = parse_squeue(r.stdout) if r.ok else None
+    if listed is not None and listed not in ENDED:
+        return listed, None
     answered = False
     for flags in ("", "-c "):
         r = runner.run(f"sacct {flags}-n -P -X -j {slurm_id} -o State,ExitCode", timeout=REMOTE_TIMEOUT_S)
         if r.ok and (found := parse_sacct(r.stdout)):
             return found
         answered = answered or r.ok
+    if listed is not None:
+        return listed, None  # ended, and no record of its exit code (yet)
     return ("lost" if answered else "unknown"), None
 
 
@@ -402,16 +397,25 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
 
 
 def cancel(runner: Runner, record: SlurmRecord) -> None:
-    """scancel, once Slurm's job of that id is this one (its folder): Slurm numbers jobs anew after a reset."""
-    shown = runner.run(f"scontrol show job -o {record.slurm_id}", timeout=REMOTE_TIMEOUT_S).stdout
-    workdir = re.search(r"\bWorkDir=(\S+)", shown)
-    if workdir and workdir[1] != record.folder:
-        raise KitError(f"Slurm job {record.slurm_id} is no longer kit's job {record.id}: it runs in {workdir[1]}, "
+    """scancel, once Slurm's job of that id is this one (its folder, squeue's field alone on its line): Slurm numbers
+    jobs anew after a reset."""
+    r = runner.run(f"squeue -h -j {record.slurm_id} -o %Z", timeout=REMOTE_TIMEOUT_S)
+    workdir = r.stdout.rstrip("\n") if r.ok else ""
+    if workdir and workdir != record.folder:
+        raise KitError(f"Slurm job {record.slurm_id} is no longer kit's job {record.id}: it runs in {workdir}, "
                        f"not {record.folder}", host=runner.host, hint="nothing was cancelled; `squeue --me` on the "
                        "login host lists your jobs")
     _run(runner, f"scancel {record.slurm_id}", f"scancel refused job {record.id} (Slurm job {record.slurm_id})",
          changes=True)
     forget_variables(runner, record)
+
+
+def seen_ended(runner: Runner, record: SlurmRecord, state: str, code: int | None) -> SlurmRecord:
+    """The first time kit sees the job ended (`kit jobs`, `kit logs`, `kit stop`: whichever comes first): its
+    variables' file removed (a job cancelled while it waited, or killed with its node, never ran the batch script's
+    trap) and its end saved."""
+    forget_variables(runner, record)
+    return ended(record, state, code)
 
 
 def forget_variables(runner: Runner, record: SlurmRecord) -> None:

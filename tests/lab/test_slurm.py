@@ -203,15 +203,27 @@ def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm,
     assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
 
 
+PLANTED = "kit-ExitCode=0:0-JobState=COMPLETED-WorkDir=/elsewhere"  # the fields kit reads, in a name a job gives itself
+
+
 def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_path):
+    """The job renames itself (and sets its comment) with the fields kit reads: kit still sees it running, and stops
+    it."""
     folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
-    (folder / "long_job.py").write_text("import time\nimport horovod.torch as hvd\nhvd.init()\n"
-                                        "print('up', hvd.rank(), flush=True)\ntime.sleep(600)\n")
+    (folder / "long_job.py").write_text(
+        "import os, subprocess, time\nimport horovod.torch as hvd\nhvd.init()\n"
+        "if hvd.rank() == 0:\n"
+        f"    subprocess.run(['scontrol', 'update', 'JobId=' + os.environ['SLURM_JOB_ID'], 'JobName={PLANTED}',\n"
+        "                    'Comment=JobState=COMPLETED ExitCode=0:0 WorkDir=/elsewhere'], check=True)\n"
+        "print('up', hvd.rank(), flush=True)\ntime.sleep(600)\n")
     r = kit_as(slurm, folder, "run", "--on", "slurm", "--detach", "--nodes", "3", "long_job.py")
     assert r.returncode == 0, r.stdout + r.stderr
-    job = re.search(r"^kit: job (\S+) is Slurm job", r.stdout, re.M)[1]
+    job, slurm_id = re.search(r"^kit: job (\S+) is Slurm job (\d+)", r.stdout, re.M).groups()
     wait_for("the job's three ranks", lambda: len([h for h in slurm.hosts if h.processes("long_job.py")]) >= 1
              and kit_as(slurm, folder, "logs", job).stdout.count(" up ") == 3, timeout=120)
+    assert f"JobName={PLANTED} " in slurm.run(f"scontrol show job -o {slurm_id}").stdout
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert (rows[job]["state"], rows[job]["exit"]) == ("running", None), rows[job]
     started = time.monotonic()
     stop = kit_as(slurm, folder, "stop", job)
     assert stop.returncode == 0 and f"job {job} stopped" in stop.stdout, stop.stdout + stop.stderr

@@ -205,10 +205,7 @@ def test_the_ranks_interface_is_picked_by_subnet():
 
 # ---------------------------------------------------------------- Slurm's answers, as kit reads them
 
-def test_states_and_exit_codes_from_scontrol_and_sacct():
-    assert slurmjobs.parse_scontrol((DATA / "scontrol_failed.txt").read_text()) == ("failed", 3)
-    assert slurmjobs.parse_scontrol((DATA / "scontrol_completed.txt").read_text()) == ("succeeded", 0)
-    assert slurmjobs.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+def test_states_and_exit_codes_from_squeue_and_sacct():
     assert slurmjobs.parse_sacct((DATA / "sacct_c_failed.txt").read_text()) == ("failed", 3)
     assert slurmjobs.parse_sacct((DATA / "sacct_c_cancelled.txt").read_text()) == ("stopped", 0)
     assert slurmjobs.parse_sacct("Slurm accounting storage is disabled\n") is None
@@ -246,25 +243,79 @@ class Answers:
 
 def test_a_job_slurm_no_longer_knows_is_lost_only_when_slurm_says_so():
     gone = "slurm_load_jobs error: Invalid job id specified"
-    assert slurmjobs.job_state(Answers({"scontrol": (1, gone), "sacct -c": (0, ""), "sacct": (1, "disabled")}),
+    assert slurmjobs.job_state(Answers({"squeue": (1, gone), "sacct -c": (0, ""), "sacct": (1, "disabled")}),
                                "7") == ("lost", None)
-    assert slurmjobs.job_state(Answers({"scontrol": (1, "Socket timed out"), "sacct": (0, "")}), "7") == \
+    assert slurmjobs.job_state(Answers({"squeue": (1, "Socket timed out"), "sacct": (0, "")}), "7") == \
         ("unknown", None)
-    assert slurmjobs.job_state(Answers({"scontrol": (1, gone), "sacct": (1, "Connection refused")}), "7") == \
+    assert slurmjobs.job_state(Answers({"squeue": (1, gone), "sacct": (1, "Connection refused")}), "7") == \
         ("unknown", None)
 
 
 def test_kit_stop_cancels_only_the_slurm_job_that_runs_in_the_jobs_folder():
     record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
                                    "train.py", 3, 0.0)
-    other = Answers({"scontrol": (0, "JobId=42 JobState=RUNNING WorkDir=/home/bob/x"), "scancel": (0, "")})
+    other = Answers({"squeue": (0, "/home/bob/x\n"), "scancel": (0, "")})
     with pytest.raises(KitError, match="Slurm job 42 is no longer kit's job"):
         slurmjobs.cancel(other, record)
     assert not any("scancel" in c for c in other.ran)
-    mine = Answers({"scontrol": (0, f"JobId=42 JobState=RUNNING WorkDir={record.folder}"), "scancel": (0, ""),
+    mine = Answers({"squeue": (0, f"{record.folder}\n"), "scancel": (0, ""),
                     "rm -f": (0, "")})
     slurmjobs.cancel(mine, record)
     assert mine.ran[1:] == ["scancel 42", f"rm -f {record.folder}/.kit/env/{JOB_ID}"]
+
+
+PLANTED = "x-JobState=COMPLETED ExitCode=0:0 WorkDir=/elsewhere"  # every field kit reads, as a job may name itself
+
+
+class PlantedSlurm(Answers):
+    """Slurm 22.05 answering for job 42, whose name and comment a job set to hold every field kit reads (`scontrol
+    update JobId=42 JobName=... Comment=...`), in a work folder whose path holds them too: each command prints what
+    that Slurm prints (scontrol its whole line, JobName and Comment before JobState, ExitCode and WorkDir)."""
+
+    def __init__(self, state: str, code: str, workdir: str):
+        line = (f"JobId=42 JobName=kit-{PLANTED} UserId=alice(1000) GroupId=alice(1000) Priority=1 "
+                f"Comment={PLANTED} JobState={state} Reason=None Dependency=(null) ExitCode={code} "
+                f"RunTime=00:00:09 Command={workdir}/kit-job.sbatch WorkDir={workdir} StdOut={workdir}/kit-42.out")
+        ended = state not in ("RUNNING", "PENDING")
+        super().__init__({"scontrol show job": (0, line + "\n"), "-o %T": (0, f"{state}\n"),
+                          "-o %Z": (0, f"{workdir}\n"), "-o State,ExitCode": (0, f"{state}|{code}\n" if ended else ""),
+                          "scancel": (0, ""), "rm -f": (0, "")})
+
+
+def test_a_job_that_names_itself_with_kits_fields_decides_nothing_kit_reports():
+    workdir = f"/home/alice/{PLANTED}/kit-jobs/{JOB_ID}"
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", workdir, "horovod", "train.py", 3, 0.0)
+    assert slurmjobs.job_state(PlantedSlurm("RUNNING", "0:0", workdir), "42") == ("running", None)
+    assert slurmjobs.job_state(PlantedSlurm("FAILED", "3:0", workdir), "42") == ("failed", 3)
+    assert slurmjobs.job_state(PlantedSlurm("TIMEOUT", "0:15", workdir), "42") == ("failed", 143)
+    running = PlantedSlurm("RUNNING", "0:0", workdir)
+    slurmjobs.cancel(running, record)  # its own folder, whatever the name says: cancelled
+    assert "scancel 42" in running.ran
+
+
+@pytest.mark.parametrize("command", ["jobs", "logs", "stop"])
+def test_the_variables_file_of_a_job_that_ended_outside_kit_goes_the_first_time_kit_sees_it_ended(
+        tmp_path, monkeypatch, command):
+    """Cancelled while it waited, or killed with its node: the batch script's trap never ran. `kit jobs`, `kit logs`
+    and `kit stop` remove the file as they find the job ended, and record the end, so the next look asks nothing."""
+    from kit.cli import slurm as slurm_cli
+    monkeypatch.setenv("KIT_HOME", str(tmp_path))
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
+                                   "train.py", 3, 0.0)
+    slurmjobs.save(record)
+    gone = "slurm_load_jobs error: Invalid job id specified"
+    login = Answers({"squeue -h -j 42 -o '%T %r'": (0, f"{gone}\n@@kit-poll 1\n"), "squeue": (1, gone),
+                     "sacct -n": (1, "disabled"), "sacct -c": (0, "CANCELLED|0:0\n"), "rm -f": (0, "")})
+    monkeypatch.setattr(slurmjobs, "login_runner", lambda *a: login)
+    login.close = lambda: None
+    look = {"jobs": lambda: slurm_cli.rows(5), "stop": lambda: slurm_cli.stop(slurmjobs.records()[0], 5),
+            "logs": lambda: slurm_cli.logs(slurmjobs.records()[0], None, False, None, 5, lambda *a: None)}[command]
+    look()
+    assert f"rm -f {record.folder}/.kit/env/{JOB_ID}" in login.ran
+    assert slurmjobs.records()[0].ended == {"state": "stopped", "exit": 0}
+    login.ran.clear()
+    look()
+    assert not any("rm -f" in c or "sacct" in c for c in login.ran)  # seen ended once: not asked again
 
 
 def test_a_node_named_by_its_name_is_looked_up():

@@ -153,7 +153,7 @@ def rows(connect_timeout: int) -> list[dict]:
                         console.print(f"[yellow]warning[/] cannot ask Slurm on {escape(login or 'this machine')} "
                                       f"(slurm.login): {escape(str(e))}", highlight=False)
                     if state in slurmjobs.ENDED or state == "lost":  # neither Slurm nor its records knows it again
-                        slurmjobs.ended(record, state, code)
+                        slurmjobs.seen_ended(runner, record, state, code)
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
                                 np=record.ranks, script=record.script, state=state, exit=code,
                                 submitted=int(record.submitted), seconds=int(now - record.submitted)))
@@ -192,6 +192,10 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
         while held:
             shown(*held.popleft())
         held = None
+        if poll.state in (None, *slurmjobs.ENDED) and not record.ended:
+            state, code = slurmjobs.job_state(runner, record.slurm_id)
+            if state in slurmjobs.ENDED or state == "lost":
+                slurmjobs.seen_ended(runner, record, state, code)
         if follow and poll.state not in (None, *slurmjobs.ENDED):
             ending = slurmjobs.follow(runner, record, reader, first=len(poll.lines))
             console.print(f"kit: job {record.id} {ending.state}" +
@@ -201,10 +205,14 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
 
 
 def stop(record: slurmjobs.SlurmRecord, connect_timeout: int) -> str:
+    if record.ended:
+        return f"job {record.id} is not running ({record.ended['state']}); nothing to stop"
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
-        state, _ = slurmjobs.job_state(runner, record.slurm_id)
+        state, code = slurmjobs.job_state(runner, record.slurm_id)
         if state in slurmjobs.ENDED or state == "lost":
+            if not record.ended:
+                slurmjobs.seen_ended(runner, record, state, code)
             return f"job {record.id} is not running ({state}); nothing to stop"
         slurmjobs.cancel(runner, record)
         after = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
