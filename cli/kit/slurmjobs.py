@@ -103,13 +103,46 @@ def records() -> list[SlurmRecord]:
 
 # ------------------------------------------------------------------------------------------------ submitting
 
+UNSAFE_MARK = "@@kit-unsafe"
+# slurm.workdir and every folder above it must be the login user's or root's, and not writable by others unless
+# sticky (/tmp): anyone else who may rename entries in one could swap kit's job folder for a link between the copy
+# and sbatch (and read the staged script and variables), or swap train.py while the job waits. Checked with the
+# login host's own stat, folder by folder from the work folder up, before anything is made.
+_SAFE_FOLDER = r"""
+me=$(id -u)
+p=$(realpath -m -- "$1") || exit 1
+while :; do
+  if [ -e "$p" ]; then
+    set -- $(stat -L -c '%u %a' -- "$p") || exit 1
+    mode=$((0$2))
+    if [ "$1" != 0 ] && [ "$1" != "$me" ]; then echo "@@kit-unsafe owner $1 $2 $p"; exit 3; fi
+    if [ $((mode & 18)) -ne 0 ] && [ $((mode & 512)) -eq 0 ]; then echo "@@kit-unsafe mode $1 $2 $p"; exit 3; fi
+  fi
+  [ "$p" = / ] && break
+  p=$(dirname -- "$p")
+done
+"""
+
+
 def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
-    """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is."""
+    """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is, once that
+    folder and every one above it are safe (the user's or root's, not writable by others unless sticky)."""
     path = f"{shlex.quote(workdir)}/{job_id}"
+    checked = runner.run(f"cd && sh -c {shlex.quote(_SAFE_FOLDER)} kit-workdir {shlex.quote(workdir)}",
+                         timeout=REMOTE_TIMEOUT_S)
+    if UNSAFE_MARK in checked.stdout:
+        why, owner, mode, where = checked.stdout.split(UNSAFE_MARK, 1)[1].split(None, 3)
+        where = where.strip()
+        said = f"owned by uid {owner}, not you" if why == "owner" else f"mode {mode}: others may rename what is in it"
+        raise KitError(f"slurm.workdir {workdir}: {where} is {said}", host=runner.host,
+                       hint="set slurm.workdir (kit.yaml) to a folder of yours on storage every node sees, e.g. "
+                            "kit-jobs in your home; a folder others may write needs the sticky bit (chmod +t) to be "
+                            "safe for kit's job folders")
+    checked.check(f"cannot check the job's folder {workdir}")
     # The job's own folder is new and the login user's alone: not one that someone who may write in a shared
     # workdir made (or linked) first, and swaps between the copy and sbatch.
-    out = _run(runner, f"cd && mkdir -p {shlex.quote(workdir)} && mkdir -m 700 {path} && cd {path} && pwd -P",
-               f"cannot make the job's folder {workdir}/{job_id}",
+    out = _run(runner, f"cd && umask 077 && mkdir -p {shlex.quote(workdir)} && mkdir -m 700 {path} && cd {path} && "
+                       "pwd -P", f"cannot make the job's folder {workdir}/{job_id}",
                hint="slurm.workdir must be a folder the login user may write, on storage every node sees", changes=True)
     return out.strip().splitlines()[-1]
 

@@ -79,6 +79,36 @@ def test_a_job_with_variables_names_only_their_file_and_removes_it():
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
 
 
+def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_path):
+    """slurm.workdir, or a folder above it, of another user, or writable by others without the sticky bit: its owner
+    (or anyone) could swap kit's job folder for a link, or train.py while the job waits. Checked by the login host's
+    own shell (here: this machine's, as root may make folders of another uid)."""
+    from kit.runners.local import LocalRunner
+    runner = LocalRunner("localhost")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for mode, owner, refused in ((0o755, 0, None), (0o1777, 0, None), (0o777, 0, "mode 777"),
+                                 (0o775, 0, "mode 775"), (0o755, 4242, "owned by uid 4242")):
+        os.chown(shared, owner, owner)
+        shared.chmod(mode)
+        workdir = shared / "team" / "kit-jobs"  # not there yet: made below a safe folder only
+        if refused:
+            with pytest.raises(KitError, match=f"slurm.workdir {workdir}: {shared} is {refused}"):
+                slurmjobs.job_folder(runner, str(workdir), JOB_ID)
+            assert not (shared / "team").exists()
+        else:
+            made = slurmjobs.job_folder(runner, str(workdir), JOB_ID)
+            assert made == str(workdir / JOB_ID) and (workdir / JOB_ID).stat().st_mode & 0o777 == 0o700
+            shutil.rmtree(shared / "team")
+    os.chown(shared, 0, 0)
+    shared.chmod(0o755)
+    (shared / "elsewhere").mkdir()
+    os.chown(shared / "elsewhere", 4242, 4242)
+    (shared / "link").symlink_to(shared / "elsewhere")  # a link is judged by where it leads
+    with pytest.raises(KitError, match="owned by uid 4242"):
+        slurmjobs.job_folder(runner, str(shared / "link" / "jobs"), JOB_ID)
+
+
 def test_the_jobs_env_files_are_not_staged_beside_it(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "secrets.txt").write_text("TOKEN=s3cr3t-value\n")
