@@ -152,7 +152,7 @@ def _text(data: bytes) -> str | None:
 def render(job: K8sJob) -> str:
     """The job's objects as one YAML stream, in the order `kubectl apply -f` should create them."""
     check(job)
-    objects = [_configmap(job)]
+    objects = [_configmap(job), _network_policy(job)]
     if job.kind == "indexed-job":
         objects += [_service(job), _indexed_job(job)]
     else:
@@ -209,6 +209,15 @@ def _own_files() -> dict[str, tuple[bytes, bool]]:
 def _items(job: K8sJob) -> list[tuple[str, tuple[str, tuple[bytes, bool]]]]:
     """(key, (path, (content, executable))) of every file, in the order of their paths."""
     return [(f"file-{i}", item) for i, item in enumerate(sorted(_all_files(job).items()))]
+
+
+def _network_policy(job: K8sJob) -> dict:
+    """Only the job's own pods may connect to them: Horovod's rendezvous (no authentication), Gloo, NCCL, torchrun's
+    store, TensorFlow's workers and an MPIJob's sshd take whatever connection reaches them. Enforced where the
+    cluster's network plugin enforces NetworkPolicy (Calico, Cilium, Antrea, ...; flannel alone does not)."""
+    pods = {"matchLabels": {LABEL: job.name}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(job),
+            "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": pods}]}]}}
 
 
 def _service(job: K8sJob) -> dict:

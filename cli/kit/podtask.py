@@ -96,8 +96,8 @@ def pod(env, launcher, command):
     rendezvous = None
     if launcher == "horovod":
         if index == 0:
-            # (where it writes its port: the pod's own /tmp, not the workspace, which a PVC may share)
-            rendezvous = subprocess.Popen([sys.executable, "-I", TASK, "rendezvous", "/tmp/kit-rendezvous"], env=run)
+            # (on this pod's address and the job's port alone)
+            rendezvous = subprocess.Popen([sys.executable, "-I", TASK, "rendezvous"], env=run)
         wait_listening(run["KIT_NODES"].split()[0].split("=")[1], int(run["KIT_RENDEZVOUS_PORT"]), deadline)
     ranks = [index * per_node + i for i in range(per_node)]
     try:

@@ -5,7 +5,9 @@ launcher (kit.commands.horovod) beside it as .kit/kit_rank.py; no kit is install
 the standard library alone (and Horovod's runner, in the task that serves Horovod's rendezvous). No SSH between
 nodes: Slurm starts every task, and each derives its part from what Slurm says about the job:
 
-    kit_task.py rendezvous             Horovod's Gloo rendezvous, as horovodrun would serve it (on the first node)
+    kit_task.py rendezvous             Horovod's Gloo rendezvous, as horovodrun would serve it: started by the first
+                                       task (rank 0), on its node's training address and the job's port, for as long
+                                       as that task runs
     kit_task.py horovod SCRIPT ARGS    one rank a task: HOROVOD_RANK... from SLURM_PROCID...
     kit_task.py torchrun SCRIPT ARGS   one task a node: torchrun with a c10d rendezvous on the first node
     kit_task.py tf SCRIPT ARGS         one worker a task: TF_CONFIG from the job's nodes
@@ -32,9 +34,12 @@ import json  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
 sys.path[:] = _GIVEN
 
 RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kit_rank.py")
+RENDEZVOUS_WAIT_S = 300  # for rank 0's rendezvous: its node's survey and Python start may take a while
 SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
 
 
@@ -108,7 +113,12 @@ def horovod_env(env, nodes):
             "HOROVOD_LOCAL_RANK": str(rank % local_size), "HOROVOD_LOCAL_SIZE": str(local_size),
             "HOROVOD_CROSS_RANK": str(node), "HOROVOD_CROSS_SIZE": str(nnodes),
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": nodes[0][1], "HOROVOD_GLOO_RENDEZVOUS_PORT": env["KIT_RENDEZVOUS_PORT"]}
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": nodes[0][1], "HOROVOD_GLOO_RENDEZVOUS_PORT": rendezvous_port(env)}
+
+
+def rendezvous_port(env):
+    """The job's port (KIT_PORT, from the job id, in the range kit's firewall keeps to the cluster), or a pod's."""
+    return env.get("KIT_RENDEZVOUS_PORT") or env["KIT_PORT"]
 
 
 def torchrun_argv(env, nodes, address, command):
@@ -129,34 +139,38 @@ def tf_config(env, nodes):
                       separators=(",", ":"))
 
 
-def rendezvous(env, nodes, ready, every=0.2):
-    """Serve Horovod's Gloo rendezvous for the job's ranks until the batch script says the ranks ended (the file
-    `ready`.done) or stops it; its port goes in `ready` once it listens."""
+def rendezvous(env, nodes, every=0.2):
+    """Serve Horovod's Gloo rendezvous for the job's ranks, on the first node's address on the training network
+    (KIT_RENDEZVOUS_ADDR, else KIT_NODES' first) and the job's port, and on no other: it takes unauthenticated GET,
+    PUT and DELETE. It ends when stopped, or when the task that started it (rank 0's, or the first pod's) ends."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
+    from horovod.runner.util.threads import in_thread
 
-    size = int(env["KIT_NTASKS"])
-    server = RendezvousServer(False)
-    port = server.start() if not env.get("KIT_RENDEZVOUS_PORT") else start_at(server, int(env["KIT_RENDEZVOUS_PORT"]))
+    size, parent = int(env["KIT_NTASKS"]), os.getppid()
+    server = RendezvousServer(False)  # started as its start() would, but at the job's address and port
+    server._httpd = RendezvousHTTPServer((env.get("KIT_RENDEZVOUS_ADDR") or nodes[0][1], int(rendezvous_port(env))),
+                                         RendezvousHandler, False)
+    server._listen_thread = in_thread(target=server._httpd.serve_forever)
     server.init(get_host_assignments(parse_hosts(",".join("%s:%d" % (n, size // len(nodes)) for n, _ in nodes)),
                                      size))
-    with open(ready + ".new", "w") as f:
-        f.write(str(port))
-    os.replace(ready + ".new", ready)
-    while not os.path.exists(ready + ".done") and not signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, every):
+    while os.getppid() == parent and not signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, every):
         pass
     server.stop()
 
 
-def start_at(server, port):
-    """Start Horovod's rendezvous at the job's port (a Kubernetes pod's, kit.podtask: every pod knows it) instead of
-    one it picks, as its start would (RendezvousServer.start)."""
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-    from horovod.runner.util.threads import in_thread
-
-    server._httpd = RendezvousHTTPServer(("", port), RendezvousHandler, False)
-    server._listen_thread = in_thread(target=server._httpd.serve_forever)
-    return port
+def wait_listening(address, port, seconds=RENDEZVOUS_WAIT_S, every=0.2):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit("kit: nothing listens on %s:%d after %d s: Horovod's rendezvous (rank 0's) did not "
+                                 "start; does the job's Python import horovod? (its error is in rank 0's output)"
+                                 % (address, port, seconds)) from None
+            time.sleep(every)
 
 
 def training_network(env, nodes):
@@ -190,7 +204,7 @@ def main(argv, env):
     nodes = job_nodes(env["KIT_NODES"])
     if mode == "rendezvous":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        return rendezvous(env, nodes, command[0])
+        return rendezvous(env, nodes)
     nic, address, addresses, said, hca = training_network(env, nodes)
     for line in said.splitlines():
         print("kit: " + line, flush=True)
@@ -200,6 +214,11 @@ def main(argv, env):
         run["NCCL_IB_HCA"] = "=" + hca
     if mode == "horovod":
         check_hostname()
+        if env.get("KIT_SURVEY") != "0":  # under Slurm: rank 0 serves the rendezvous (a pod's job: its first pod)
+            if env["SLURM_PROCID"] == "0":  # (it stays a child of this process, which the rank launcher becomes)
+                subprocess.Popen([sys.executable, os.path.abspath(__file__), "rendezvous"], stdout=subprocess.DEVNULL,
+                                 env=dict(env, KIT_RENDEZVOUS_ADDR=nodes[0][1], KIT_NTASKS=env["SLURM_NTASKS"]))
+            wait_listening(nodes[0][1], int(rendezvous_port(env)))
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
     elif mode == "tf":
         run["TF_CONFIG"] = tf_config(env, nodes)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -224,6 +225,18 @@ def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_
     assert f"JobName={PLANTED} " in slurm.run(f"scontrol show job -o {slurm_id}").stdout
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
     assert (rows[job]["state"], rows[job]["exit"]) == ("running", None), rows[job]
+    # Horovod's rendezvous (no authentication) listens on the first node's training address and the job's port alone,
+    # a port kit's firewall keeps to the cluster: this machine, which is no host of it, is not let in.
+    port = 20000 + int(slurm_id) % 20000
+    listening = {h.address: [line.split()[3] for line in h.run_in("ss", "-Hltn").stdout.splitlines()
+                             if line.split()[3].endswith(f":{port}")] for h in slurm.hosts}
+    served = {address: found for address, found in listening.items() if found}
+    assert len(served) == 1, listening
+    (found,) = served.values()
+    assert len(found) == 1 and not found[0].startswith(("0.0.0.0:", "*:", "[::]:")), found  # one address, no wildcard
+    bound = found[0].rpartition(":")[0]
+    with pytest.raises(OSError):
+        socket.create_connection((bound, port), timeout=3).close()
     started = time.monotonic()
     stop = kit_as(slurm, folder, "stop", job)
     assert stop.returncode == 0 and f"job {job} stopped" in stop.stdout, stop.stdout + stop.stderr

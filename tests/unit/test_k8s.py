@@ -128,12 +128,27 @@ def test_the_configmap_holds_kits_files_as_they_are_and_the_jobs_at_their_paths(
     assert items["run.sh"]["mode"] == 0o755 and items["train.py"]["mode"] == 0o644
 
 
+@pytest.mark.parametrize("kind, launcher", [("indexed-job", "horovod"), ("jobset", "torchrun"),
+                                          ("mpijob", "horovod"), ("pytorchjob", "torchrun"), ("tfjob", "tf"),
+                                          ("trainjob", "torchrun")])
+def test_only_the_jobs_own_pods_may_connect_to_them(kind, launcher):
+    """Horovod's rendezvous takes unauthenticated GET/PUT/DELETE, and Gloo, NCCL and torchrun's store whatever
+    connects: a NetworkPolicy admits the job's own pods alone, selected by the label every pod of the job carries."""
+    docs = list(yaml.safe_load_all(k8s.render(job(kind, launcher))))
+    policy, = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    name = docs[0]["metadata"]["name"].removesuffix("-files")
+    own = {"matchLabels": {k8s.LABEL: name}}
+    assert policy["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]}
+    templates = list(_find(docs, lambda d: isinstance(d, dict) and "spec" in d and "containers" in d["spec"]))
+    assert templates and all(t["metadata"]["labels"][k8s.LABEL] == name for t in templates)  # every pod it selects
+
+
 def test_a_pvc_workspace_carries_kits_files_alone():
     docs = list(yaml.safe_load_all(k8s.render(job("indexed-job", "horovod", workspace_pvc="team-datasets"))))
     assert {i["path"] for v in _volumes(docs) for i in v["configMap"]["items"]} == set(OWN)
     claims = list(_find(docs, lambda d: isinstance(d, dict) and "persistentVolumeClaim" in d))
     assert claims == [{"name": "workspace", "persistentVolumeClaim": {"claimName": "team-datasets"}}]
-    assert {"name": "KIT_STAGE", "value": ""} in docs[2]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "KIT_STAGE", "value": ""} in docs[-1]["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
 def test_the_operators_quirks():
@@ -195,7 +210,7 @@ def test_export_needs_no_kit_yaml_and_contacts_nothing(tmp_path):
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "job.yaml").read_text()
-    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["ConfigMap", "JobSet"]
+    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["ConfigMap", "NetworkPolicy", "JobSet"]
     assert "hf_s3cr3t" not in text + r.stdout + r.stderr
     assert "kubectl create secret generic kit-train-env --from-literal=HF_TOKEN=..." in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "train.py"]
@@ -205,7 +220,8 @@ def test_export_to_stdout_is_the_stream_alone(tmp_path):
     from helpers import run_kit
     (tmp_path / "train.py").write_text("print('hi')\n")
     r = run_kit("export", "--to", "k8s", "--image", IMAGE, "train.py", cwd=tmp_path)
-    assert r.returncode == 0 and [d["kind"] for d in yaml.safe_load_all(r.stdout)] == ["ConfigMap", "Service", "Job"]
+    assert r.returncode == 0 and [d["kind"] for d in yaml.safe_load_all(r.stdout)] == ["ConfigMap", "NetworkPolicy",
+                                                                                         "Service", "Job"]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -363,10 +379,11 @@ def test_run_on_k8s_applies_follows_each_pod_and_ends_with_the_job(tmp_path, fak
     assert secret["kind"] == "Secret" and secret["stringData"] == {"HF_TOKEN": "hf_s3cr3t"}
     assert applied[0]["argv"][1:] == ["create", "--filename=-"]
     assert applied[1]["argv"][1:] == ["apply", "--server-side", "--field-manager=kit", "--filename=-"]
-    assert [d["kind"] for d in job] == ["ConfigMap", "Service", "Job"] and "hf_s3cr3t" not in applied[1]["stdin"]
+    assert [d["kind"] for d in job] == ["ConfigMap", "NetworkPolicy", "Service", "Job"]
+    assert "hf_s3cr3t" not in applied[1]["stdin"]
     assert not any("hf_s3cr3t" in " ".join(c["argv"]) for c in seen) and "hf_s3cr3t" not in r.stdout + r.stderr
     assert all(c["argv"][0] == "--context=lab" for c in seen[1:])
-    name = job[2]["metadata"]["name"]
+    name = job[-1]["metadata"]["name"]
     assert re.fullmatch(r"kit-train-[0-9a-f]{4}", name)
     assert "[kit-train-ab12-0 rank 0] loss 0.5" in r.stdout and "[kit-train-ab12-1 rank 1] \\x1b[2Jwarning" in r.stdout
     assert "finished" in r.stdout
@@ -386,9 +403,9 @@ def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_
     s = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     assert s.returncode == 0, s.stderr
     name = job_id[2]
-    assert calls(tmp_path)[-1]["argv"][1:] == ["delete", f"configmap/{name}-files", f"service/{name}", f"job/{name}",
-                                               f"secret/{name}-env", "--ignore-not-found=true", "--wait=true",
-                                               "--timeout=60s"]
+    assert calls(tmp_path)[-1]["argv"][1:] == ["delete", f"configmap/{name}-files", f"networkpolicy/{name}",
+                                               f"service/{name}", f"job/{name}", f"secret/{name}-env",
+                                               "--ignore-not-found=true", "--wait=true", "--timeout=60s"]
     again = run_kit("stop", job_id[1], cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
     assert again.returncode == 0 and "had ended (stopped)" in again.stdout  # an ended job's objects go too
     logs = run_kit("logs", job_id[1], "--rank", "1", cwd=tmp_path, env={**fake_kubectl, "FAKE_EXIT": "0"})
