@@ -8,7 +8,8 @@ What ranks write cannot grow kit on the control machine without limit: a rank th
 shown as the head of its line and a count of the rest, kit's memory stays bounded, and kit ends with the job.
 
 A hostile job forges its exit record, makes its pid file a FIFO, leaves `env -i` daemons adopted by the container's
-init, makes its exit file a FIFO and its output.log a link to /dev/zero. kit still tells it running, stops it within a
+init (dressed as sshd's connections, as a copy of sh named sshd, as the image's ssh), makes its exit file a FIFO and
+its output.log a link to /dev/zero. kit still tells it running, stops it within a
 bound with nothing of it left, keeps a later job's variables from it (/run/kit is a tmpfs, the file 0600), and reads
 its folder without blocking or flooding.
 
@@ -162,10 +163,31 @@ def test_a_job_that_forges_its_exit_fifos_its_pid_and_leaves_a_daemon_is_stopped
     assert record(project, lab, job)["state"] == "stopped"
 
 
+# The four ways a daemon of outlive.py's `daemon` mode looks like what kit keeps, by its argv[0].
+DAEMONS = {"kit-hostile-daemon": "env -i, setsid, a double fork", "sshd: root@notty": "named as sshd's connections",
+           "/usr/sbin/sshd": "a copy of sh at /tmp/sshd", "ssh": "the image's ssh, its ProxyCommand a loop"}
+
+
+def daemon_kinds(lab) -> dict[str, set[str]]:
+    """Each host's kinds of daemon (DAEMONS) that live now."""
+    found = {}
+    for name, pids in daemons(lab).items():
+        for pid in pids:
+            try:
+                argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            if argv0 in DAEMONS:
+                found.setdefault(name, set()).add(argv0)
+    return found
+
+
 def test_a_later_jobs_variables_are_unreadable_to_an_earlier_jobs_leftover(project, lab, cluster):
+    """The job leaves four daemons on every host, each dressed as something kit keeps; `kit stop` ends them all."""
     assert not job_left(lab)  # the daemons below are this test's job's alone
     job = start(project, lab, "daemon")
-    wait_for("the job's daemons", lambda: len(daemons(lab)) == 3, timeout=120)
+    every = {h.name: set(DAEMONS) for h in lab.hosts}
+    wait_for("the job's four daemons on every host", lambda: daemon_kinds(lab) == every, timeout=120)
     stop(project, lab, job)
     wait_for("the leftovers' end", lambda: not daemons(lab), timeout=10)  # before the next job's variables exist
     secret = f"kit-test-{secrets.token_hex(8)}"

@@ -32,9 +32,10 @@ RANKS_MARK = "@@kit-ranks"
 NNODES, NODE_RANK, MASTER_PORT = "@KIT_NNODES@", "@KIT_NODE_RANK@", "@KIT_MASTER_PORT@"
 MASTER_ADDR = "@KIT_MASTER_ADDR@"  # node 0's address: the store's (it is not the primary's when -H leaves that out)
 SSH = ("ssh", "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
-# The supervisor's own SSH to a host goes over one connection (its first command opens it, the others ride on it;
-# it closes itself ten minutes after the last): its calls at the job's end, every heartbeat read and the next job's
-# start cost no handshake. A launch's own SSH (the fanout script's) rides it where it is there, and never opens one:
+# The supervisor's own SSH to a host goes over one connection (its first command opens it, the others ride on it):
+# its calls at the job's end and every heartbeat read cost no handshake. The connection outlives its command, adopted
+# by the container's init: the job's end stops it with whatever else init adopted (ORPHANS), and the next job opens
+# one anew. A launch's own SSH (the fanout script's) rides it where it is there, and never opens one:
 # a connection opened by a job's process would carry the job's mark, and be stopped with what is left of the job.
 CONNECTION = ("-o", "ControlPath=/tmp/kit-ssh-%C")
 SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
@@ -172,10 +173,13 @@ def reap_script(job_id: str) -> str:
 
 # sh (in reap_script's rounds): the processes re-parented to the container's init, added to `pids` (then their
 # descendants are). A process that leaves its job's environment (`env -i`) and its parent (setsid, a double fork) is
-# adopted by pid 1, which in kit's containers is the cluster's sshd (images/entrypoint.sh). Of these, kept: the sshd's
-# own connection processes (its program, or SSHD_SESSIONS), kit's shared SSH connections (ssh's program,
-# ControlPersist), each job's supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), and the
-# orphans of another job whose supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents.
+# adopted by pid 1, which in kit's containers is the cluster's sshd (images/entrypoint.sh). Of the processes whose
+# parent is pid 1, kept: the sshd's own connection processes (its program, or SSHD_SESSIONS, holding a connection
+# that pid 1's listening socket accepted: the cluster address and port, which no other process can bind), each job's
+# supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), the orphans of another job whose
+# supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents. Whatever program anything
+# else runs (the image's ssh or sshd, a copy of sh named sshd), it is stopped: kit's own SSH connections that
+# outlive their command (ControlPersist) are adopted ones too, and are opened again by the next job that needs them.
 # A `docker exec` session's processes have ppid 0 and are not adopted ones.
 # Only where pid 1 is the image's sshd in a container: elsewhere (a unit test's machine) pid 1 adopts what is not kit's.
 # OpenSSH 9.8 and later (trixie, the gpu flavor's base) runs each connection as a program of its own, a child of pid 1.
@@ -183,7 +187,13 @@ SSHD_SESSIONS = ("/usr/lib/openssh/sshd-session", "/usr/lib/openssh/sshd-auth")
 ORPHANS = (
     "init=$(readlink /proc/1/exe 2>/dev/null); "
     "if [ \"$init\" = /usr/sbin/sshd ] && [ -f /.dockerenv ]; then "
-    "ssh=$(readlink -f \"$(command -v ssh)\" 2>/dev/null); sups=' '; live=' '; q=$$; "
+    "sockets() {{ for f in /proc/$1/fd/*; do l=$(readlink $f 2>/dev/null); case \"$l\" in 'socket:['*) l=${{l#socket:?}}; "
+    "echo \"${{l%?}}\";; esac; done; }}; "
+    "tcp() {{ cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v i=\"$1\" -v st=\"$2\" '$10 == i && $4 == st {{print $2}}'; }}; "
+    "listen=' '; for i in $(sockets 1); do listen=\"$listen$(tcp $i 0A) \"; done; "
+    "accepted() {{ for i in $(sockets $1); do a=$(tcp $i 01); [ -n \"$a\" ] || continue; "
+    "case \"$listen\" in *\" $a \"*) return 0;; esac; done; return 1; }}; "
+    "sups=' '; live=' '; q=$$; "
     "while [ \"$q\" -gt 1 ] 2>/dev/null; do sups=\"$sups$q \"; q=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$q/status); done; "
     "for p in /proc/[0-9]*; do id=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_SUPERVISOR=//p' | head -n 1); "
     "[ -n \"$id\" ] || continue; last=$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1); "
@@ -192,8 +202,7 @@ ORPHANS = (
     "case \"$pids$sups\" in *\" $pid \"*) continue;; esac; "
     "sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 1 || continue; "
     "grep -q '^State:[[:space:]]*Z' $p/status 2>/dev/null && continue; "
-    "exe=$(readlink $p/exe 2>/dev/null); case \"$exe\" in \"$init\"|{sessions}) continue;; esac; "
-    "[ -n \"$ssh\" ] && [ \"$exe\" = \"$ssh\" ] && continue; "
+    "exe=$(readlink $p/exe 2>/dev/null); case \"$exe\" in \"$init\"|{sessions}) accepted $pid && continue;; esac; "
     "other=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_JOB=//p' | head -n 1); "
     "if [ -n \"$other\" ] && [ \"$other\" != {job} ]; then case \"$live\" in *\" $other \"*) continue;; esac; fi; "
     "pids=\"$pids$pid \"; done; fi; ").replace("{sessions}", "|".join(SSHD_SESSIONS))

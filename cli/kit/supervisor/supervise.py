@@ -72,6 +72,15 @@ class Supervisor:
     def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
         return at_once(hosts, lambda h: self.remote(h, argv))
 
+    def reap_all(self, hosts: list[Slot], script: str) -> list[subprocess.CompletedProcess]:
+        """A reap (or end) script on every host: the others' at once, then this one's, which stops what the
+        container's init adopted here, kit's own SSH connections that carried the others' included."""
+        there = self.on_all([h for h in hosts if not self.plan.is_here(h)], ["sh", "-c", script])
+        here = [self.remote(h, ["sh", "-c", script]) for h in hosts if self.plan.is_here(h)]
+        found = dict(zip([h.address for h in hosts if not self.plan.is_here(h)], there))
+        found.update(zip([h.address for h in hosts if self.plan.is_here(h)], here))
+        return [found[h.address] for h in hosts]
+
     def run(self) -> int:
         plan, folder = self.plan, self.plan.folder
         _write(folder, "discover", discovery_script(plan.hosts))
@@ -83,7 +92,7 @@ class Supervisor:
             if code == 0 or self.stopped() or attempt >= plan.restarts:
                 break
             _write(folder, "phase", "restarting")
-            self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])  # what is left of this launch, on every host
+            self.reap_all(hosts, reap_script(plan.id))  # what is left of this launch, on every host
             # (the script from here, not its copy in the job's folder, which the job's ranks could change)
             try:  # (each host's ssh in it has its own ConnectTimeout; this bounds the whole)
                 found = subprocess.run(["sh", "-c", discovery_script(plan.hosts)], capture_output=True, text=True,
@@ -141,7 +150,7 @@ class Supervisor:
                     proc.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
                     pass
-                self.on_all(hosts, ["sh", "-c", reap_script(plan.id)])
+                self.reap_all(hosts, reap_script(plan.id))
         code = proc.wait()
         return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
 
@@ -157,7 +166,7 @@ class Supervisor:
         count in `reaped`) and, to spread, each host's workspace as it is now (`after.json`, host -> manifest)."""
         plan = self.plan
         hosts = self.hosts + ([] if any(plan.is_here(h) for h in self.hosts) else [Slot(plan.primary, plan.here, 0)])
-        ends = self.on_all(hosts, ["sh", "-c", end_script(plan.id, plan.workspace if plan.spread else None)])
+        ends = self.reap_all(hosts, end_script(plan.id, plan.workspace if plan.spread else None))
         found = {h.host: parse_end(r.stdout) for h, r in zip(hosts, ends) if r.returncode == 0}
         self.record("reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
         if plan.spread:

