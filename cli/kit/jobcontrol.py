@@ -15,7 +15,7 @@ from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
 from kit.supervisor import heartbeats
-from kit.supervisor.launch import AFTER, ENDING, RANKS_MARK, STOP_WAIT_S, reap_script
+from kit.supervisor.launch import AFTER, ENDING, RANKS_MARK, STOP_WAIT_S, SUPERVISOR_APART, reap_script
 
 
 END_MARK = "@@kit-job-end"
@@ -86,9 +86,12 @@ def launch_ranks(line: str) -> list[str] | None:
 
 
 # A job's supervisor and launcher, from the process table (never from a file of the job's folder, which the job can
-# write): sup_of ID: the process carrying KIT_SUPERVISOR=ID whose command line ends with the job's plan; launcher_of
-# ID: its child carrying KIT_JOB=ID.
-_PID = ("sup_of() {{ for p in /proc/[0-9]*; do [ \"$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1)\" = {folder}/plan.json ] "
+# write): sup_of ID: the process carrying KIT_SUPERVISOR=ID whose command line ends with the job's plan and, in kit's
+# containers (pid 1 the image's sshd), whose parent is outside the container (kit's `docker exec -d`: ppid 0, which
+# no process of a job can make its own); launcher_of ID: its child carrying KIT_JOB=ID.
+_PID = ("sup_of() {{ kc=0; [ \"$(readlink /proc/1/exe 2>/dev/null)\" = /usr/sbin/sshd ] && [ -f /.dockerenv ] && kc=1; "
+        "for p in /proc/[0-9]*; do [ \"$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1)\" = {folder}/plan.json ] "
+        "&& {{ [ $kc = 0 ] || sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 0; }} "
         "&& tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"KIT_SUPERVISOR=$1\" && echo ${{p#/proc/}} && return 0; done; "
         "return 1; }}; launcher_of() {{ s=$(sup_of $1) || return 1; for p in /proc/[0-9]*; do "
         "sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx \"$s\" && "
@@ -116,12 +119,15 @@ FOLLOW_SCRIPT = r"""
 import os, stat, sys, time
 folder, job, first, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 plan, out = os.path.join(folder, "plan.json").encode(), sys.stdout.buffer
+@APART@
 def alive():
     for pid in os.listdir("/proc"):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 if not pid.isdigit() or f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1] != plan:
                     continue
+            if OUTSIDE and not apart(pid):
+                continue
             with open("/proc/%s/environ" % pid, "rb") as f:
                 if ("KIT_SUPERVISOR=" + job).encode() in f.read(1 << 20).split(b"\0"):
                     return True
@@ -180,7 +186,7 @@ if mode == "ending":
         if f:
             out.write(b"@@" + name.encode() + b"\n" + f.read(size) + b"\n")
 out.flush()
-""".replace("@END_MARK@", END_MARK).replace("@ENDING@", repr(ENDING)).replace("@AFTER@", AFTER).replace(
+""".replace("@APART@\n", SUPERVISOR_APART).replace("@END_MARK@", END_MARK).replace("@ENDING@", repr(ENDING)).replace("@AFTER@", AFTER).replace(
     "@AFTER_MAX@", str(AFTER_MAX))
 
 

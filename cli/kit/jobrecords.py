@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput
 from kit.steps.node import Node
+from kit.supervisor.launch import SUPERVISOR_APART
 
 
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
@@ -21,11 +22,13 @@ ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job
 # link followed, regular files only): one JSON line a job folder of kit's job ids, at most RECORDS_MAX of them and
 # RECORDS_BYTES in all. First the folders the user's job reference names (a job can make folders of any name, but not
 # crowd out the one named), then those of live jobs (so no flood of made-up folders hides a running job from kit stop),
-# then the newest. A job is alive while its supervisor is in the process table.
+# then the newest. A job is alive while its supervisor is in the process table (in kit's containers: started from
+# outside, its parent not in the container, which no process of a job can make its own).
 RECORDS_MAX, RECORDS_BYTES = 200, 8 << 20
 RECORDS_SCRIPT = r"""
 import json, os, re, stat, sys
 root, ref, printed = sys.argv[1], sys.argv[2], 0
+@APART@
 def read(folder, name):
     try:
         fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -39,7 +42,7 @@ def supervisors():
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 last = f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1].decode("utf-8", "replace")
-            if not pid.isdigit() or not last.startswith(root + "/"):
+            if not pid.isdigit() or not last.startswith(root + "/") or (OUTSIDE and not apart(pid)):
                 continue
             with open("/proc/%s/environ" % pid, "rb") as f:
                 marks = [v[15:].decode("utf-8", "replace") for v in f.read(1 << 20).split(b"\0")
@@ -66,7 +69,7 @@ for name in list(dict.fromkeys(first + names))[:@RECORDS_MAX@]:
     if printed > @RECORDS_BYTES@:
         break
     print(line)
-""".replace("@RECORDS_MAX@", str(RECORDS_MAX)).replace("@RECORDS_BYTES@", str(RECORDS_BYTES))
+""".replace("@APART@\n", SUPERVISOR_APART).replace("@RECORDS_MAX@", str(RECORDS_MAX)).replace("@RECORDS_BYTES@", str(RECORDS_BYTES))
 
 
 def _int(text: str | None) -> int | None:

@@ -105,19 +105,27 @@ class Job:
         return command(["docker", "exec", "-i", self.state.primary.place.container, "python", "-I", "-c", SUPERVISOR,
                         "--start"])
 
-    def request(self, follow: str | None, others: list[Node] = (), files: dict[str, str] | None = None) -> bytes:
-        """supervisor.start's first line: the job's folder and files, the variables (theirs go on stdin, never on a
-        command line), its supervisor's source, what to do once it runs (follow: a follow script), and the job's
-        other hosts, to be given its files (name -> sha256; None where the hosts share the workspace) and
-        variables."""
+    def supervisor_command(self) -> str:
+        """The job's supervisor in the primary's container, apart from kit's session: `docker exec -d`, whose process
+        has its parent outside the container (ppid 0 there), which no process of a job can make its own: kit tells
+        a supervisor from a process dressed as one by it. Its variables are kit's own (none of the job's)."""
         # Gloo's rendezvous waits 30 s for every rank by default: give slow-starting ranks (a loaded host
         # importing torch) the same time as horovodrun's --start-timeout.
         env = {"KIT_SUPERVISOR": self.id, "HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.options.start_timeout),
                **dict(self.network)}
         if self.env:
             env["KIT_ENV"] = "1"  # each rank must find the job's variables
+        # -I: the workspace (where a job may have left a json.py) is not on the supervisor's path
+        return command(["docker", "exec", "-d", "-w", "/", *(a for k, v in env.items() for a in ("-e", f"{k}={v}")),
+                        self.state.primary.place.container, "python", "-I", "-c", SUPERVISOR,
+                        f"{self.folder}/plan.json"])
+
+    def request(self, follow: str | None, others: list[Node] = (), files: dict[str, str] | None = None) -> bytes:
+        """supervisor.start's first line: the job's folder and files, the variables (theirs go on stdin, never on a
+        command line), what to do once its supervisor runs (follow: a follow script), and the job's other hosts, to
+        be given its files (name -> sha256; None where the hosts share the workspace) and variables."""
         written = {"plan.json": self.plan().dump(), **({"environment": jobenv.names(self.env)} if self.env else {})}
-        return json.dumps({"folder": self.folder, "files": written, "env": env, "source": SUPERVISOR,
+        return json.dumps({"folder": self.folder, "files": written,
                            "follow": follow, "workspace": self.state.workspace,
                            "env_file": jobenv.env_file(self.env).decode() if self.env else None,
                            "hosts": [{"name": n.name, "address": n.address} for n in others],
@@ -251,8 +259,13 @@ class Starting:
         self.talk.send(json.dumps(message).encode() + b"\n")
 
     def go(self, setup: tuple[str, ...]) -> None:
-        """Start the job, its log begun with kit's lines; from here it may say nothing for as long as it runs."""
+        """Start the job, its log begun with kit's lines: its supervisor started apart from this conversation, which
+        waits for it; from here it may say nothing for as long as it runs."""
         self.send({"go": list(setup)})
+        self.answer(starter.LAUNCH)
+        r = self.primary.runner.run(self.job.supervisor_command(), timeout=60)
+        self.send({"launched": "" if r.ok else
+                   f"docker exec failed (exit {r.exit_code}): {' '.join(r.tail().split())[-300:]}"})
         self.talk.end_input()
         self.talk.quiet(None)
         self.said = self.talk.lines()  # the job's output: its lines cut at LINE_KEPT

@@ -8,8 +8,8 @@ What ranks write cannot grow kit on the control machine without limit: a rank th
 shown as the head of its line and a count of the rest, kit's memory stays bounded, and kit ends with the job.
 
 A hostile job forges its exit record, makes its pid file a FIFO, leaves `env -i` daemons adopted by the container's
-init (dressed as sshd's connections, as a copy of sh named sshd, as the image's ssh), makes its exit file a FIFO and
-its output.log a link to /dev/zero. kit still tells it running, stops it within a
+init (dressed as sshd's connections, as a copy of sh named sshd, as a job's supervisor, as the image's ssh), makes its
+exit file a FIFO and its output.log a link to /dev/zero. kit still tells it running, stops it within a
 bound with nothing of it left, keeps a later job's variables from it (/run/kit is a tmpfs, the file 0600), and reads
 its folder without blocking or flooding.
 
@@ -163,9 +163,10 @@ def test_a_job_that_forges_its_exit_fifos_its_pid_and_leaves_a_daemon_is_stopped
     assert record(project, lab, job)["state"] == "stopped"
 
 
-# The four ways a daemon of outlive.py's `daemon` mode looks like what kit keeps, by its argv[0].
+# The ways a daemon of outlive.py's `daemon` mode looks like what kit keeps, by its argv[0].
 DAEMONS = {"kit-hostile-daemon": "env -i, setsid, a double fork", "sshd: root@notty": "named as sshd's connections",
-           "/usr/sbin/sshd": "a copy of sh at /tmp/sshd", "ssh": "the image's ssh, its ProxyCommand a loop"}
+           "/usr/sbin/sshd": "a copy of sh at /tmp/sshd", "ssh": "the image's ssh, its ProxyCommand a loop",
+           "python": "dressed as a job's supervisor"}
 
 
 def daemon_kinds(lab) -> dict[str, set[str]]:
@@ -183,11 +184,11 @@ def daemon_kinds(lab) -> dict[str, set[str]]:
 
 
 def test_a_later_jobs_variables_are_unreadable_to_an_earlier_jobs_leftover(project, lab, cluster):
-    """The job leaves four daemons on every host, each dressed as something kit keeps; `kit stop` ends them all."""
+    """The job leaves five daemons on every host, each dressed as something kit keeps; `kit stop` ends them all."""
     assert not job_left(lab)  # the daemons below are this test's job's alone
     job = start(project, lab, "daemon")
     every = {h.name: set(DAEMONS) for h in lab.hosts}
-    wait_for("the job's four daemons on every host", lambda: daemon_kinds(lab) == every, timeout=120)
+    wait_for("the job's five daemons on every host", lambda: daemon_kinds(lab) == every, timeout=120)
     stop(project, lab, job)
     wait_for("the leftovers' end", lambda: not daemons(lab), timeout=10)  # before the next job's variables exist
     secret = f"kit-test-{secrets.token_hex(8)}"

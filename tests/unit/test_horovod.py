@@ -161,8 +161,12 @@ def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
               HorovodOptions(start_timeout=90))
     launch = shlex.split(job.start_command())
     assert launch[:7] == ["docker", "exec", "-i", "kit-lab", "python", "-I", "-c"] and launch[-1] == "--start"
+    supervisor = shlex.split(job.supervisor_command())  # apart from kit's session: its parent outside the container
+    assert supervisor[:5] == ["docker", "exec", "-d", "-w", "/"]
+    assert supervisor[-1] == "/var/lib/kit/lab/jobs/j1/plan.json"
+    assert supervisor[5:9] == ["-e", "KIT_SUPERVISOR=j1", "-e", "HOROVOD_GLOO_TIMEOUT_SECONDS=90"]
+    assert supervisor[9:13] == ["kit-lab", "python", "-I", "-c"]
     request = json.loads(job.request(None))
-    assert request["env"] == {"KIT_SUPERVISOR": "j1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "90"}
     assert request["folder"] == job.folder == "/var/lib/kit/lab/jobs/j1" and request["follow"] is None
     assert request["workspace"] == "/w" and "environment" not in request["files"] and request["env_file"] is None
     assert (request["hosts"], request["copy"]) == ([], False)

@@ -175,9 +175,10 @@ def reap_script(job_id: str) -> str:
 # descendants are). A process that leaves its job's environment (`env -i`) and its parent (setsid, a double fork) is
 # adopted by pid 1, which in kit's containers is the cluster's sshd (images/entrypoint.sh). Of the processes whose
 # parent is pid 1, kept: the sshd's own connection processes (its program, or SSHD_SESSIONS, holding a connection
-# that pid 1's listening socket accepted: the cluster address and port, which no other process can bind), each job's
-# supervisor (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json), the orphans of another job whose
-# supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents. Whatever program anything
+# that pid 1's listening socket accepted: the cluster address and port, which no other process can bind), the orphans
+# of another job whose supervisor is there (KIT_JOB=<that id>), and this script's own shell and its parents. A job's
+# supervisor is kit's `docker exec -d` (KIT_SUPERVISOR=<id>, its command line ending with <id>/plan.json, and its
+# parent outside the container: ppid 0, which no process in it can make its own); none is an adopted one. Whatever program anything
 # else runs (the image's ssh or sshd, a copy of sh named sshd), it is stopped: kit's own SSH connections that
 # outlive their command (ControlPersist) are adopted ones too, and are opened again by the next job that needs them.
 # A `docker exec` session's processes have ppid 0 and are not adopted ones.
@@ -195,7 +196,8 @@ ORPHANS = (
     "case \"$listen\" in *\" $a \"*) return 0;; esac; done; return 1; }}; "
     "sups=' '; live=' '; q=$$; "
     "while [ \"$q\" -gt 1 ] 2>/dev/null; do sups=\"$sups$q \"; q=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$q/status); done; "
-    "for p in /proc/[0-9]*; do id=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_SUPERVISOR=//p' | head -n 1); "
+    "for p in /proc/[0-9]*; do sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 0 || continue; "
+    "id=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_SUPERVISOR=//p' | head -n 1); "
     "[ -n \"$id\" ] || continue; last=$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1); "
     "case \"$last\" in */\"$id\"/plan.json) sups=\"$sups${{p#/proc/}} \"; live=\"$live$id \";; esac; done; "
     "for p in /proc/[0-9]*; do pid=${{p#/proc/}}; [ \"$pid\" = 1 ] && continue; "
@@ -206,6 +208,21 @@ ORPHANS = (
     "other=$(tr '\\0' '\\n' < $p/environ 2>/dev/null | sed -n 's/^KIT_JOB=//p' | head -n 1); "
     "if [ -n \"$other\" ] && [ \"$other\" != {job} ]; then case \"$live\" in *\" $other \"*) continue;; esac; fi; "
     "pids=\"$pids$pid \"; done; fi; ").replace("{sessions}", "|".join(SSHD_SESSIONS))
+
+
+# Python, for kit's scripts that find a job's supervisor in a container's process table (jobcontrol's FOLLOW_SCRIPT,
+# jobrecords' RECORDS_SCRIPT; os imported): in kit's containers (pid 1 the image's sshd) a supervisor is kit's
+# `docker exec -d`, its parent outside the container (PPid 0), which no process of a job can make its own.
+SUPERVISOR_APART = """def kits_container():
+    try:
+        return os.path.exists("/.dockerenv") and os.readlink("/proc/1/exe") == "/usr/sbin/sshd"
+    except OSError:
+        return False
+OUTSIDE = kits_container()
+def apart(pid):
+    with open("/proc/%s/status" % pid) as f:
+        return any(line.split() == ["PPid:", "0"] for line in f)
+"""
 
 
 # A host's workspace: each file's sha256 (find follows no link: a link the job made is neither hashed nor copied).

@@ -1,6 +1,7 @@
 """The starter: kit's one conversation with the primary's container that starts a job (`python -I -c SOURCE --start`),
-which copies the job's files into the workspaces, gives every host the job's variables and starts the supervisor
-apart from kit's session. Standard library only: shipped in the supervisor's script (kit.supervisor.shipped)."""
+which copies the job's files into the workspaces, gives every host the job's variables and waits for the supervisor,
+which kit starts apart from its session (`docker exec -d`: its parent is outside the container, which no process in
+it can make its own). Standard library only: shipped in the supervisor's script (kit.supervisor.shipped)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from kit.supervisor.launch import parse_manifest, ssh_argv, _run_quietly, _text,
 
 # The lines the starter answers kit with (start()).
 MANIFEST_END, COPIED, HOSTS, STARTED = "@@kit-manifest-end", "@@kit-copied", "@@kit-hosts", "@@kit-started"
+LAUNCH = "@@kit-launch"
 COPY_TIMEOUT_S = 3600   # one copy of a job's files to a host (a job's folder may hold GBs)
+SUPERVISOR_WAIT_S = 60  # for the supervisor kit started to say it runs (its pid file)
 
 
 def start(inp, out) -> int:
@@ -34,10 +37,11 @@ def start(inp, out) -> int:
     3. {"others": true}: the job's other hosts given, at once over the cluster SSH, what their workspaces lack of the
        job's files (from here, so that kit's own link carries each byte once) and their variables; what each got
        and had, or what failed there, answered after HOSTS;
-    4. {"go": [kit's lines]}: the log begun with them, the supervisor started apart from this session (a session of
-       its own, stdio on /dev/null: a closed laptop or a dropped VPN does not end the job), and, given a follow
-       script, this process becomes the follower of the job's output.
-    The end of stdin before 4, or an answer that finds no reader (kit stopped, its link dropped, or a host failed):
+    4. {"go": [kit's lines]}: the log begun with them, answered LAUNCH;
+    5. {"launched": ""} once kit started the supervisor apart from this session (`docker exec -d`: a closed laptop or
+       a dropped VPN does not end the job), or what failed: the supervisor waited for (its pid file), and, given a
+       follow script, this process becomes the follower of the job's output.
+    The end of stdin before 5, or an answer that finds no reader (kit stopped, its link dropped, or a host failed):
     the job's variables and folder are removed, here and where they were given, and nothing started."""
     request = json.loads(inp.readline())
     folder, job = request["folder"], os.path.basename(request["folder"])
@@ -77,9 +81,15 @@ def start(inp, out) -> int:
         return abandon()
     with open(os.path.join(folder, "output.log"), "a") as f:
         f.write("".join(f"kit: {line}\n" for line in message["go"]))
-    # -I: the workspace (this process's folder, where a job may have left a json.py) is not on the supervisor's path
-    argv = [sys.executable, "-I", "-c", request["source"], os.path.join(folder, "plan.json")]
-    error = spawn_detached(argv, {**os.environ, **request["env"]}, os.path.join(folder, "supervisor"))
+    try:
+        out.write(LAUNCH + "\n")
+        out.flush()
+        line = inp.readline()
+    except BrokenPipeError:
+        return abandon()
+    if not line:  # kit stopped before it started the supervisor
+        return abandon()
+    error = json.loads(line).get("launched") or started(folder)
     if error:  # recorded as failed, not left pending
         with open(os.path.join(folder, "output.log"), "a") as f:
             f.write(f"kit: the supervisor did not start: {error}\n")
@@ -211,28 +221,11 @@ def unpack(inp, size: int, workspace: str) -> str:
     return COPIED if code == 0 and not left else f"{COPIED} failed: {err or 'the copy was cut short'}"
 
 
-def spawn_detached(argv: list[str], env: dict[str, str], pid_file: str) -> str:
-    """Run argv in a session of its own, not this process's child, its pid in pid_file; "" once it is running (so a
-    follower finds it at once), else what failed (told through a pipe that its exec closes)."""
-    read_end, write_end = os.pipe()  # neither is inherited by the exec'd program (close-on-exec)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_end)
-            os.setsid()
-            os.chdir("/")  # (not the workspace: the launcher is started there, the supervisor's own steps are not)
-            if os.fork():
-                os._exit(0)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            _write(os.path.dirname(pid_file), os.path.basename(pid_file), str(os.getpid()))
-            os.execve(argv[0], argv, env)
-        except BaseException as e:  # noqa: BLE001 - told to the parent, which records it
-            os.write(write_end, repr(e).encode()[:500])
-        finally:
-            os._exit(127)
-    os.close(write_end)
-    os.waitpid(pid, 0)
-    with os.fdopen(read_end, "rb") as f:
-        return f.read().decode(errors="replace")
+def started(folder: str, wait: float = SUPERVISOR_WAIT_S, every: float = 0.1) -> str:
+    """"" once the supervisor kit started says it runs (it writes its pid file first), else what went wrong."""
+    deadline = time.monotonic() + wait
+    while not os.path.exists(os.path.join(folder, "supervisor")):
+        if time.monotonic() > deadline:
+            return f"it did not start within {wait:.0f} s"
+        time.sleep(every)
+    return ""

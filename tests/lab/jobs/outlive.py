@@ -6,8 +6,9 @@
                               exit file and makes its pid file a FIFO; then they sleep
   outlive.py JOBS_DIR daemon  the daemons alone, then sleep: on every host four, each a way to look like what kit
                               keeps: the plain one above; the same named as sshd's connection processes; a copy of
-                              sh at /tmp/sshd named /usr/sbin/sshd; the image's own ssh program, its ProxyCommand the
-                              copying loop (it waits for that "proxy" to answer, for ever)
+                              sh at /tmp/sshd named /usr/sbin/sshd; one dressed as a job's supervisor (its mark, its
+                              command line ending with a job's plan.json); the image's own ssh program, its
+                              ProxyCommand the copying loop (it waits for that "proxy" to answer, for ever)
   outlive.py JOBS_DIR fifo    the rank on the primary makes its exit file a FIFO and its output.log a link to
                               /dev/zero; then they sleep
   outlive.py JOBS_DIR sleep   a few seconds of nothing
@@ -22,13 +23,14 @@ folder, mode = os.path.join(sys.argv[1], os.environ["KIT_JOB"]), sys.argv[2]
 STEAL = "while :; do cat /run/kit/env/* >> /tmp/kit-stolen 2>/dev/null; sleep 0.2; done"
 
 
-def detached(argv: list[str]) -> None:
-    """argv, with no KIT_JOB nor any other variable (`env -i`), in a session of its own, not this process's child."""
+def detached(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """argv, with no KIT_JOB nor any other variable (`env -i`) but env, in a session of its own, not this process's
+    child."""
     child = os.fork()
     if child == 0:
         os.setsid()
         if os.fork() == 0:
-            os.execve(argv[0], argv[1:], {})
+            os.execve(argv[0], argv[1:], env or {})
         os._exit(0)
     os.waitpid(child, 0)
 
@@ -42,8 +44,12 @@ def daemons() -> None:
     detached(["/bin/sh", "sshd: root@notty", "-c", STEAL + " # kit-hostile-daemon"])
     shutil.copy("/bin/sh", "/tmp/sshd")
     detached(["/tmp/sshd", "/usr/sbin/sshd", "-c", STEAL + " # kit-hostile-daemon"])
+    fake = "20990101-000000-abcd"  # a job's supervisor: its mark, and a command line that ends with its plan
+    detached(["/bin/sh", "python", "-c", STEAL + " # kit-hostile-daemon", "sh", f"{sys.argv[1]}/{fake}/plan.json"],
+             {"KIT_SUPERVISOR": fake})
     proxy = f"ProxyCommand=sh -c '{STEAL}' kit-hostile-daemon"
-    detached([shutil.which("ssh"), "ssh", "-F", "/dev/null", "-o", proxy, "-o", "BatchMode=yes", "kit-hostile-daemon.invalid"])
+    detached([shutil.which("ssh"), "ssh", "-F", "/dev/null", "-o", proxy, "-o", "BatchMode=yes",
+              "kit-hostile-daemon.invalid"])
 
 
 def replace(name: str, make) -> None:
