@@ -248,3 +248,13 @@ def ended(record: K8sRecord, ending: Ending) -> K8sRecord:
     done = replace(record, ended={"state": ending.state, "exit": ending.exit_code})
     save(done)
     return done
+
+
+def seen_ended(runner: Runner, record: K8sRecord, ending: Ending) -> K8sRecord:
+    """The first time kit sees the job ended (`kit run`, `kit jobs`, `kit logs -f`: whichever comes first): its
+    Secret deleted, and its end saved. A detached job's values would otherwise stay in the namespace until kit stop."""
+    try:
+        forget_secret(runner, record)
+    except KitError:
+        return record  # (its context does not answer: the next look tries again)
+    return ended(record, ending)

@@ -97,7 +97,8 @@ def pod(env, launcher, command):
     if launcher == "horovod":
         if index == 0:
             # (on this pod's address and the job's port alone)
-            rendezvous = subprocess.Popen([sys.executable, "-I", TASK, "rendezvous"], env=run)
+            rendezvous = subprocess.Popen([sys.executable, "-I", TASK, "rendezvous"], env=run,
+                                          stdout=subprocess.DEVNULL)
         wait_listening(run["KIT_NODES"].split()[0].split("=")[1], int(run["KIT_RENDEZVOUS_PORT"]), deadline)
     ranks = [index * per_node + i for i in range(per_node)]
     try:

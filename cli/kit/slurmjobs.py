@@ -107,10 +107,13 @@ UNSAFE_MARK = "@@kit-unsafe"
 # slurm.workdir and every folder above it must be the login user's or root's, and not writable by others unless
 # sticky (/tmp): anyone else who may rename entries in one could swap kit's job folder for a link between the copy
 # and sbatch (and read the staged script and variables), or swap train.py while the job waits. Checked with the
-# login host's own stat, folder by folder from the work folder up, before anything is made.
+# login host's own stat, folder by folder from the work folder up, on the path with its links resolved, and the job's
+# folder made on that very path (a link in a folder others may write, flipped between the check and the mkdir, leads
+# nowhere kit goes). Prints the resolved work folder.
 _SAFE_FOLDER = r"""
 me=$(id -u)
-p=$(realpath -m -- "$1") || exit 1
+top=$(realpath -m -- "$1") || exit 1
+p=$top
 while :; do
   if [ -e "$p" ]; then
     set -- $(stat -L -c '%u %a' -- "$p") || exit 1
@@ -121,13 +124,13 @@ while :; do
   [ "$p" = / ] && break
   p=$(dirname -- "$p")
 done
+echo "$top"
 """
 
 
 def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
     """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is, once that
     folder and every one above it are safe (the user's or root's, not writable by others unless sticky)."""
-    path = f"{shlex.quote(workdir)}/{job_id}"
     checked = runner.run(f"cd && sh -c {shlex.quote(_SAFE_FOLDER)} kit-workdir {shlex.quote(workdir)}",
                          timeout=REMOTE_TIMEOUT_S)
     if UNSAFE_MARK in checked.stdout:
@@ -139,9 +142,14 @@ def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
                             "kit-jobs in your home; a folder others may write needs the sticky bit (chmod +t) to be "
                             "safe for kit's job folders")
     checked.check(f"cannot check the job's folder {workdir}")
+    resolved = checked.stdout.strip().splitlines()[-1] if checked.stdout.strip() else ""
+    if not resolved.startswith("/"):
+        raise KitError(f"slurm.workdir {workdir}: the login host did not say where it is", host=runner.host,
+                       hint="check that realpath (coreutils) is installed on the login host")
     # The job's own folder is new and the login user's alone: not one that someone who may write in a shared
     # workdir made (or linked) first, and swaps between the copy and sbatch.
-    out = _run(runner, f"cd && umask 077 && mkdir -p {shlex.quote(workdir)} && mkdir -m 700 {path} && cd {path} && "
+    path = f"{shlex.quote(resolved)}/{job_id}"
+    out = _run(runner, f"umask 077 && mkdir -p {shlex.quote(resolved)} && mkdir -m 700 {path} && cd {path} && "
                        "pwd -P", f"cannot make the job's folder {workdir}/{job_id}",
                hint="slurm.workdir must be a folder the login user may write, on storage every node sees", changes=True)
     return out.strip().splitlines()[-1]
@@ -314,7 +322,7 @@ class Reader:
         for node, tasks, what in self.srun_errors:
             code = re.search(r"exit code (\d+)", what)
             signal = next((number for name, number in SIGNALS.items() if name in what), None)
-            if not (code or signal):
+            if not (code and int(code[1]) or signal):  # (exit code 0 is no failure, whoever wrote the line)
                 continue
             for part in tasks.split(","):
                 low, _, high = part.partition("-")
@@ -426,7 +434,10 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
         reader.feed(line)  # what was written as it ended
     forget_variables(runner, record)
     state, code = job_state(runner, record.slurm_id)
-    return Ending(state, code, reader.first_failure())
+    # Which task failed, where, with which code: srun's lines in the output, which the job can write too. They name
+    # a failure only of a job Slurm says failed, and never exit code 0: the job's state and whether it failed are
+    # Slurm's alone.
+    return Ending(state, code, reader.first_failure() if state == "failed" else None)
 
 
 def cancel(runner: Runner, record: SlurmRecord) -> None:

@@ -31,6 +31,7 @@ import fcntl  # noqa: E402
 import importlib.util  # noqa: E402
 import ipaddress  # noqa: E402
 import json  # noqa: E402
+import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import struct  # noqa: E402
@@ -154,9 +155,25 @@ def rendezvous(env, nodes, every=0.2):
     server._listen_thread = in_thread(target=server._httpd.serve_forever)
     server.init(get_host_assignments(parse_hosts(",".join("%s:%d" % (n, size // len(nodes)) for n, _ in nodes)),
                                      size))
+    print("bound", flush=True)  # to the task that started it, which then lets the ranks come
     while os.getppid() == parent and not signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, every):
         pass
     server.stop()
+
+
+def serve_rendezvous(env, address):
+    """Rank 0's task: the job's rendezvous started as its child, and seen to listen itself, not another program that
+    took the job's port first on this node (the port is known from the job id): else the job stops here."""
+    port = rendezvous_port(env)
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "rendezvous"], stdout=subprocess.PIPE,
+                             env=dict(env, KIT_RENDEZVOUS_ADDR=address, KIT_NTASKS=env["SLURM_NTASKS"]))
+    ready, _, _ = select.select([child.stdout], [], [], RENDEZVOUS_WAIT_S)
+    said = child.stdout.readline() if ready else b""  # its first line once it listens; none if it failed (stderr)
+    child.stdout.close()
+    if said.strip() != b"bound":
+        child.kill()
+        raise SystemExit("kit: Horovod's rendezvous could not listen at %s:%s on %s: is another program holding the "
+                         "job's port there? (its error is above)" % (address, port, socket.gethostname()))
 
 
 def wait_listening(address, port, seconds=RENDEZVOUS_WAIT_S, every=0.2):
@@ -216,8 +233,7 @@ def main(argv, env):
         check_hostname()
         if env.get("KIT_SURVEY") != "0":  # under Slurm: rank 0 serves the rendezvous (a pod's job: its first pod)
             if env["SLURM_PROCID"] == "0":  # (it stays a child of this process, which the rank launcher becomes)
-                subprocess.Popen([sys.executable, os.path.abspath(__file__), "rendezvous"], stdout=subprocess.DEVNULL,
-                                 env=dict(env, KIT_RENDEZVOUS_ADDR=nodes[0][1], KIT_NTASKS=env["SLURM_NTASKS"]))
+                serve_rendezvous(env, nodes[0][1])
             wait_listening(nodes[0][1], int(rendezvous_port(env)))
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
     elif mode == "tf":

@@ -417,6 +417,28 @@ def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_
         ("k8s", "failed", 3), ("k8s", "stopped", None)}, listed.stderr
 
 
+def test_a_detached_jobs_secret_goes_the_first_time_kit_sees_it_ended(tmp_path, fake_kubectl):
+    """No kit follows a detached job to its end: `kit jobs` (or `kit logs -f`) that first sees it ended deletes its
+    Secret, as `kit run` does for a job it follows, and records the end, so the next look deletes nothing."""
+    from helpers import run_kit
+    env = {**fake_kubectl, "FAKE_EXIT": "0"}
+    d = run_kit("run", "--on", "k8s", "--image", IMAGE, "-d", "train.py", "-e", "TOKEN=x", cwd=tmp_path, env=env)
+    assert d.returncode == 0, d.stderr
+    name = re.search(r"kit: job (\S+) is indexed-job (\S+) ", d.stdout)[2]
+    assert not any("delete" in c["argv"] for c in calls(tmp_path))
+    for _ in range(5):  # (the stand-in API server says the job completed after a few calls)
+        listed = run_kit("jobs", "--json", cwd=tmp_path, env=env)
+        states = [json.loads(line)["state"] for line in listed.stdout.splitlines()]
+        assert listed.returncode == 0 and states in (["running"], ["succeeded"]), listed.stderr
+        if states == ["succeeded"]:
+            break
+    assert states == ["succeeded"]
+    deleted = [c["argv"][1:] for c in calls(tmp_path) if "delete" in c["argv"]]
+    assert deleted == [["delete", f"secret/{name}-env", "--ignore-not-found=true", "--wait=true", "--timeout=60s"]]
+    run_kit("jobs", "--json", cwd=tmp_path, env=env)
+    assert len([c for c in calls(tmp_path) if "delete" in c["argv"]]) == 1
+
+
 def test_a_link_out_of_the_jobs_folder_is_left_out_and_said_and_a_link_within_it_is_carried(tmp_path):
     from helpers import run_kit
     job = tmp_path / "job"

@@ -54,8 +54,8 @@ def test_each_sbatch_script_passes_shellcheck(golden):
 
 def test_the_pyxis_script_runs_every_task_in_the_enroot_image():
     text = (DATA / "horovod-pyxis.sbatch").read_text()
-    srun = [line for line in text.splitlines() if line.startswith("srun ")]
-    assert len(srun) == 2 and all("--container-image=/shared/images/kit-horovod-cpu.sqsh" in line and
+    srun = [line for line in text.splitlines() if line.startswith("srun ")]  # the ranks (rank 0 serves the rendezvous)
+    assert len(srun) == 1 and all("--container-image=/shared/images/kit-horovod-cpu.sqsh" in line and
                                   '--container-mounts="$PWD:$PWD"' in line and "/opt/venv/bin/python" in line
                                   for line in srun)
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --time=2:00:00",
@@ -107,6 +107,14 @@ def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_
     (shared / "link").symlink_to(shared / "elsewhere")  # a link is judged by where it leads
     with pytest.raises(KitError, match="owned by uid 4242"):
         slurmjobs.job_folder(runner, str(shared / "link" / "jobs"), JOB_ID)
+    # A link that leads somewhere safe, in a folder others may write: the job's folder is made where it was checked,
+    # so flipping the link after the check leads kit nowhere else.
+    (shared / "open").mkdir(mode=0o777)
+    (shared / "open").chmod(0o777)
+    (shared / "mine").mkdir()
+    (shared / "open" / "proj").symlink_to(shared / "mine")
+    made = slurmjobs.job_folder(runner, str(shared / "open" / "proj" / "jobs"), JOB_ID)
+    assert made == str(shared / "mine" / "jobs" / JOB_ID)
 
 
 def test_the_jobs_env_files_are_not_staged_beside_it(tmp_path):
@@ -294,6 +302,19 @@ def test_kit_stop_cancels_only_the_slurm_job_that_runs_in_the_jobs_folder():
     assert mine.ran[1:] == ["scancel 42", f"rm -f {record.folder}/.kit/env/{JOB_ID}"]
 
 
+def test_a_job_slurm_says_succeeded_is_no_failure_whatever_its_output_says(tmp_path, monkeypatch):
+    """The output file is the job's to write: a forged srun line names no failure of a job that Slurm says
+    succeeded, and the job's state and exit code are Slurm's."""
+    monkeypatch.setenv("KIT_HOME", str(tmp_path))
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
+                                   "train.py", 2, 0.0)
+    forged = "@@kit-nodes a=10.0.0.1 b=10.0.0.2\nsrun: error: b: task 1: Exited with exit code 7\n1: @@kit-exit 7 1.0\n"
+    login = Answers({"-o '%T %r'": (0, f"COMPLETED None\n@@kit-poll 0\n{forged}"), "-o %T": (0, "COMPLETED\n"),
+                     "sacct -n": (1, "disabled"), "sacct -c": (0, "COMPLETED|0:0\n"), "rm -f": (0, "")})
+    ending = slurmjobs.follow(login, record, slurmjobs.Reader("horovod", 2, lambda *a: None), sleep=lambda s: None)
+    assert (ending.state, ending.code, ending.failure) == ("succeeded", 0, None)
+
+
 PLANTED = "x-JobState=COMPLETED ExitCode=0:0 WorkDir=/elsewhere"  # every field kit reads, as a job may name itself
 
 
@@ -401,6 +422,7 @@ def test_lines_a_job_writes_into_its_output_file_do_not_name_the_failed_rank():
     assert (None, None, "7: @@kit-exit 42 1.0") in shown and (None, None, "12: hello") in shown
     assert reader.first_failure() is None  # srun says no task failed: the job's own lines do not make one
     reader.feed("srun: error: b: task 9: Exited with exit code 5")  # no task 9 in a 4-rank job
+    reader.feed("srun: error: b: task 3: Exited with exit code 0")  # exit code 0 is no failure
     assert reader.first_failure() is None
     reader.feed("srun: error: b: task 2: Exited with exit code 1")
     assert reader.first_failure() == slurmjobs.Failure("rank 2", "b", 1, 2)  # rank 0's line named 9: srun's wins

@@ -162,6 +162,8 @@ def logs(record: k8sjobs.K8sRecord, rank: Optional[int], follow: bool, tail: Opt
             show(pod, r, text)
     if follow and not record.ended:
         ending = k8sjobs.follow(runner, record, shown)
+        if ending.state in ("succeeded", "failed", "stopped"):
+            k8sjobs.seen_ended(runner, record, ending)
         console.print(f"kit: job {record.id} {ending.state}" +
                       (f" (exit {ending.exit_code})" if ending.exit_code is not None else ""), highlight=False)
         return
@@ -181,8 +183,8 @@ def rows() -> list[dict]:
             except KitError:
                 how = "unknown"
             if how in ("succeeded", "failed", "gone"):
-                record = k8sjobs.ended(record, k8sjobs.Ending("stopped" if how == "gone" else how))
-                how = record.ended["state"]
+                record = k8sjobs.seen_ended(runner, record, k8sjobs.Ending("stopped" if how == "gone" else how))
+                how = record.ended.get("state", how)
         out.append(dict(id=record.id, name=record.name, kind=record.kind, context=record.context,
                         namespace=record.namespace, launcher=record.launcher, np=record.ranks, script=record.script,
                         state=how, exit=record.ended.get("exit"), submitted=int(record.submitted),
