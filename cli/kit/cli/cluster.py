@@ -27,7 +27,6 @@ from kit.inventory import Host, read_hosts
 from kit.lock import cluster_lock
 from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
 from kit import prepare as prepare_hosts
-from kit.runners.ssh import ssh_hostname
 from kit.steps.image import layers
 from kit.steps.network import EARLIER
 from kit.steps.node import Node
@@ -180,6 +179,7 @@ def prepare(
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
+    from kit.runners.ssh import ssh_hostname
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
         key = Identity(cfg.name, persist=not check).munge_key() if slurm else None

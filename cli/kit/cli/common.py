@@ -24,7 +24,6 @@ from kit.errors import BadInput, KitError
 from kit.identity import Identity
 from kit.lock import cluster_lock
 from kit.runners.local import LocalRunner
-from kit.runners.ssh import SshRunner
 from kit.shown import visible
 
 
@@ -206,8 +205,14 @@ def progress_bar() -> Progress:
 
 
 def connector(timeout: int):
-    """How kit reaches a host: over SSH, or directly for a container of the local cluster."""
-    return lambda host: LocalRunner(host.name) if host.local else SshRunner(host, connect_timeout=timeout)
+    """How kit reaches a host: over SSH, or directly for a container of the local cluster (which needs no SSH client:
+    paramiko and fabric are imported only for hosts over SSH, a good part of a command's start)."""
+    def connect(host):
+        if host.local:
+            return LocalRunner(host.name)
+        from kit.runners.ssh import SshRunner
+        return SshRunner(host, connect_timeout=timeout)
+    return connect
 
 
 def cluster_settings(config: Optional[Path], flags: dict) -> tuple[ConfigFile, ClusterConfig]:
