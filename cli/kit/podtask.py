@@ -58,18 +58,6 @@ def resolve(name, deadline, every=1.0):
             time.sleep(every)
 
 
-def wait_listening(address, port, deadline, every=0.5):
-    while True:
-        try:
-            socket.create_connection((address, port), timeout=5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit("kit: nothing listens on %s:%d after %d s (the first pod's Horovod rendezvous)"
-                                 % (address, port, WAIT_S)) from None
-            time.sleep(every)
-
-
 def node_env(env, deadline):
     """What srun would tell this node's tasks (SLURM_*, and kit's KIT_NODES), from the pods: the job's pods by DNS
     name, this one by its index; the ranks talk over the interface of this pod's address (a pod has one network, the
@@ -99,7 +87,8 @@ def pod(env, launcher, command):
             # (on this pod's address and the job's port alone)
             rendezvous = subprocess.Popen([sys.executable, "-I", TASK, "rendezvous"], env=run,
                                           stdout=subprocess.DEVNULL)
-        wait_listening(run["KIT_NODES"].split()[0].split("=")[1], int(run["KIT_RENDEZVOUS_PORT"]), deadline)
+        # (each task waits for it, kit_task.py's wait_listening, as long as the job's other pods may take)
+        run["KIT_RENDEZVOUS_WAIT_S"] = str(max(1, int(deadline - time.monotonic())))
     ranks = [index * per_node + i for i in range(per_node)]
     try:
         code = run_tasks([[sys.executable, "-I", TASK, launcher, *command] for _ in ranks],

@@ -184,9 +184,9 @@ def wait_listening(address, port, seconds=RENDEZVOUS_WAIT_S, every=0.2):
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise SystemExit("kit: nothing listens on %s:%d after %d s: Horovod's rendezvous (rank 0's) did not "
-                                 "start; does the job's Python import horovod? (its error is in rank 0's output)"
-                                 % (address, port, seconds)) from None
+                raise SystemExit("kit: nothing listens on %s:%d after %d s: Horovod's rendezvous (the job's first "
+                                 "task's) did not start; does the job's Python import horovod? (its error is in the "
+                                 "first task's output)" % (address, port, seconds)) from None
             time.sleep(every)
 
 
@@ -231,10 +231,10 @@ def main(argv, env):
         run["NCCL_IB_HCA"] = "=" + hca
     if mode == "horovod":
         check_hostname()
-        if env.get("KIT_SURVEY") != "0":  # under Slurm: rank 0 serves the rendezvous (a pod's job: its first pod)
-            if env["SLURM_PROCID"] == "0":  # (it stays a child of this process, which the rank launcher becomes)
-                serve_rendezvous(env, nodes[0][1])
-            wait_listening(nodes[0][1], int(rendezvous_port(env)))
+        if env.get("KIT_SURVEY") != "0" and env["SLURM_PROCID"] == "0":  # under Slurm: rank 0 serves the rendezvous
+            serve_rendezvous(env, nodes[0][1])  # (a child of this process, which the rank launcher becomes; in pods,
+        wait_listening(nodes[0][1], int(rendezvous_port(env)),  # the first pod's task serves it)
+                       int(env.get("KIT_RENDEZVOUS_WAIT_S", RENDEZVOUS_WAIT_S)))
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
     elif mode == "tf":
         run["TF_CONFIG"] = tf_config(env, nodes)
