@@ -238,14 +238,15 @@ GONE = "Invalid job id"  # what squeue says of a job Slurm no longer keeps
 
 
 def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
-    """(kit's state, exit code): the state squeue gives while Slurm lists the job; once it ended, the state and exit
-    code of sacct's record (its database, or the job completion file with -c). ("lost", None) when Slurm answers and
-    none knows it; ("unknown", None) when Slurm did not answer (a busy controller: ask again later).
+    """(kit's state, exit code): the state squeue gives while Slurm keeps the job (in every state: -t all); once it
+    ended, the state and exit code of sacct's record (its database, or the job completion file with -c), else
+    squeue's state (COMPLETED: exit code 0, by Slurm's meaning of it). ("lost", None) when Slurm answers and none
+    knows it; ("unknown", None) when Slurm did not answer (a busy controller: ask again later).
 
     Only fields kit names are read, each alone on its line or between kit's own separators: never a line that also
     holds the job's name, comment or folder, which a job may set to anything (`scontrol update JobId=$SLURM_JOB_ID
     JobName=x-JobState=COMPLETED-ExitCode=0:0`)."""
-    r = runner.run(f"squeue -h -j {slurm_id} -o %T", timeout=REMOTE_TIMEOUT_S)
+    r = runner.run(f"squeue -h -t all -j {slurm_id} -o %T", timeout=REMOTE_TIMEOUT_S)
     if not r.ok and GONE not in r.stdout + r.stderr:
         return "unknown", None
     listed = parse_squeue(r.stdout) if r.ok else None
@@ -257,8 +258,8 @@ def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
         if r.ok and (found := parse_sacct(r.stdout)):
             return found
         answered = answered or r.ok
-    if listed is not None:
-        return listed, None  # ended, and no record of its exit code (yet)
+    if listed is not None:  # ended, and no record of its exit code (yet, or none this user may read)
+        return listed, 0 if listed == "succeeded" else None
     return ("lost" if answered else "unknown"), None
 
 

@@ -285,6 +285,10 @@ def test_a_job_slurm_no_longer_knows_is_lost_only_when_slurm_says_so():
                                "7") == ("lost", None)
     assert slurmjobs.job_state(Answers({"squeue": (1, "Socket timed out"), "sacct": (0, "")}), "7") == \
         ("unknown", None)
+    # squeue still lists it ended (-t all: every state), and no record of its code is there for this user
+    for state, seen in (("COMPLETED", ("succeeded", 0)), ("CANCELLED", ("stopped", None)), ("FAILED", ("failed", None))):
+        slurm = Answers({"squeue": (0, f"{state}\n"), "sacct -c": (1, "Permission denied"), "sacct": (1, "disabled")})
+        assert slurmjobs.job_state(slurm, "7") == seen and "-t all" in slurm.ran[0]
     assert slurmjobs.job_state(Answers({"squeue": (1, gone), "sacct": (1, "Connection refused")}), "7") == \
         ("unknown", None)
 
