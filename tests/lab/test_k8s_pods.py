@@ -12,6 +12,9 @@ engine with the lab's cpu image (no image is built here):
 - an MPIJob: the operator's P-521 key pair as its Secret volume at /root/.ssh, its hostfile at /etc/mpi, the workers
   then the launcher (WaitForWorkersReady): horovodrun over SSH with host keys checked, and refused where a worker
   answers with another host key.
+
+The NetworkPolicy beside them is a network plugin's to enforce, and no plugin runs here: its rule is the unit tests'
+(tests/unit/test_k8s.py).
 """
 
 from __future__ import annotations
@@ -389,8 +392,8 @@ def export(folder: Path, image: str, launcher: str, script: str, *flags: str, ki
     assert r.returncode == 0, r.stdout + r.stderr
     assert value not in r.stdout and value not in r.stderr
     objects = list(yaml.safe_load_all(r.stdout))
-    assert [o["kind"] for o in objects] == {"indexed-job": ["ConfigMap", "Service", "Job"],
-                                            "mpijob": ["ConfigMap", "MPIJob"]}[kind]
+    assert [o["kind"] for o in objects] == {"indexed-job": ["ConfigMap", "NetworkPolicy", "Service", "Job"],
+                                            "mpijob": ["ConfigMap", "NetworkPolicy", "MPIJob"]}[kind]
     assert "data.bin" in str(objects[-1]) and objects[0]["binaryData"]
     name = objects[-1]["metadata"]["name"]
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-env"},
