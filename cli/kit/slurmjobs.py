@@ -106,53 +106,52 @@ def records() -> list[SlurmRecord]:
 UNSAFE_MARK = "@@kit-unsafe"
 # slurm.workdir and every folder above it must be the login user's or root's, and not writable by others unless
 # sticky (/tmp): anyone else who may rename entries in one could swap kit's job folder for a link between the copy
-# and sbatch (and read the staged script and variables), or swap train.py while the job waits. Checked with the
-# login host's own stat, folder by folder from the work folder up, on the path with its links resolved, and the job's
-# folder made on that very path (a link in a folder others may write, flipped between the check and the mkdir, leads
-# nowhere kit goes). Prints the resolved work folder.
-_SAFE_FOLDER = r"""
+# and sbatch (and read the staged script and variables), or swap train.py while the job waits. One script on the login
+# host, with its own stat: the work folder's path with its links resolved, checked folder by folder up to /, made
+# (what is missing, the user's alone), found again where it was and checked again (someone who made a missing folder,
+# or a link, first is caught), and the job's folder made new in it. Prints the job's folder.
+_JOB_FOLDER = r"""
 me=$(id -u)
+check() {
+  p=$1
+  while :; do
+    if [ -e "$p" ]; then
+      set -- $(stat -L -c '%u %a' -- "$p") || exit 1
+      mode=$((0$2))
+      if [ "$1" != 0 ] && [ "$1" != "$me" ]; then echo "@@kit-unsafe owner $1 $2 $p"; exit 3; fi
+      if [ $((mode & 18)) -ne 0 ] && [ $((mode & 512)) -eq 0 ]; then echo "@@kit-unsafe mode $1 $2 $p"; exit 3; fi
+    fi
+    [ "$p" = / ] && return 0
+    p=$(dirname -- "$p")
+  done
+}
 top=$(realpath -m -- "$1") || exit 1
-p=$top
-while :; do
-  if [ -e "$p" ]; then
-    set -- $(stat -L -c '%u %a' -- "$p") || exit 1
-    mode=$((0$2))
-    if [ "$1" != 0 ] && [ "$1" != "$me" ]; then echo "@@kit-unsafe owner $1 $2 $p"; exit 3; fi
-    if [ $((mode & 18)) -ne 0 ] && [ $((mode & 512)) -eq 0 ]; then echo "@@kit-unsafe mode $1 $2 $p"; exit 3; fi
-  fi
-  [ "$p" = / ] && break
-  p=$(dirname -- "$p")
-done
-echo "$top"
+check "$top"
+umask 077
+mkdir -p -- "$top" || exit 1
+[ "$(realpath -e -- "$top")" = "$top" ] || { echo "@@kit-unsafe moved - - $top"; exit 3; }
+check "$top"
+mkdir -m 700 -- "$top/$2" && cd -- "$top/$2" && pwd -P
 """
+_UNSAFE = {"owner": "owned by uid {owner}, not you", "mode": "mode {mode}: others may rename what is in it",
+           "moved": "no longer where it was a moment ago: another user's folder or link took its place"}
 
 
 def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
     """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is, once that
     folder and every one above it are safe (the user's or root's, not writable by others unless sticky)."""
-    checked = runner.run(f"cd && sh -c {shlex.quote(_SAFE_FOLDER)} kit-workdir {shlex.quote(workdir)}",
-                         timeout=REMOTE_TIMEOUT_S)
-    if UNSAFE_MARK in checked.stdout:
-        why, owner, mode, where = checked.stdout.split(UNSAFE_MARK, 1)[1].split(None, 3)
-        where = where.strip()
-        said = f"owned by uid {owner}, not you" if why == "owner" else f"mode {mode}: others may rename what is in it"
-        raise KitError(f"slurm.workdir {workdir}: {where} is {said}", host=runner.host,
+    r = runner.run(f"cd && sh -c {shlex.quote(_JOB_FOLDER)} kit-workdir {shlex.quote(workdir)} {shlex.quote(job_id)}",
+                   timeout=REMOTE_TIMEOUT_S, changes=True)
+    if UNSAFE_MARK in r.stdout:
+        why, owner, mode, where = r.stdout.split(UNSAFE_MARK, 1)[1].split(None, 3)
+        raise KitError(f"slurm.workdir {workdir}: {where.strip()} is {_UNSAFE[why].format(owner=owner, mode=mode)}",
+                       host=runner.host,
                        hint="set slurm.workdir (kit.yaml) to a folder of yours on storage every node sees, e.g. "
                             "kit-jobs in your home; a folder others may write needs the sticky bit (chmod +t) to be "
                             "safe for kit's job folders")
-    checked.check(f"cannot check the job's folder {workdir}")
-    resolved = checked.stdout.strip().splitlines()[-1] if checked.stdout.strip() else ""
-    if not resolved.startswith("/"):
-        raise KitError(f"slurm.workdir {workdir}: the login host did not say where it is", host=runner.host,
-                       hint="check that realpath (coreutils) is installed on the login host")
-    # The job's own folder is new and the login user's alone: not one that someone who may write in a shared
-    # workdir made (or linked) first, and swaps between the copy and sbatch.
-    path = f"{shlex.quote(resolved)}/{job_id}"
-    out = _run(runner, f"umask 077 && mkdir -p {shlex.quote(resolved)} && mkdir -m 700 {path} && cd {path} && "
-                       "pwd -P", f"cannot make the job's folder {workdir}/{job_id}",
-               hint="slurm.workdir must be a folder the login user may write, on storage every node sees", changes=True)
-    return out.strip().splitlines()[-1]
+    r.check(f"cannot make the job's folder {workdir}/{job_id}",
+            hint="slurm.workdir must be a folder the login user may write, on storage every node sees")
+    return r.stdout.strip().splitlines()[-1]
 
 
 def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]], secrets: tuple[Path, ...] = ()) -> Iterator[bytes]:

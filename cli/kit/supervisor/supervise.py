@@ -73,12 +73,13 @@ class Supervisor:
         return at_once(hosts, lambda h: self.remote(h, argv))
 
     def reap_all(self, hosts: list[Slot], script: str) -> list[subprocess.CompletedProcess]:
-        """A reap (or end) script on every host: the others' at once, then this one's, which stops what the
-        container's init adopted here, kit's own SSH connections that carried the others' included."""
-        there = self.on_all([h for h in hosts if not self.plan.is_here(h)], ["sh", "-c", script])
-        here = [self.remote(h, ["sh", "-c", script]) for h in hosts if self.plan.is_here(h)]
-        found = dict(zip([h.address for h in hosts if not self.plan.is_here(h)], there))
-        found.update(zip([h.address for h in hosts if self.plan.is_here(h)], here))
+        """A reap (or end) script on every host: this one's first, which stops what is left of the job here, its SSH
+        clients included (so that nothing of it keeps a session open on another host, nor stands in for kit's own
+        connection there: what the container's init adopted goes, kit's connections too), then the others' at once,
+        each over a connection opened anew where its own went, host key checked."""
+        here = {h.address: self.remote(h, ["sh", "-c", script]) for h in hosts if self.plan.is_here(h)}
+        there = [h for h in hosts if not self.plan.is_here(h)]
+        found = {**here, **dict(zip([h.address for h in there], self.on_all(there, ["sh", "-c", script])))}
         return [found[h.address] for h in hosts]
 
     def run(self) -> int:

