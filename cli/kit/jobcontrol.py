@@ -87,10 +87,10 @@ def launch_ranks(line: str) -> list[str] | None:
 
 # A job's supervisor and launcher, from the process table (never from a file of the job's folder, which the job can
 # write): sup_of ID: the process carrying KIT_SUPERVISOR=ID whose command line ends with the job's plan and, in kit's
-# containers (pid 1 carries KIT_CLUSTER, which no process in it can change), whose parent is outside the container
+# containers (pid 1 named sshd, a name no other process can change), whose parent is outside the container
 # (kit's `docker exec -d`: ppid 0, which no process of a job can make its own); launcher_of ID: its child carrying
 # KIT_JOB=ID.
-_PID = ("sup_of() {{ kc=0; tr '\\0' '\\n' < /proc/1/environ 2>/dev/null | grep -q '^KIT_CLUSTER=' && kc=1; "
+_PID = ("sup_of() {{ kc=0; [ \"$(cat /proc/1/comm 2>/dev/null)\" = sshd ] && kc=1; "
         "for p in /proc/[0-9]*; do [ \"$(tr '\\0' '\\n' < $p/cmdline 2>/dev/null | tail -n 1)\" = {folder}/plan.json ] "
         "&& {{ [ $kc = 0 ] || sed -n 's/^PPid:[[:space:]]*//p' $p/status 2>/dev/null | grep -qx 0; }} "
         "&& tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"KIT_SUPERVISOR=$1\" && echo ${{p#/proc/}} && return 0; done; "

@@ -182,13 +182,14 @@ def reap_script(job_id: str) -> str:
 # else runs (the image's ssh or sshd, a copy of sh named sshd), it is stopped: kit's own SSH connections that
 # outlive their command (ControlPersist) are adopted ones too, and are opened again by the next job that needs them.
 # A `docker exec` session's processes have ppid 0 and are not adopted ones.
-# Only in kit's containers, whose pid 1 (the image's sshd) carries KIT_CLUSTER in its environment (docker run -e: no
-# process in the container can change pid 1's): elsewhere (a unit test's machine) pid 1 adopts what is not kit's.
+# Only in kit's containers, whose pid 1 is the image's sshd (its name, /proc/1/comm, which no other process can change:
+# not its environment, which sshd's process title overwrites, nor a file such as /.dockerenv, which a job could
+# remove): elsewhere (a unit test's machine) pid 1 adopts what is not kit's.
 # OpenSSH 9.8 and later (trixie, the gpu flavor's base) runs each connection as a program of its own, a child of pid 1.
 SSHD_SESSIONS = ("/usr/lib/openssh/sshd-session", "/usr/lib/openssh/sshd-auth")
 ORPHANS = (
     "init=$(readlink /proc/1/exe 2>/dev/null); "
-    "if tr '\\0' '\\n' < /proc/1/environ 2>/dev/null | grep -q '^KIT_CLUSTER='; then "
+    "if [ \"$(cat /proc/1/comm 2>/dev/null)\" = sshd ]; then "
     "sockets() {{ for f in /proc/$1/fd/*; do l=$(readlink $f 2>/dev/null); case \"$l\" in 'socket:['*) l=${{l#socket:?}}; "
     "echo \"${{l%?}}\";; esac; done; }}; "
     "tcp() {{ cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v i=\"$1\" -v st=\"$2\" '$10 == i && $4 == st {{print $2}}'; }}; "
@@ -212,12 +213,12 @@ ORPHANS = (
 
 
 # Python, for kit's scripts that find a job's supervisor in a container's process table (jobcontrol's FOLLOW_SCRIPT,
-# jobrecords' RECORDS_SCRIPT; os imported): in kit's containers (pid 1 carries KIT_CLUSTER) a supervisor is kit's
+# jobrecords' RECORDS_SCRIPT; os imported): in kit's containers (pid 1 named sshd) a supervisor is kit's
 # `docker exec -d`, its parent outside the container (PPid 0), which no process of a job can make its own.
-SUPERVISOR_APART = """def kits_container():  # pid 1 carries KIT_CLUSTER (docker run -e), which no process in it can change
+SUPERVISOR_APART = """def kits_container():  # pid 1 is sshd by its name, which no other process can change
     try:
-        with open("/proc/1/environ", "rb") as f:
-            return any(v.startswith(b"KIT_CLUSTER=") for v in f.read(1 << 20).split(b"\\0"))
+        with open("/proc/1/comm") as f:
+            return f.read().strip() == "sshd"
     except OSError:
         return False
 OUTSIDE = kits_container()
