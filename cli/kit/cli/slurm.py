@@ -211,8 +211,7 @@ def stop(record: slurmjobs.SlurmRecord, connect_timeout: int) -> str:
     try:
         state, code = slurmjobs.job_state(runner, record.slurm_id)
         if state in slurmjobs.ENDED or state == "lost":
-            if not record.ended:
-                slurmjobs.seen_ended(runner, record, state, code)
+            slurmjobs.seen_ended(runner, record, state, code)
             return f"job {record.id} is not running ({state}); nothing to stop"
         slurmjobs.cancel(runner, record)
         after = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
