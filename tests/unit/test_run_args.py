@@ -73,7 +73,7 @@ def seen(monkeypatch, tmp_path):
         yield ClusterConfig(), None, state
 
     def run_job(cfg, state, script, args, np, workdir, options, env, on_line, launcher, nproc, detach, policy,
-                hosts=None):
+                hosts=None, secrets=()):
         got.update(script=str(script), args=args, np=np, workdir=workdir, hosts=hosts, detach=detach,
                    launcher=launcher)
     monkeypatch.setattr(cli_jobs, "locked", locked)
@@ -234,7 +234,7 @@ def test_horovod_ranks_each_take_their_hosts_interface():
     env = dict(route_env(members, {h.name: h.address for h in state.hosts}))
     assert env == {"KIT_RANK_NICS": "10.0.0.1=fabric0 10.0.0.2=enp65s0 10.0.0.3=ens1f0"}
     job = jobs.Job("j1", state, 3, tuple(SLOTS), ("fabric0",), ("python", "t.py"), network=tuple(env.items()))
-    assert json.loads(job.request(None).split(b"\n")[0])["env"]["KIT_RANK_NICS"] == env["KIT_RANK_NICS"]
+    assert f" -e 'KIT_RANK_NICS={env['KIT_RANK_NICS']}' " in job.supervisor_command()
     argv, _ = job.plan().launch(list(SLOTS), "0")
     assert argv[argv.index("--network-interface") + 1] == "fabric0"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import sbatch, slurmjobs, slurmtask
+from kit import sbatch, slurmjobs, slurmoutput, slurmtask
 from kit.config import SlurmConfig
 from kit.errors import BadInput, KitError
 
@@ -315,7 +315,7 @@ def test_a_job_slurm_says_succeeded_is_no_failure_whatever_its_output_says(tmp_p
     forged = "@@kit-nodes a=10.0.0.1 b=10.0.0.2\nsrun: error: b: task 1: Exited with exit code 7\n1: @@kit-exit 7 1.0\n"
     login = Answers({"-o '%T %r'": (0, f"COMPLETED None\n@@kit-poll 0\n{forged}"), "-o %T": (0, "COMPLETED\n"),
                      "sacct -n": (1, "disabled"), "sacct -c": (0, "COMPLETED|0:0\n"), "rm -f": (0, "")})
-    ending = slurmjobs.follow(login, record, slurmjobs.Reader("horovod", 2, lambda *a: None), sleep=lambda s: None)
+    ending = slurmjobs.follow(login, record, slurmoutput.Reader("horovod", 2, lambda *a: None), sleep=lambda s: None)
     assert (ending.state, ending.code, ending.failure) == ("succeeded", 0, None)
 
 
@@ -379,9 +379,9 @@ def test_a_node_named_by_its_name_is_looked_up():
         slurmtask.job_nodes("n1=kit-no-such-node.invalid")
 
 
-def read(name: str, launcher: str, ranks: int) -> tuple[slurmjobs.Reader, list]:
+def read(name: str, launcher: str, ranks: int) -> tuple[slurmoutput.Reader, list]:
     shown = []
-    reader = slurmjobs.Reader(launcher, ranks, lambda *line: shown.append(line))
+    reader = slurmoutput.Reader(launcher, ranks, lambda *line: shown.append(line))
     for line in (DATA / name).read_text().splitlines():
         reader.feed(line)
     return reader, shown
@@ -393,7 +393,7 @@ def test_a_failed_horovod_job_names_its_rank_and_node():
                          (2, "n3", "rank 2/3 local 0 sum 6.0 secret=-")]
     assert (None, None, "srun: error: n3: task 2: Exited with exit code 3") in shown
     assert not any("@@kit" in text for _, _, text in shown)
-    assert reader.first_failure() == slurmjobs.Failure("rank 2", "n3", 3, 2)
+    assert reader.first_failure() == slurmoutput.Failure("rank 2", "n3", 3, 2)
 
 
 def test_torchrun_lines_carry_the_rank_within_the_nodes_task():
@@ -405,21 +405,21 @@ def test_torchrun_lines_carry_the_rank_within_the_nodes_task():
 
 def test_labels_of_ten_tasks_and_more_and_exit_lines_a_rank_printed_itself():
     """srun pads task numbers to the widest (` 3: `); a rank's own `@@kit-exit` line comes before the launcher's."""
-    reader = slurmjobs.Reader("horovod", 12, lambda *a: None)
+    reader = slurmoutput.Reader("horovod", 12, lambda *a: None)
     reader.feed("@@kit-nodes a=10.0.0.1 b=10.0.0.2 c=10.0.0.3")
     reader.feed("@@kit-nodes x=10.6.6.6")  # printed by a rank into the output: not the batch script's
     for line in (" 3: @@kit-exit 0 1.0", " 3: @@kit-exit 7 5.0", "11: @@kit-exit 143 6.0", " 0: @@kit-exit 143 6.1",
                  "srun: error: c: tasks 8-11: Terminated", "srun: error: a: tasks 0,3: Exited with exit code 7"):
         reader.feed(line)
     assert reader.nodes == ["a", "b", "c"]
-    assert reader.first_failure() == slurmjobs.Failure("rank 3", "a", 7, 3)
+    assert reader.first_failure() == slurmoutput.Failure("rank 3", "a", 7, 3)
 
 
 def test_lines_a_job_writes_into_its_output_file_do_not_name_the_failed_rank():
     """Every line of the output file is the job's to write: `7: @@kit-exit 42` of a 4-rank job names no rank 7; an
     exit line of a rank that srun says did not fail names nothing; srun's report names the task and its code."""
     shown = []
-    reader = slurmjobs.Reader("horovod", 4, lambda *line: shown.append(line))
+    reader = slurmoutput.Reader("horovod", 4, lambda *line: shown.append(line))
     for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "7: @@kit-exit 42 1.0", "12: hello", "0: @@kit-exit 9 2.0"):
         reader.feed(line)
     assert 7 not in reader.exits
@@ -429,23 +429,23 @@ def test_lines_a_job_writes_into_its_output_file_do_not_name_the_failed_rank():
     reader.feed("srun: error: b: task 3: Exited with exit code 0")  # exit code 0 is no failure
     assert reader.first_failure() is None
     reader.feed("srun: error: b: task 2: Exited with exit code 1")
-    assert reader.first_failure() == slurmjobs.Failure("rank 2", "b", 1, 2)  # rank 0's line named 9: srun's wins
-    torch = slurmjobs.Reader("torchrun", 4, lambda *a: None)
+    assert reader.first_failure() == slurmoutput.Failure("rank 2", "b", 1, 2)  # rank 0's line named 9: srun's wins
+    torch = slurmoutput.Reader("torchrun", 4, lambda *a: None)
     for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "0: [7]<stdout>:@@kit-exit 3 1.0",
                  "0: [1]<stdout>:@@kit-exit 3 2.0", "1: [2]<stdout>:@@kit-exit 4 3.0",
                  "srun: error: b: task 1: Exited with exit code 1"):
         torch.feed(line)
     assert 7 not in torch.exits
     # rank 1's line came earlier, from a node srun says did not fail
-    assert torch.first_failure() == slurmjobs.Failure("rank 2", "b", 4, 2)
+    assert torch.first_failure() == slurmoutput.Failure("rank 2", "b", 4, 2)
 
 
 def test_srun_alone_names_a_task_that_died_without_its_exit_line():
-    reader = slurmjobs.Reader("torchrun", 4, lambda *a: None)
+    reader = slurmoutput.Reader("torchrun", 4, lambda *a: None)
     for line in ("@@kit-nodes a=10.0.0.1 b=10.0.0.2", "srun: error: b: task 1: Segmentation fault (core dumped)",
                  "srun: error: a: task 0: Terminated"):
         reader.feed(line)
-    assert reader.first_failure() == slurmjobs.Failure("torchrun", "b", 139, None)
+    assert reader.first_failure() == slurmoutput.Failure("torchrun", "b", 139, None)
 
 
 # ---------------------------------------------------------------- kit export --to slurm

@@ -530,3 +530,33 @@ def test_what_a_rank_writes_under_the_supervisors_names_is_not_read_as_its_end(t
     assert (folder / "exit").read_text() == "0\n"
     assert [n for n in ("left_out", "hang", "restarts", "env_kept", "after.json") if (folder / n).exists()] == []
     assert (folder / "reaped").exists()  # what the supervisor did record stays
+
+
+class Answers:
+    """A host's runner that answers every command with the same result (the reap's docker exec)."""
+
+    def __init__(self, host: str, code: int, stdout: str = "", stderr: str = "") -> None:
+        self.host, self.answer = host, (code, stdout, stderr)
+
+    def run(self, command: str, timeout: float | None = None, **kw):
+        from kit.runners.base import Result
+        return Result(self.host, command, *self.answer)
+
+
+def test_a_reap_that_failed_on_a_host_names_it_and_is_never_a_count_of_none():
+    """kit stop's last step: a host where the reap could not run is an error naming the host and docker's words, not
+    `nothing was left to kill` (a job's ranks went on there once, and kit said so); a host whose container no longer
+    runs has nothing left of the job."""
+    from kit.errors import HostsFailed
+    from kit.inventory import Host
+    from kit.place import Place
+    from kit.steps.node import Node
+    place = Place("kit-lab", "/var/lib/kit/lab")
+    nodes = [Node(Host("a"), Answers("a", 0, "2\n"), place),
+             Node(Host("b"), Answers("b", 1, stderr="Error response from daemon: container 1f2e is not running"), place),
+             Node(Host("c"), Answers("c", 126, stderr="OCI runtime exec failed: exec failed: unable to start"), place)]
+    with pytest.raises(HostsFailed) as e:
+        jobcontrol.reap(nodes, "j1", strict=True)
+    assert list(e.value.failures) == ["c"] and "OCI runtime exec failed" in str(e.value.failures["c"].output_tail)
+    assert jobcontrol.reap(nodes[:2], "j1", strict=True) == {"a": 2}
+    assert jobcontrol.reap(nodes, "j1") == {"a": 2}  # the end of a job whose supervisor did not end it: what it can

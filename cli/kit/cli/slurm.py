@@ -11,7 +11,7 @@ from typing import Optional
 from rich.markup import escape
 from rich.table import Table
 
-from kit import jobs, sbatch, slurmjobs
+from kit import jobs, sbatch, slurmjobs, slurmoutput
 from kit.config import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
 from kit.cli.common import console
@@ -56,7 +56,7 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
                           highlight=False)
             return
         try:
-            ending = slurmjobs.follow(runner, record, slurmjobs.Reader(launcher, shape.ranks, show))
+            ending = slurmjobs.follow(runner, record, slurmoutput.Reader(launcher, shape.ranks, show))
         except KeyboardInterrupt:
             slurmjobs.cancel(runner, record)
             state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
@@ -182,7 +182,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
     def show(r, node, text):
         if rank is None or r == rank:
             (held.append((r, node, text)) if held is not None else shown(r, node, text))
-    reader = slurmjobs.Reader(record.launcher, record.ranks, show)
+    reader = slurmoutput.Reader(record.launcher, record.ranks, show)
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
         poll = slurmjobs.parse_poll(runner.run(slurmjobs.poll_command(record, 0), timeout=slurmjobs.REMOTE_TIMEOUT_S)
