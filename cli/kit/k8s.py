@@ -312,7 +312,9 @@ def _trainjob(job: K8sJob) -> dict:
 # ------------------------------------------------------------------------------------------- pods and containers
 
 def _pod(job: K8sJob, container: dict, subdomain: str | None = None) -> dict:
-    spec = {"restartPolicy": "Never"}
+    # No API token in the job's pods: job code is untrusted, and the namespace's default account may read Secrets
+    # (another job's variables); nothing kit runs in a pod calls the API (MPIJob v2's launcher uses SSH).
+    spec = {"restartPolicy": "Never", "automountServiceAccountToken": False}
     if subdomain:
         spec["subdomain"] = subdomain
     spec |= {"containers": [container], "volumes": _volumes(job), **_pull(job)}

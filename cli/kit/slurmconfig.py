@@ -51,21 +51,21 @@ class SlurmConfig(BaseModel):
     @field_validator("login")
     @classmethod
     def _login(cls, v: str | None) -> str | None:
-        if v is not None and not _LOGIN.match(v):
+        if v is not None and not _LOGIN.fullmatch(v):
             raise ValueError(f"'{v}' is not host or user@host")
         return v
 
     @field_validator("partition", "account")
     @classmethod
     def _slurm_name(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_NAME.match(v):
+        if v is not None and not _SLURM_NAME.fullmatch(v):
             raise ValueError(f"'{v}' is not a Slurm name")
         return v
 
     @field_validator("time")
     @classmethod
     def _time(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_TIME.match(str(v)):
+        if v is not None and not _SLURM_TIME.fullmatch(str(v)):
             raise ValueError(f"'{v}' is not a time limit")
         return v if v is None else str(v)
 
@@ -73,7 +73,7 @@ class SlurmConfig(BaseModel):
     @classmethod
     def _path(cls, v: str | None) -> str | None:
         """An allow-list: the path reaches the sbatch script and the login host's shell."""
-        if v is not None and (not _SLURM_PATH.match(v) or ".." in v.split("/") or v.startswith("-")):
+        if v is not None and (not _SLURM_PATH.fullmatch(v) or ".." in v.split("/") or v.startswith("-")):
             raise ValueError(f"{v!r} is not a path of letters, digits and _ . / + -")
         return v
 

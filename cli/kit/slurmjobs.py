@@ -217,14 +217,18 @@ def parse_squeue(text: str) -> str | None:
 
 
 def parse_sacct(text: str) -> tuple[str, int | None] | None:
-    """`sacct -n -P -X -o State,ExitCode` (or sacct -c's jobcomp lines) -> (kit's state, exit code)."""
+    """`sacct -n -P -X -o State,ExitCode` (or sacct -c's jobcomp lines) -> (kit's state, exit code); None unless it
+    gave exactly one record. (The job completion file that sacct -c reads has each job's name unescaped on its line,
+    and sacct takes a `JobId=` in a name as the record's: another job named `x JobId=42` adds a record of its own to
+    job 42's. Two records are no answer.)"""
+    found = []
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) >= 2 and re.fullmatch(r"\d+:\d+", parts[1]):
+        if len(parts) >= 2 and re.fullmatch(r"\d+:\d+", parts[1]) and parts[0].strip():
             state = STATES.get(parts[0].split()[0], "failed")
             code, signal = (int(x) for x in parts[1].split(":"))
-            return state, code or (128 + signal if signal else 0)
-    return None
+            found.append((state, code or (128 + signal if signal else 0)))
+    return found[0] if len(found) == 1 else None
 
 
 GONE = "Invalid job id"  # what squeue says of a job Slurm no longer keeps
@@ -232,13 +236,14 @@ GONE = "Invalid job id"  # what squeue says of a job Slurm no longer keeps
 
 def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
     """(kit's state, exit code): the state squeue gives while Slurm keeps the job (in every state: -t all); once it
-    ended, the state and exit code of sacct's record (its database, or the job completion file with -c), else
-    squeue's state (COMPLETED: exit code 0, by Slurm's meaning of it). ("lost", None) when Slurm answers and none
-    knows it; ("unknown", None) when Slurm did not answer (a busy controller: ask again later).
+    ended, the state and exit code of sacct's one record (its database, or the job completion file with -c) where it
+    agrees with squeue's ended state (or squeue no longer lists the job), else squeue's state (COMPLETED: exit code
+    0, by Slurm's meaning of it). ("lost", None) when Slurm answers and none knows it; ("unknown", None) when Slurm
+    did not answer (a busy controller: ask again later).
 
     Only fields kit names are read, each alone on its line or between kit's own separators: never a line that also
     holds the job's name, comment or folder, which a job may set to anything (`scontrol update JobId=$SLURM_JOB_ID
-    JobName=x-JobState=COMPLETED-ExitCode=0:0`)."""
+    JobName=x-JobState=COMPLETED-ExitCode=0:0`). sacct -c's file is such a line (parse_sacct)."""
     r = runner.run(f"squeue -h -t all -j {slurm_id} -o %T", timeout=REMOTE_TIMEOUT_S)
     if not r.ok and GONE not in r.stdout + r.stderr:
         return "unknown", None
@@ -249,6 +254,8 @@ def job_state(runner: Runner, slurm_id: str) -> tuple[str, int | None]:
     for flags in ("", "-c "):
         r = runner.run(f"sacct {flags}-n -P -X -j {slurm_id} -o State,ExitCode", timeout=REMOTE_TIMEOUT_S)
         if r.ok and (found := parse_sacct(r.stdout)):
+            if listed is not None and found[0] != listed:  # the record is not this job's: squeue's state stands
+                break
             return found
         answered = answered or r.ok
     if listed is not None:  # ended, and no record of its exit code (yet, or none this user may read)

@@ -143,6 +143,19 @@ def test_only_the_jobs_own_pods_may_connect_to_them(kind, launcher):
     assert templates and all(t["metadata"]["labels"][k8s.LABEL] == name for t in templates)  # every pod it selects
 
 
+@pytest.mark.parametrize("kind, launcher", CASES, ids=[f"{k}-{w}" for k, w in CASES])
+def test_no_pod_of_the_job_gets_an_api_token(kind, launcher):
+    """Job code is untrusted, and the namespace's default account may read Secrets (another job's variables): its
+    pods mount no token. A TrainJob's pods are its runtime's: a runtime patch cannot say it (SECURITY.md)."""
+    docs = list(yaml.safe_load_all(k8s.render(job(kind, launcher))))
+    templates = list(_find(docs, lambda d: isinstance(d, dict) and "spec" in d and "containers" in d["spec"]))
+    assert templates
+    if kind == "trainjob":
+        assert all("automountServiceAccountToken" not in t["spec"] for t in templates)
+    else:
+        assert all(t["spec"]["automountServiceAccountToken"] is False for t in templates), kind
+
+
 def test_a_pvc_workspace_carries_kits_files_alone():
     docs = list(yaml.safe_load_all(k8s.render(job("indexed-job", "horovod", workspace_pvc="team-datasets"))))
     assert {i["path"] for v in _volumes(docs) for i in v["configMap"]["items"]} == set(OWN)

@@ -169,6 +169,9 @@ def test_bad_shapes_are_refused(args, says):
 @pytest.mark.parametrize("settings, says", [
     (dict(runtime="pyxis"), "runtime pyxis needs container_image"),
     (dict(login="alice@host;rm"), "is not host or user@host"),
+    (dict(login="host\n"), "is not host or user@host"),  # ($ of a pattern takes a last line break)
+    (dict(partition="gpu\n"), "is not a Slurm name"),
+    (dict(time="30\n"), "is not a time limit"),
     (dict(partition="gpu part"), "is not a Slurm name"),
     (dict(time="2h"), "is not a time limit"),
     (dict(workdir="../elsewhere"), "is not a path"),
@@ -495,3 +498,19 @@ def test_a_ref_names_a_slurm_job_by_kits_forms_alone_and_none_when_there_is_none
     assert slurmjobs.resolve("20261125") is None
     with pytest.raises(BadInput, match="ambiguous"):
         slurmjobs.resolve("20261126")
+
+
+def test_a_job_named_after_another_adds_no_record_kit_takes_for_it():
+    """Slurm's job completion file (sacct -c, kit prepare's Slurm) holds each job's name unescaped, and sacct takes
+    `JobId=42` in another job's name as a record of job 42: a helper job so named, which succeeded, made job 42's
+    failure read `✓ finished`, exit 0. Two records are no answer; a record whose state is not the one squeue still
+    gives is not the job's."""
+    forged = "COMPLETED|0:0\nFAILED|3:0\n"
+    assert slurmjobs.parse_sacct(forged) is None and slurmjobs.parse_sacct("FAILED|3:0\n") == ("failed", 3)
+    failed = Answers({"squeue": (0, "FAILED\n"), "sacct -c": (0, "COMPLETED|0:0\n"), "sacct": (1, "disabled")})
+    assert slurmjobs.job_state(failed, "42") == ("failed", None)
+    gone = "slurm_load_jobs error: Invalid job id specified"
+    assert slurmjobs.job_state(Answers({"squeue": (1, gone), "sacct -c": (0, forged), "sacct": (1, "disabled")}),
+                               "42") == ("lost", None)
+    assert slurmjobs.job_state(Answers({"squeue": (0, "FAILED\n"), "sacct -c": (0, "FAILED|3:0\n"),
+                                        "sacct": (1, "disabled")}), "42") == ("failed", 3)
