@@ -271,27 +271,39 @@ class Poll:
     lines: list[str]      # whole lines of the output file that were not read before
     reason: str = ""      # squeue's reason (a pending job's: Resources, Priority, ...)
     error: str = ""       # what squeue said when it failed
+    more: bool = False    # the look read as much as it may: more of the output may follow at once
 
 
 POLL_MARK = "@@kit-poll"
 UNANSWERED_S = 120        # squeue failing this long, in a row, ends kit's following (the job goes on)
 
 
+POLL_LINES = 20000          # at most this many lines of a job's output a look reads (the next look reads on)
+POLL_BYTES = 4 << 20        # and at most this much of them
+
+
 def poll_command(record: SlurmRecord, read: int) -> str:
     """One look at a job: squeue's state and reason, its exit status, then the output file's lines after the first
-    `read`."""
+    `read`, at most POLL_LINES and POLL_BYTES of them, read only as a regular file (the job writes it, and may make
+    it a FIFO or a link to /dev/zero)."""
+    out = shlex.quote(record.output)
     return (f"squeue -h -j {record.slurm_id} -o '%T %r' 2>&1; echo {POLL_MARK} $?; "
-            f"tail -n +{read + 1} {shlex.quote(record.output)} 2>/dev/null || true")
+            f"if [ -f {out} ] && [ ! -h {out} ]; then tail -n +{read + 1} {out} 2>/dev/null | head -n {POLL_LINES} "
+            f"| head -c {POLL_BYTES}; fi; true")
 
 
 def parse_poll(text: str) -> Poll:
     said, _, rest = text.partition(f"{POLL_MARK} ")
     status, _, output = rest.partition("\n")
     lines = output.split("\n")[:-1]  # the last line is cut, or empty: read again next time
+    if not lines and len(output) >= POLL_BYTES // 4:  # one line longer than a look reads: taken as it is, cut
+        lines = [output]
+    more = len(lines) >= POLL_LINES or len(output.encode(errors="replace")) >= POLL_BYTES
     if status.strip() != "0":
-        return Poll(None, lines) if GONE in said else Poll("unknown", lines, error=said.strip()[-300:])
+        return Poll(None, lines, more=more) if GONE in said else \
+            Poll("unknown", lines, error=said.strip()[-300:], more=more)
     reason = said.strip().split(" ", 1)[1] if " " in said.strip() else ""
-    return Poll(parse_squeue(said), lines, reason)
+    return Poll(parse_squeue(said), lines, reason, more=more)
 
 
 @dataclass(frozen=True)
@@ -311,6 +323,20 @@ def ended(record: SlurmRecord, state: str, code: int | None) -> SlurmRecord:
     done = replace(record, ended={"state": state, "exit": code})
     save(done)
     return done
+
+
+def read_rest(runner: Runner, record: SlurmRecord, read: int, feed: Callable[[str], None]) -> tuple[Poll, int]:
+    """The job's output from line `read` on, to its end as it is now, look after look, each line to `feed`: the last
+    look (its state is squeue's now), and how many lines are read in all."""
+    for _ in range(1 << 16):  # (bounded: each look but the last reads POLL_LINES lines or POLL_BYTES)
+        poll = parse_poll(runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S)
+                          .check(f"cannot read job {record.id} (Slurm job {record.slurm_id})").stdout)
+        for line in poll.lines:
+            feed(line)
+        read += len(poll.lines)
+        if not poll.more:
+            break
+    return poll, read
 
 
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
@@ -334,11 +360,12 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
         for line in poll.lines:
             reader.feed(line)
         read += len(poll.lines)
+        if poll.more:
+            continue
         if poll.state is None or poll.state in ENDED:
             break
         sleep(POLL_S)
-    for line in parse_poll(runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S).stdout).lines:
-        reader.feed(line)  # what was written as it ended
+    read_rest(runner, record, read, reader.feed)  # what was written as it ended
     forget_variables(runner, record)
     state, code = job_state(runner, record.slurm_id)
     # Which task failed, where, with which code: srun's lines in the output, which the job can write too. They name

@@ -514,3 +514,25 @@ def test_a_job_named_after_another_adds_no_record_kit_takes_for_it():
                                "42") == ("lost", None)
     assert slurmjobs.job_state(Answers({"squeue": (0, "FAILED\n"), "sacct -c": (0, "FAILED|3:0\n"),
                                         "sacct": (1, "disabled")}), "42") == ("failed", 3)
+
+
+def test_a_jobs_output_is_read_look_by_look_as_a_regular_file_within_bounds(tmp_path, monkeypatch):
+    """The poll's shell, run here (no squeue: Slurm does not answer): a long output is read in bounded looks, each
+    going on where the last stopped, a line longer than a look is taken cut, and an output file the job made a FIFO
+    or a link to /dev/zero is not read (before, one look read all of it: past 16 MiB kit failed for good)."""
+    from kit.runners.local import LocalRunner
+    monkeypatch.setattr(slurmjobs, "POLL_LINES", 10)
+    monkeypatch.setattr(slurmjobs, "POLL_BYTES", 4096)
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", None, str(tmp_path), "horovod", "train.py", 2, 0.0)
+    out = tmp_path / "kit-42.out"
+    out.write_text("".join(f"0: line {i}\n" for i in range(25)) + "1: " + "x" * 9000 + "\n1: after\n1: now bei")
+    seen = []
+    poll, read = slurmjobs.read_rest(LocalRunner("localhost"), record, 0, seen.append)
+    assert seen[:25] == [f"0: line {i}" for i in range(25)] and seen[-1] == "1: after" and len(seen) == 27
+    assert seen[25].startswith("1: xxx") and len(seen[25]) <= 4096 and read == 27 and poll.state == "unknown"
+    out.unlink()
+    os.mkfifo(out)
+    assert slurmjobs.read_rest(LocalRunner("localhost"), record, 0, seen.append)[1] == 0  # returns: no FIFO read
+    out.unlink()
+    out.symlink_to("/dev/zero")
+    assert slurmjobs.read_rest(LocalRunner("localhost"), record, 0, seen.append)[1] == 0

@@ -185,10 +185,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
     reader = slurmoutput.Reader(record.launcher, record.ranks, show)
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
-        poll = slurmjobs.parse_poll(runner.run(slurmjobs.poll_command(record, 0), timeout=slurmjobs.REMOTE_TIMEOUT_S)
-                                    .check(f"cannot read job {record.id}").stdout)
-        for line in poll.lines:
-            reader.feed(line)
+        poll, read = slurmjobs.read_rest(runner, record, 0, reader.feed)
         while held:
             shown(*held.popleft())
         held = None
@@ -197,7 +194,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
             if state in slurmjobs.ENDED or state == "lost":
                 slurmjobs.seen_ended(runner, record, state, code)
         if follow and poll.state not in (None, *slurmjobs.ENDED):
-            ending = slurmjobs.follow(runner, record, reader, first=len(poll.lines))
+            ending = slurmjobs.follow(runner, record, reader, first=read)
             console.print(f"kit: job {record.id} {ending.state}" +
                           (f" (exit {ending.code})" if ending.code is not None else ""), highlight=False)
     finally:
