@@ -105,14 +105,16 @@ def has_credentials(url: str) -> bool:
 
 
 # A credential named by its key: `key=value`, `key: value`, `"key": "value"`, whatever the case. The value runs to a
-# space, a quote, a comma, `;`, `&` or a closing brace (an Authorization header's: its scheme word and the value).
+# space, a quote, a comma, `;`, `&` or a closing brace (an Authorization header's: its scheme word and the value);
+# a quoted one, to its closing quote.
 _KEYS = (r"authorization|proxy-authorization|auth|password|passwd|pwd|secret|client_secret|token|access_token|"
-         r"refresh_token|id_token|identitytoken|registrytoken|private[-_]token|job[-_]token|api[-_]?key|"
+         r"refresh_token|id_token|identitytoken|registrytoken|private[-_]token|job[-_]token|(?:x-)?api[-_]?key|"
+         r"x-registry-auth|aws_secret_access_key|secret_access_key|aws_session_token|session_token|"
          r"x-jfrog-art-api|x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
          r"x-goog-signature|x-goog-credential")
-_KEYED = re.compile(r"(?P<key>(?<![A-Za-z0-9_-])[\"']?(?i:" + _KEYS + r")[\"']?\s*[:=]\s*)(?P<quote>[\"']?)"
+_KEYED = re.compile(r"(?P<key>(?<![A-Za-z0-9_-])[\"']?(?i:" + _KEYS + r")[\"']?\s*[:=]\s*)(?P<quote>[\"'])?"
                     r"(?:(?P<scheme>(?i:basic|bearer|token|digest|negotiate|aws4-hmac-sha256))\s+)?"
-                    r"(?P<value>[^\s\"',;&}]+)")
+                    r"(?P<value>(?(quote)[^\"']+|[^\s\"',;&}]+))")  # quoted: the whole of it, spaces too
 # Bare credentials: a header's scheme and its value anywhere, and tokens whose shape gives them away.
 _BARE = re.compile(r"\b(?P<scheme>(?i:basic|bearer))\s+[A-Za-z0-9._~+/=-]{8,}|"
                    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*|"          # a JWT
@@ -124,7 +126,7 @@ def text(message: str) -> str:
     """A message fit to print: every URL as redact shows it, then every credential by its key or its shape."""
     def keyed(m: re.Match) -> str:
         scheme = f"{m['scheme']} " if m["scheme"] else ""
-        return f"{m['key']}{m['quote']}{scheme}{HIDDEN}"
+        return f"{m['key']}{m['quote'] or ''}{scheme}{HIDDEN}"
 
     def bare(m: re.Match) -> str:
         return f"{m['scheme']} {HIDDEN}" if m["scheme"] else HIDDEN

@@ -160,6 +160,10 @@ CREDENTIALS = {
     "an identity token": '"IdentityToken": "SECRET"',
     "a password= in a log": "login: PASSWORD=SECRET failed",
     "an Azure SAS URL": "https://acct.blob.core.windows.net/c/blob?sv=2024-01-01&se=2026&sig=SECRET%3D",
+    "AWS keys in a config": "aws_secret_access_key=SECRETwJalrXUtnFEMI aws_session_token = SECRETFwoGZX",
+    "an API key header": "x-api-key: SECRETk3y rejected",
+    "docker's registry auth header": "X-Registry-Auth: eyJ1c2VybmFtZSI6ImtpdCIsInBhc3N3b3JkIjoiU0VDUkVUIn0SECRET",
+    "a quoted password with spaces": 'password="SECRET a2l0OlNFQ1JFVA words" wrong',
 }
 
 
