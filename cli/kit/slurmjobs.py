@@ -298,7 +298,7 @@ def parse_poll(text: str) -> Poll:
     lines = output.split("\n")[:-1]  # the last line is cut, or empty: read again next time
     if not lines and len(output) >= POLL_BYTES // 4:  # one line longer than a look reads: taken as it is, cut
         lines = [output]
-    more = len(lines) >= POLL_LINES or len(output.encode(errors="replace")) >= POLL_BYTES
+    more = bool(lines) and (len(lines) >= POLL_LINES or len(output.encode(errors="replace")) >= POLL_BYTES)
     if status.strip() != "0":
         return Poll(None, lines, more=more) if GONE in said else \
             Poll("unknown", lines, error=said.strip()[-300:], more=more)
