@@ -212,13 +212,14 @@ def reap_command(container: str, job_id: str) -> str:
 
 def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]:
     """Kill what is left of the job on every host at once: host -> how many processes. A host whose container no
-    longer runs (or is gone) has nothing left; with strict, a host where the reap itself failed is an error naming it (HostsFailed),
-    never a count of none."""
+    longer runs (or is gone) has nothing left; with strict, a host where the reap itself failed is an error naming
+    it (HostsFailed), never a count of none."""
     def one(n: Node) -> int:
         r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
-        if r.ok or not strict or any(gone in r.stderr for gone in ("is not running", "No such container")):
-            return int(r.stdout.strip() or 0) if r.ok else 0
-        r.check(f"cannot end what is left of job {job_id} in {n.place.container}")
+        if r.ok:
+            return int(r.stdout.strip() or 0)
+        if strict and not any(gone in r.stderr for gone in ("is not running", "No such container")):
+            r.check(f"cannot end what is left of job {job_id} in {n.place.container}")
         return 0
     counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
     return {n.name: c for n, c in zip(nodes, counts) if c}

@@ -344,9 +344,7 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
     """Show the job's output as it comes, until Slurm says it ended; then how it ended."""
     read, queued, answered = first, False, time.monotonic()
     while True:
-        r = runner.run(poll_command(record, read), timeout=REMOTE_TIMEOUT_S)
-        r.check(f"cannot read job {record.id} (Slurm job {record.slurm_id})")
-        poll = parse_poll(r.stdout)
+        poll, read = read_rest(runner, record, read, reader.feed)
         if poll.state != "unknown":
             answered = time.monotonic()
         elif time.monotonic() - answered > UNANSWERED_S:
@@ -357,11 +355,6 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
             queued = True
             why = f" ({poll.reason})" if poll.reason not in ("", "None") else ""
             reader.show(None, None, f"kit: Slurm job {record.slurm_id} waits in the queue{why}")
-        for line in poll.lines:
-            reader.feed(line)
-        read += len(poll.lines)
-        if poll.more:
-            continue
         if poll.state is None or poll.state in ENDED:
             break
         sleep(POLL_S)
