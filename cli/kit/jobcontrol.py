@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 
 from kit.commands.docker import command, exec_argv
@@ -15,7 +16,8 @@ from kit.fanout import fan_out
 from kit.steps import workspace
 from kit.steps.node import Node
 from kit.supervisor import heartbeats
-from kit.supervisor.launch import AFTER, ENDING, RANKS_MARK, STOP_WAIT_S, SUPERVISOR_APART, reap_script
+from kit.supervisor.launch import AFTER, ENDING, RANKS_MARK, REAP_ROUNDS, REAP_SETTLE_S, STOP_WAIT_S, SUPERVISOR_APART
+from kit.supervisor.launch import reap_script
 
 
 END_MARK = "@@kit-job-end"
@@ -211,9 +213,11 @@ def reap_command(container: str, job_id: str) -> str:
 
 
 def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]:
-    """Kill what is left of the job on every host at once: host -> how many processes. A host whose container no
-    longer runs (or is gone) has nothing left; with strict, a host where the reap itself failed is an error naming
-    it (HostsFailed), never a count of none."""
+    """Kill what is left of the job on every host at once, again while a round killed something (at most
+    REAP_ROUNDS: a process the job started on one host through an SSH connection from another's is adopted, so
+    stopped, once that client is gone, which may be after the first host's round): host -> how many processes. A
+    host whose container no longer runs (or is gone) has nothing left; with strict, a host where the reap itself
+    failed is an error naming it (HostsFailed), never a count of none."""
     def one(n: Node) -> int:
         r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
         if r.ok:
@@ -221,8 +225,16 @@ def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]
         if strict and not any(gone in r.stderr for gone in ("is not running", "No such container")):
             r.check(f"cannot end what is left of job {job_id} in {n.place.container}")
         return 0
-    counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
-    return {n.name: c for n, c in zip(nodes, counts) if c}
+    total = dict.fromkeys((n.name for n in nodes), 0)
+    for n in range(REAP_ROUNDS):
+        if n:
+            time.sleep(REAP_SETTLE_S)  # (a connection whose client is gone: its sshd's process sees the end)
+        counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
+        for node, c in zip(nodes, counts):
+            total[node.name] += c
+        if not any(counts):
+            break
+    return {name: c for name, c in total.items() if c}
 
 
 def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:

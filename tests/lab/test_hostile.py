@@ -96,8 +96,8 @@ def job_left(lab) -> dict[str, list[int]]:
     return {h.name: pids for h in lab.hosts if (pids := h.processes("kit-hostile-daemon|outlive\\.py"))}
 
 
-def start(project, lab, mode: str, *options: str) -> str:
-    r = kit(project, lab, "run", "-d", *options, HOSTILE, "--np", "3", "--", JOBS_DIR, mode, timeout=300)
+def start(project, lab, mode: str, *options: str, args: tuple[str, ...] = ()) -> str:
+    r = kit(project, lab, "run", "-d", *options, HOSTILE, "--np", "3", "--", JOBS_DIR, mode, *args, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return re.search(r"job (\S+) started \(detached\)", r.stdout)[1]
 
@@ -201,6 +201,25 @@ def test_a_later_jobs_variables_are_unreadable_to_an_earlier_jobs_leftover(proje
     for h in lab.hosts:
         assert secret not in in_container(h, "cat", "/tmp/kit-stolen").stdout, h.name
         assert in_container(h, "test", "-e", env).returncode != 0, h.name  # removed at its end
+
+
+def test_what_a_job_started_over_ssh_on_the_next_host_ends_with_it(project, lab, cluster):
+    """Each rank starts the copying loop on the next host over the cluster's SSH from a client of its own: the loop
+    is that host's sshd's connection's child, which a host's reap keeps, until the client on the other host is
+    stopped; the job ends by itself, and its end leaves nothing on any host."""
+    assert not job_left(lab)
+    job = start(project, lab, "chain", args=(",".join(h.address for h in lab.hosts),))
+
+    def chained() -> set[str]:  # the hosts where the loop runs as what an SSH connection started
+        def by_ssh(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sh\0-c\0")
+            except OSError:
+                return False
+        return {name for name, pids in daemons(lab).items() if any(map(by_ssh, pids))}
+    wait_for("the loop on every host, started over SSH", lambda: chained() == {h.name for h in lab.hosts}, timeout=60)
+    wait_for("the job's end", lambda: record(project, lab, job)["state"] == "succeeded", timeout=120)
+    wait_for("nothing of the job left", lambda: not job_left(lab), timeout=10)
 
 
 def test_run_kit_is_a_tmpfs_in_every_container(lab, cluster):

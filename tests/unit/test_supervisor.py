@@ -533,13 +533,17 @@ def test_what_a_rank_writes_under_the_supervisors_names_is_not_read_as_its_end(t
 
 
 class Answers:
-    """A host's runner that answers every command with the same result (the reap's docker exec)."""
+    """A host's runner that answers every command with the same result (the reap's docker exec), or, given later
+    counts, a reap's first round with it and each round after with the next count (the last repeated)."""
 
-    def __init__(self, host: str, code: int, stdout: str = "", stderr: str = "") -> None:
-        self.host, self.answer = host, (code, stdout, stderr)
+    def __init__(self, host: str, code: int, stdout: str = "", stderr: str = "", later: tuple[int, ...] = ()) -> None:
+        self.host, self.answer, self.later, self.rounds = host, (code, stdout, stderr), list(later), 0
 
     def run(self, command: str, timeout: float | None = None, **kw):
         from kit.runners.base import Result
+        self.rounds += 1
+        if self.rounds > 1 and self.later:
+            return Result(self.host, command, 0, f"{self.later[min(self.rounds - 2, len(self.later) - 1)]}\n", "")
         return Result(self.host, command, *self.answer)
 
 
@@ -552,11 +556,27 @@ def test_a_reap_that_failed_on_a_host_names_it_and_is_never_a_count_of_none():
     from kit.place import Place
     from kit.steps.node import Node
     place = Place("kit-lab", "/var/lib/kit/lab")
-    nodes = [Node(Host("a"), Answers("a", 0, "2\n"), place),
-             Node(Host("b"), Answers("b", 1, stderr="Error response from daemon: container 1f2e is not running"), place),
-             Node(Host("c"), Answers("c", 126, stderr="OCI runtime exec failed: exec failed: unable to start"), place)]
+    def nodes():
+        return [Node(Host("a"), Answers("a", 0, "2\n", later=(0,)), place),
+                Node(Host("b"), Answers("b", 1, stderr="Error response from daemon: container 1f2e is not running"), place),
+                Node(Host("c"), Answers("c", 126, stderr="OCI runtime exec failed: exec failed: unable to start"), place)]
     with pytest.raises(HostsFailed) as e:
-        jobcontrol.reap(nodes, "j1", strict=True)
+        jobcontrol.reap(nodes(), "j1", strict=True)
     assert list(e.value.failures) == ["c"] and "OCI runtime exec failed" in str(e.value.failures["c"].output_tail)
-    assert jobcontrol.reap(nodes[:2], "j1", strict=True) == {"a": 2}
-    assert jobcontrol.reap(nodes, "j1") == {"a": 2}  # the end of a job whose supervisor did not end it: what it can
+    assert jobcontrol.reap(nodes()[:2], "j1", strict=True) == {"a": 2}
+    assert jobcontrol.reap(nodes(), "j1") == {"a": 2}  # the end of a job whose supervisor did not end it: what it can
+
+
+def test_a_reap_goes_round_again_while_a_round_stopped_something_and_within_a_bound():
+    """A process a job started on host b over SSH from a process on host a is that sshd's connection's child until
+    the client on a is stopped, and only then adopted on b: b's first round may come too soon. So the reap goes
+    round every host again while a round stopped something, a bounded number of times."""
+    from kit.inventory import Host
+    from kit.place import Place
+    from kit.steps.node import Node
+    place = Place("kit-lab", "/var/lib/kit/lab")
+    client, chained = Answers("a", 0, "1\n", later=(0,)), Answers("b", 0, "0\n", later=(1, 0))
+    assert jobcontrol.reap([Node(Host("a"), client, place), Node(Host("b"), chained, place)], "j1") == {"a": 1, "b": 1}
+    assert client.rounds == chained.rounds == 3  # the chain's client; its process, adopted; nothing: the end
+    endless = Answers("a", 0, "1\n", later=(1,))  # (a host that always has something to stop: bounded all the same)
+    assert jobcontrol.reap([Node(Host("a"), endless, place)], "j1") == {"a": jobcontrol.REAP_ROUNDS}

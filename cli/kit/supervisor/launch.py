@@ -42,6 +42,9 @@ SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
 RIDE = (*CONNECTION, "-o", "ControlMaster=no")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
+# A job's end reaps every host again while the last round stopped something on another (an SSH chain between hosts:
+# its process on one host outlives the round there until its client on another host is stopped); a short pause first
+REAP_ROUNDS, REAP_SETTLE_S = 4, 0.3
 # What the supervisor records of a job's end, which kit's follower prints after its END_MARK (each file after a line
 # `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
 # (supervise.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;

@@ -16,6 +16,7 @@ import threading
 import time
 
 from kit.supervisor.launch import AFTER, ENDING, ENV_DIR, REMOTE_TIMEOUT_S, RANKS_MARK, SHARED, SSH  # shipped together
+from kit.supervisor.launch import REAP_ROUNDS, REAP_SETTLE_S  # shipped together
 from kit.supervisor.launch import STOP_WAIT_S  # shipped together
 from kit.supervisor.launch import Plan, Slot, at_once, discovery_script, end_script, parse_discovery  # shipped together
 from kit.supervisor.launch import parse_end, reap_script, ssh_argv, _run_quietly, _text, _write  # shipped together
@@ -51,11 +52,13 @@ class Supervisor:
     def stopped(self) -> bool:
         return os.path.exists(os.path.join(self.plan.folder, "stopped"))
 
-    def remote(self, host: Slot, argv: list[str], timeout: float = REMOTE_TIMEOUT_S) -> subprocess.CompletedProcess:
-        """A command in a host's container: here for the primary, over the cluster SSH for the others."""
+    def remote(self, host: Slot, argv: list[str], timeout: float = REMOTE_TIMEOUT_S,
+               shared: bool = True) -> subprocess.CompletedProcess:
+        """A command in a host's container: here for the primary, over the cluster SSH for the others (on the host's
+        shared connection, or, not shared, on one of its own that ends with the command)."""
         # An SSH session starts with sshd's environment: the image's PATH (its venv: python, py-spy) goes along.
         full = argv if self.plan.is_here(host) else \
-            [*SSH, *SHARED, host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
+            [*SSH, *(SHARED if shared else ()), host.address, shlex.join(["env", f"PATH={os.environ.get('PATH', '')}", *argv])]
         try:
             r = subprocess.run(full, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
             return subprocess.CompletedProcess(full, r.returncode, _text(r.stdout), _text(r.stderr))
@@ -72,15 +75,32 @@ class Supervisor:
     def on_all(self, hosts: list[Slot], argv: list[str]) -> list[subprocess.CompletedProcess]:
         return at_once(hosts, lambda h: self.remote(h, argv))
 
-    def reap_all(self, hosts: list[Slot], script: str) -> list[subprocess.CompletedProcess]:
+    def reap_all(self, hosts: list[Slot], script: str) -> list[tuple[int | None, str | None] | None]:
         """A reap (or end) script on every host: this one's first, which stops what is left of the job here, its SSH
         clients included (so that nothing of it keeps a session open on another host, nor stands in for kit's own
-        connection there: what the container's init adopted goes, kit's connections too), then the others' at once,
-        each over a connection opened anew where its own went, host key checked."""
-        here = {h.address: self.remote(h, ["sh", "-c", script]) for h in hosts if self.plan.is_here(h)}
-        there = [h for h in hosts if not self.plan.is_here(h)]
-        found = {**here, **dict(zip([h.address for h in there], self.on_all(there, ["sh", "-c", script])))}
-        return [found[h.address] for h in hosts]
+        connection there: what the container's init adopted goes, kit's shared connections too), then the others' at
+        once, each over a connection of its own that ends with its command, host key checked. Then the reap again on
+        every host while the last round stopped something (at most REAP_ROUNDS): what a job started on a host through
+        an SSH connection from a process of its own on another host is that sshd's connection's child while the
+        connection lives, and is adopted (so stopped) once the client is gone, which may be after that host's round.
+        (This host's first count calls for no round: it holds kit's shared connections, and its SSH clients were
+        stopped before the other hosts' round began.) Each host's (processes stopped, the end script's manifest), None
+        where its first round failed."""
+        def round_of(text: str) -> list[tuple[int | None, str | None] | None]:
+            here = {h.address: self.remote(h, ["sh", "-c", text]) for h in hosts if self.plan.is_here(h)}
+            there = [h for h in hosts if not self.plan.is_here(h)]
+            found = {**here, **dict(zip([h.address for h in there],
+                                        at_once(there, lambda h: self.remote(h, ["sh", "-c", text], shared=False))))}
+            return [parse_end(found[h.address].stdout) if found[h.address].returncode == 0 else None for h in hosts]
+        ends = round_of(script)
+        counts, last = [end[0] if end else None for end in ends], ends
+        for n in range(1, REAP_ROUNDS):
+            if not any(end and end[0] and (n > 1 or not self.plan.is_here(h)) for h, end in zip(hosts, last)):
+                break
+            time.sleep(REAP_SETTLE_S)  # (a connection whose client is gone: its sshd's process sees the end)
+            last = round_of(reap_script(self.plan.id))
+            counts = [c + (end[0] or 0) if c is not None and end else c for c, end in zip(counts, last)]
+        return [(c, end[1]) if end else None for c, end in zip(counts, ends)]
 
     def run(self) -> int:
         plan, folder = self.plan, self.plan.folder
@@ -168,7 +188,7 @@ class Supervisor:
         plan = self.plan
         hosts = self.hosts + ([] if any(plan.is_here(h) for h in self.hosts) else [Slot(plan.primary, plan.here, 0)])
         ends = self.reap_all(hosts, end_script(plan.id, plan.workspace if plan.spread else None))
-        found = {h.host: parse_end(r.stdout) for h, r in zip(hosts, ends) if r.returncode == 0}
+        found = {h.host: end for h, end in zip(hosts, ends) if end}
         self.record("reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
         if plan.spread:
             self.record(AFTER, json.dumps({host: m for host, (_, m) in found.items() if m is not None}))

