@@ -104,7 +104,8 @@ def has_credentials(url: str) -> bool:
     return "@" in parts.netloc
 
 
-# A credential named by its key: `key=value`, `key: value`, `"key": "value"`, whatever the case. The value runs to a
+# A credential named by its key: `key=value`, `key: value`, `"key": "value"`, whatever the case, the key alone or
+# the last word of a name (`DOCKER_PASSWORD=`, `NPM_TOKEN=`, `X-Auth-Token:`). The value runs to a
 # space, a quote, a comma, `;`, `&` or a closing brace (an Authorization header's: its scheme word and the value);
 # a quoted one, to its closing quote.
 _KEYS = (r"authorization|proxy-authorization|auth|password|passwd|pwd|secret|client_secret|token|access_token|"
@@ -112,7 +113,8 @@ _KEYS = (r"authorization|proxy-authorization|auth|password|passwd|pwd|secret|cli
          r"x-registry-auth|aws_secret_access_key|secret_access_key|aws_session_token|session_token|"
          r"x-jfrog-art-api|x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
          r"x-goog-signature|x-goog-credential")
-_KEYED = re.compile(r"(?P<key>(?<![A-Za-z0-9_-])[\"']?(?i:" + _KEYS + r")[\"']?\s*[:=]\s*)(?P<quote>[\"'])?"
+_KEYED = re.compile(r"(?P<key>(?<![A-Za-z0-9_-])[\"']?(?:[A-Za-z0-9]+[_-])*(?i:" + _KEYS + r")[\"']?\s*[:=]\s*)"
+                    r"(?P<quote>[\"'])?"
                     r"(?:(?P<scheme>(?i:basic|bearer|token|digest|negotiate|aws4-hmac-sha256))\s+)?"
                     r"(?P<value>(?(quote)[^\"']+|[^\s\"',;&}]+))")  # quoted: the whole of it, spaces too
 # Bare credentials: a header's scheme and its value anywhere, and tokens whose shape gives them away.

@@ -164,6 +164,8 @@ CREDENTIALS = {
     "an API key header": "x-api-key: SECRETk3y rejected",
     "docker's registry auth header": "X-Registry-Auth: eyJ1c2VybmFtZSI6ImtpdCIsInBhc3N3b3JkIjoiU0VDUkVUIn0SECRET",
     "a quoted password with spaces": 'password="SECRET a2l0OlNFQ1JFVA words" wrong',
+    "a CI variable's name ending in the key": "env: DOCKER_PASSWORD=SECRETh2 NPM_TOKEN=SECRETabcd CI_JOB_TOKEN=SECRETx",
+    "a header named with the key last": "X-Auth-Token: SECRETs3cr3t rejected",
 }
 
 
@@ -179,7 +181,8 @@ def test_a_credential_of_any_registry_never_reaches_a_shown_failure(form):
 
 def test_what_holds_no_credential_is_shown_as_it_is():
     message = ("denied: requested access to the resource is denied; tag 2.3.1-cu128 of kit-horovod at "
-               "https://registry.lab:5000/v2/kit/manifests/2.3.1 (a token of 3 parts is needed)")
+               "https://registry.lab:5000/v2/kit/manifests/2.3.1 (a token of 3 parts is needed; max_tokens=512, "
+               "oauth2=enabled)")
     assert push_error(REF, message).message.endswith(message)
 
 
