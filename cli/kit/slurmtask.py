@@ -9,7 +9,7 @@ nodes: Slurm starts every task, and each derives its part from what Slurm says a
                                        task (rank 0), on its node's training address and the job's port, for as long
                                        as that task runs
     kit_task.py horovod SCRIPT ARGS    one rank a task: HOROVOD_RANK... from SLURM_PROCID...
-    kit_task.py torchrun SCRIPT ARGS   one task a node: torchrun with a c10d rendezvous on the first node
+    kit_task.py torchrun SCRIPT ARGS   one task a node: torchrun, its static rendezvous's store on the first node
     kit_task.py tf SCRIPT ARGS         one worker a task: TF_CONFIG from the job's nodes
 
 The batch script gives every task KIT_NODES (`name=address` of each node of the job, in Slurm's order), KIT_PORT
@@ -123,13 +123,13 @@ def rendezvous_port(env):
 
 
 def torchrun_argv(env, nodes, address, command):
-    """torchrun on this node: a c10d rendezvous whose store the first node hosts, at the job's port."""
-    node = int(env["SLURM_NODEID"])
+    """torchrun on this node: a static rendezvous whose store the first node hosts, at the job's port, node ranks in
+    Slurm's order. Static, as on the SSH cluster: torch's c10d rendezvous (--rdzv-backend=c10d) unpickles what its
+    store holds, and the store has no authentication."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=%d" % len(nodes),
-            "--nproc-per-node=%s" % env["KIT_NPROC_PER_NODE"], "--rdzv-backend=c10d",
-            "--rdzv-endpoint=%s:%s" % (nodes[0][1], env["KIT_PORT"]), "--rdzv-id=%s" % env["SLURM_JOB_ID"],
-            *(["--rdzv-conf=is_host=1"] if node == 0 else []), "--local-addr=%s" % address, "--tee=3",
-            "--no-python", sys.executable, "-u", RANK, *command]
+            "--nproc-per-node=%s" % env["KIT_NPROC_PER_NODE"], "--node-rank=%d" % int(env["SLURM_NODEID"]),
+            "--rdzv-backend=static", "--master-addr=%s" % nodes[0][1], "--master-port=%s" % env["KIT_PORT"],
+            "--local-addr=%s" % address, "--tee=3", "--no-python", sys.executable, "-u", RANK, *command]
 
 
 def tf_config(env, nodes):

@@ -220,12 +220,14 @@ def test_horovod_ranks_get_what_horovodrun_would_give_them():
 def test_torchrun_hosts_its_store_on_the_first_node_at_the_jobs_port():
     first = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="0"), NODES, "10.1.0.11", ["train.py", "--x"])
     other = slurmtask.torchrun_argv(dict(ENV, SLURM_NODEID="1"), NODES, "10.1.0.12", ["train.py", "--x"])
-    assert first[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                         "--rdzv-endpoint=10.1.0.11:24242", "--rdzv-id=4242", "--rdzv-conf=is_host=1",
+    assert first[1:] == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=0",
+                         "--rdzv-backend=static", "--master-addr=10.1.0.11", "--master-port=24242",
                          "--local-addr=10.1.0.11", "--tee=3", "--no-python", sys.executable, "-u", slurmtask.RANK,
                          "train.py", "--x"]
-    assert "--rdzv-conf=is_host=1" not in other and "--local-addr=10.1.0.12" in other
+    assert "--node-rank=1" in other and "--local-addr=10.1.0.12" in other and "--master-addr=10.1.0.11" in other
     assert not any("29500" in a or "localhost" in a or "127.0.0.1" in a for a in first + other)
+    # never torch's c10d rendezvous, which unpickles what its unauthenticated store holds
+    assert not any(a.startswith(("--rdzv-backend=c10d", "--rdzv-endpoint", "--rdzv-conf")) for a in first + other)
 
 
 def test_tf_workers_are_every_task_at_its_nodes_address():
