@@ -1,5 +1,7 @@
 """.kitignore in the job's folder (gitignore's syntax) and the defaults: what is never hashed, copied or spread."""
 
+import os
+
 import pytest
 
 from kit.errors import BadInput
@@ -46,13 +48,14 @@ def test_a_bang_line_brings_back_what_the_defaults_leave_out(tmp_path):
 
 def test_environment_files_and_the_jobs_env_files_are_never_carried(tmp_path):
     """.env and *.env are left out by default (a `!` line brings one back); the job's --env-file files are left out
-    whatever their name and whatever .kitignore says, and so is a link to one."""
+    whatever their name and whatever .kitignore says, and so is a link or a hard link to one."""
     tree(tmp_path, "train.py", ".env", "prod.env", "conf/.env", "vars.txt", "keep.env", "notes.txt")
     (tmp_path / "copy.txt").symlink_to("vars.txt")
+    os.link(tmp_path / "vars.txt", tmp_path / "same.txt")
     (tmp_path / ".kitignore").write_text("!keep.env\n!vars.txt\n")
     found = scan(tmp_path, Ignore.of(tmp_path, [tmp_path / "vars.txt", tmp_path.parent / "elsewhere.env"]))
     assert sorted(found.files) == [".kitignore", "keep.env", "notes.txt", "train.py"]
-    assert found.left_out_files == 5
+    assert found.left_out_files == 6
     assert "vars.txt" in scan(tmp_path, Ignore.of(tmp_path)).files  # as any file, when it is not the job's env file
 
 

@@ -41,6 +41,13 @@ IGNORE_FILE = ".kitignore"
 DEFAULT_IGNORE = (".git/", "__pycache__/", "*.pyc", ".venv/", ".pytest_cache/", ".kit/", ".env", "*.env")
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Ignore:
     """What is left out of a job's folder: gitignore's rules, as git applies them (a folder it leaves out is not
@@ -48,14 +55,26 @@ class Ignore:
 
     spec: pathspec.GitIgnoreSpec = field(default_factory=lambda: pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORE))
     secrets: frozenset[Path] = frozenset()  # files never carried (the job's --env-file), resolved: links to them too
+    secret_files: frozenset[tuple[int, int]] = frozenset()  # and by (device, inode): a hard link to one too
+
+    def secret(self, path: Path) -> bool:
+        """Whether path is one of the job's --env-file files: itself, a link to it or a hard link of it."""
+        if not self.secrets:
+            return False
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        return path.resolve() in self.secrets or (st.st_dev, st.st_ino) in self.secret_files
 
     @classmethod
     def of(cls, folder: Path, secrets: Iterable[Path] = ()) -> "Ignore":
         """The defaults and the folder's .kitignore, if it has one; a bad line is named with its number. secrets: the
-        job's --env-file files, left out wherever they are in the folder, and any link to one."""
+        job's --env-file files, left out wherever they are in the folder, and any link or hard link to one."""
         path, kept = folder / IGNORE_FILE, frozenset(Path(s).resolve() for s in secrets)
+        ids = frozenset((st.st_dev, st.st_ino) for st in map(_stat, kept) if st)
         if not path.is_file():
-            return cls(secrets=kept)
+            return cls(secrets=kept, secret_files=ids)
         lines = read_input(path, "ignore file", hint=f"make {path} a readable UTF-8 text file").splitlines()
         for number, line in enumerate(lines, 1):
             try:
@@ -64,7 +83,7 @@ class Ignore:
                 raise BadInput(f"{path}:{number}: {line!r} is not a gitignore pattern",
                                hint="write one pattern a line as in .gitignore, e.g. data/, *.ckpt or !keep.ckpt; "
                                     "escape a trailing backslash or a lone ! with \\") from None
-        return cls(pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORE, *lines]), kept)
+        return cls(pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORE, *lines]), kept, ids)
 
     def folder(self, rel: str) -> bool:
         return self.spec.match_file(rel.rstrip("/") + "/")
@@ -96,7 +115,7 @@ def scan(folder: Path, ignore: Ignore | None = None) -> Scan:
             path = Path(top) / name
             if not path.is_file():
                 continue
-            if ignore.file(prefix + name) or (ignore.secrets and path.resolve() in ignore.secrets):
+            if ignore.file(prefix + name) or ignore.secret(path):
                 found.left_out_files += 1
             else:
                 found.files[prefix + name] = file_sha256(path)  # in blocks: a job's folder may hold GB files
