@@ -59,11 +59,7 @@ class Ignore:
 
     def secret(self, path: Path) -> bool:
         """Whether path is one of the job's --env-file files: itself, a link to it or a hard link of it."""
-        if not self.secrets:
-            return False
-        try:
-            st = path.stat()
-        except OSError:
+        if not self.secrets or (st := _stat(path)) is None:
             return False
         return path.resolve() in self.secrets or (st.st_dev, st.st_ino) in self.secret_files
 
