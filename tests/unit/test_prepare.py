@@ -105,11 +105,9 @@ def test_the_firewall_accepts_every_network_of_the_hosts_but_an_address_they_sha
     assert accept["loop"] == "{{ kit_peers }}"
 
 
-@pytest.mark.parametrize("engine", [True, False])
-def test_an_installed_engine_is_kept_not_replaced_by_the_distributions(engine, tmp_path):
-    """docker-ce (Docker's own packages) conflicts with docker.io: where any dockerd is on PATH the role installs no
-    engine package. The role runs on this machine in check mode, on a PATH of this machine's programs without its
-    dockerd, plus one where `engine`."""
+def run_roles_in_check_mode(tmp_path, roles, engine=False, extra=()):
+    """The roles run on this machine in check mode, on a PATH of this machine's programs without its dockerd, plus one
+    where `engine`. Returns the run."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for folder in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
@@ -120,11 +118,37 @@ def test_an_installed_engine_is_kept_not_replaced_by_the_distributions(engine, t
         (bin_dir / "dockerd").write_text("#!/bin/sh\nexit 0\n")
         (bin_dir / "dockerd").chmod(0o755)
     play = tmp_path / "play.yml"
-    play.write_text(f"- hosts: localhost\n  gather_facts: true\n  roles:\n    - {REPO / 'ansible/roles/docker'}\n")
-    r = subprocess.run([ansible_playbook(), "-i", "localhost,", "-c", "local", "--check", str(play)],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={"PATH": str(bin_dir), "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-                            "ANSIBLE_PYTHON_INTERPRETER": sys.executable})
-    ran = re.search(r"TASK \[[^\]]*: Docker engine package\] \**\n(\w+)", r.stdout)
-    assert ran, r.stdout + r.stderr
-    assert (ran[1] == "skipping") == engine, r.stdout
+    play.write_text("- hosts: localhost\n  gather_facts: true\n  roles:\n"
+                    + "".join(f"    - {REPO / 'ansible/roles' / role}\n" for role in roles))
+    return subprocess.run([ansible_playbook(), "-i", "localhost,", "-c", "local", "--check", *extra, str(play)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={"PATH": str(bin_dir), "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+                               "ANSIBLE_PYTHON_INTERPRETER": sys.executable})
+
+
+def task_outcome(run, name):
+    found = re.search(rf"TASK \[[^\]]*: {re.escape(name)}\] \**\n(\w+)", run.stdout)
+    assert found, run.stdout + run.stderr
+    return found[1]
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_an_installed_engine_is_kept_not_replaced_by_the_distributions(engine, tmp_path):
+    """docker-ce (Docker's own packages) conflicts with docker.io: where any dockerd is on PATH the role installs no
+    engine package."""
+    r = run_roles_in_check_mode(tmp_path, ["docker"], engine=engine)
+    assert (task_outcome(r, "Docker engine package") == "skipping") == engine, r.stdout
+
+
+def test_a_package_already_installed_is_not_asked_of_the_mirror(tmp_path):
+    """A host that has a package the roles want gets no apt task for it, so no refresh of a package index older than
+    a day either: a host with no way to its mirror, or three lab hosts sharing one /var/lib/apt, is prepared all the
+    same. A package this machine lacks still gets its task. Each is checked against dpkg's own answer."""
+    # The docker role comes last: after its package tasks it looks for a service manager, which a test machine lacks.
+    r = run_roles_in_check_mode(tmp_path, ["sshfs_client", "nfs_client", "docker"],
+                                extra=["-e", f"kit_workspace={tmp_path / 'workspace'} kit_nfs_server=server:/export"])
+    for task, package in [("unpigz for Docker's layer loads", "pigz"), ("sshfs package", "sshfs"),
+                          ("NFS client package", "nfs-common")]:
+        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True).stdout
+        installed = status.endswith(" installed")
+        assert (task_outcome(r, task) == "skipping") == installed, (package, status, r.stdout)
