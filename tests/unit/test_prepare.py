@@ -1,5 +1,6 @@
 """`kit prepare`: the inventory it writes and the playbooks it runs."""
 
+import os
 import re
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_the_firewall_keeps_the_cluster_port_and_the_job_ports_to_the_cluster_ov
     tasks = yaml.safe_load((REPO / "ansible/roles/firewall/tasks/main.yml").read_text())
     refuse = next(t for t in tasks if t["name"].startswith("Refuse"))
     rule = refuse["ansible.builtin.iptables"]
-    assert rule["jump"] == "DROP" and rule["ctstate"] == ["NEW"] and rule["in_interface"] == "!lo"  # not replies
+    assert rule["jump"] == "DROP" and rule["syn"] == "match" and "ctstate" not in rule and rule["in_interface"] == "!lo"  # not replies
     import jinja2
     env = jinja2.Environment()
     env.filters["product"] = lambda a, b: __import__("itertools").product(a, b)
@@ -152,3 +153,123 @@ def test_a_package_already_installed_is_not_asked_of_the_mirror(tmp_path):
         status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True).stdout
         installed = status.endswith(" installed")
         assert (task_outcome(r, task) == "skipping") == installed, (package, status, r.stdout)
+
+
+def iptables_args(rule: dict, port: str) -> list[str]:
+    """The firewall role's ansible.builtin.iptables arguments as iptables' own, for the IPv4 rule of one port; a key this
+    does not know fails the test rather than be left out."""
+    args = {"chain": lambda v: ["-A" if rule.get("action") == "append" else "-I", v],
+            "action": lambda v: [], "ip_version": lambda v: [], "comment": lambda v: [],
+            "protocol": lambda v: ["-p", v], "destination_port": lambda v: ["--dport", port],
+            "syn": lambda v: {"match": ["--syn"], "negate": ["!", "--syn"], "ignore": []}[v],
+            "ctstate": lambda v: ["-m", "conntrack", "--ctstate", ",".join(v)],
+            "in_interface": lambda v: ["!", "-i", v[1:]] if v.startswith("!") else ["-i", v],
+            "jump": lambda v: ["-j", v]}
+    unknown = set(rule) - set(args)
+    assert not unknown, f"translate {unknown} too"
+    order = ("chain", "protocol", *sorted(set(rule) - {"chain", "protocol", "jump"}), "jump")  # -p before --dport
+    return [a for key in order if key in rule for a in args[key](rule[key])]
+
+
+SERVER = """import socket, sys, struct
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(16); print("ready", flush=True)
+held = []
+for line in sys.stdin:
+    if line.startswith("accept"):
+        held.append(s.accept()[0]); print("accepted", flush=True)
+    else:  # close what it accepted with a reset, which the test keeps from conntrack
+        for c in held:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+        held = []; print("closed", flush=True)
+"""
+CLIENT = """import socket, sys, struct
+source, server, port, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); c.bind((source, int(sys.argv[5])))
+c.settimeout(2)
+try:
+    c.connect((server, port))
+except OSError as e:
+    print("refused" if isinstance(e, ConnectionRefusedError) else "dropped", flush=True); sys.exit()
+print("connected", flush=True)
+if how == "stage":
+    sys.stdin.readline()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close(); print("closed", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes network namespaces and iptables rules: root only")
+def test_the_firewalls_refusal_holds_against_a_stale_conntrack_entry(tmp_path):
+    """A connection whose end conntrack never saw (both sides reset while their packets are kept from it) leaves an
+    ESTABLISHED entry with no socket. A SYN from an outside address on that entry's ports is not conntrack's NEW: the
+    refusal of NEW connections lets it through, as the control shows; the firewall role's rule, run as iptables in a
+    network namespace of this test's, drops it, and a fresh connection too. Two namespaces joined by a veth pair; every
+    packet stays between them."""
+    import yaml
+    tasks = yaml.safe_load((REPO / "ansible/roles/firewall/tasks/main.yml").read_text())
+    rule = next(t for t in tasks if t["name"].startswith("Refuse"))["ansible.builtin.iptables"]
+    port = "34567"
+    weak = dict(rule, ctstate=["NEW"])
+    weak.pop("syn", None)
+    host, outside = f"kit-unit-fw-h-{os.getpid()}", f"kit-unit-fw-o-{os.getpid()}"
+    host_ip, outside_ip = "10.251.0.1", "10.251.0.2"
+
+    def sh(*argv):
+        return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+
+    def on_host(*argv):
+        return sh("ip", "netns", "exec", host, *argv)
+
+    def spawn(ns, code, *args):
+        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code, *map(str, args)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def said(proc, word):
+        line = proc.stdout.readline().strip()
+        assert line == word, (word, line)
+
+    def connect(source_port):
+        return spawn(outside, CLIENT, outside_ip, host_ip, port, "try", source_port).communicate(timeout=30)[0].strip()
+
+    procs = []
+    try:
+        sh("ip", "netns", "add", host)
+        sh("ip", "netns", "add", outside)
+        sh("ip", "-n", host, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1", "netns", outside)
+        for ns, dev, ip in ((host, "fw0", host_ip), (outside, "fw1", outside_ip)):
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        on_host("iptables", "-N", "kit-ct")  # a conntrack rule from the start: the host's connections are tracked
+        on_host("iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "kit-ct")
+        server = spawn(host, SERVER, host_ip, port)
+        procs.append(server)
+        said(server, "ready")
+        staged = [40001, 40002]
+        for source_port in staged:  # a connection each, then reset on both sides unseen by conntrack
+            client = spawn(outside, CLIENT, outside_ip, host_ip, port, "stage", source_port)
+            procs.append(client)
+            said(client, "connected")
+            server.stdin.write("accept\n"), server.stdin.flush()
+            said(server, "accepted")
+            on_host("iptables", "-t", "raw", "-I", "PREROUTING", "-s", outside_ip, "-j", "DROP")
+            on_host("iptables", "-t", "raw", "-I", "OUTPUT", "-d", outside_ip, "-j", "DROP")
+            client.stdin.write("close\n"), client.stdin.flush()
+            said(client, "closed")
+            server.stdin.write("close\n"), server.stdin.flush()
+            said(server, "closed")
+            on_host("iptables", "-t", "raw", "-D", "PREROUTING", "-s", outside_ip, "-j", "DROP")
+            on_host("iptables", "-t", "raw", "-D", "OUTPUT", "-d", outside_ip, "-j", "DROP")
+        on_host("iptables", *iptables_args(weak, port))
+        assert connect(40010) == "dropped"  # the weaker rule keeps a fresh connection out...
+        assert connect(staged[0]) == "connected"  # ...but not a SYN on a stale entry: the staging worked
+        on_host("iptables", "-D", *iptables_args(weak, port)[1:])
+        on_host("iptables", *iptables_args(rule, port))
+        assert connect(staged[1]) == "dropped"
+        assert connect(40011) == "dropped"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for ns in (host, outside):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
