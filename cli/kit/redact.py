@@ -106,7 +106,8 @@ def has_credentials(url: str) -> bool:
 
 # A credential named by its key: `key=value`, `key: value`, `"key": "value"`, whatever the case, the key alone or
 # the last word of a name (`DOCKER_PASSWORD=`, `NPM_TOKEN=`, `X-Auth-Token:`). The value runs to a
-# space, a quote, a comma, `;`, `&` or a closing brace (an Authorization header's: its scheme word and the value);
+# space, a quote or a closing brace, or to a comma, `;` or `&` that ends it (one a space, a quote or the end follows:
+# `Credential=..., Signature=...`; `password=ab,cd` is hidden whole), an Authorization header's with its scheme word;
 # a quoted one, to its closing quote.
 _KEYS = (r"authorization|proxy-authorization|auth|password|passwd|pwd|secret|client_secret|token|access_token|"
          r"refresh_token|id_token|identitytoken|registrytoken|private[-_]token|job[-_]token|(?:x-)?api[-_]?key|"
@@ -116,7 +117,7 @@ _KEYS = (r"authorization|proxy-authorization|auth|password|passwd|pwd|secret|cli
 _KEYED = re.compile(r"(?P<key>(?<![A-Za-z0-9_-])[\"']?(?:[A-Za-z0-9]+[_-])*(?i:" + _KEYS + r")[\"']?\s*[:=]\s*)"
                     r"(?P<quote>[\"'])?"
                     r"(?:(?P<scheme>(?i:basic|bearer|token|digest|negotiate|aws4-hmac-sha256))\s+)?"
-                    r"(?P<value>(?(quote)[^\"']+|[^\s\"',;&}]+))")  # quoted: the whole of it, spaces too
+                    r"(?P<value>(?(quote)[^\"']+|(?:[^\s\"',;&}]|[,;&](?=[^\s\"'}]))+))")  # quoted: all of it
 # Bare credentials: a header's scheme and its value anywhere, and tokens whose shape gives them away.
 _BARE = re.compile(r"\b(?P<scheme>(?i:basic|bearer))\s+[A-Za-z0-9._~+/=-]{8,}|"
                    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*|"          # a JWT

@@ -166,6 +166,7 @@ CREDENTIALS = {
     "a quoted password with spaces": 'password="SECRET a2l0OlNFQ1JFVA words" wrong',
     "a CI variable's name ending in the key": "env: DOCKER_PASSWORD=SECRETh2 NPM_TOKEN=SECRETabcd CI_JOB_TOKEN=SECRETx",
     "a header named with the key last": "X-Auth-Token: SECRETs3cr3t rejected",
+    "a password with a comma, a semicolon and an ampersand in it": "login: password=SECRETa,SECRETb;SECRETc&SECRETd, no",
 }
 
 
