@@ -79,6 +79,7 @@ def test_print_sites_sanitise(monkeypatch):
     with console.capture() as out:
         slurm.printer("torchrun")(1, "n1", HOSTILE)
         slurm.printer("torchrun")(None, "n1", HOSTILE)
+        slurm.printer("horovod")(None, None, "kit: job 7 finished; forged by the job into its own output")
         doctor._print(dr.Report([dr.Finding("h1", "sshd", dr.FAIL, HOSTILE, fix=HOSTILE),
                                  dr.Finding("h1", "ports", dr.WARN, "bad\n  ✓ forged  fine")], ["h1"]), "lab", True)
         state = types.SimpleNamespace(cluster="lab", image="img", ssh_port=12345)
@@ -89,6 +90,7 @@ def test_print_sites_sanitise(monkeypatch):
     assert playbook == 3  # kit prepare: ansible-playbook's output, the hosts' text in it
     shown = out.get()
     assert raw(shown) == [] and "[n1 rank 1] before\\x1b[2J" in shown and "[n1 torchrun] before" in shown
+    assert "[slurm] kit: job 7 finished; forged" in shown  # a line of the job's output is never one of kit's
     assert shown.count("\\x1b]52;c:aGFja2Vk\\x07") >= 6 and shown.count("[bold]x[/bold]") >= 5, shown
     assert "\\u009b" in shown  # kit status --json: a C1 in JSON as its escape
     assert "bad\\x0a  ✓ forged  fine" in shown and "\n  ✓ forged" not in shown  # a finding is one line

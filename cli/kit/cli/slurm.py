@@ -94,11 +94,11 @@ def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> No
 
 
 def printer(launcher: str):
-    """A Slurm job's line: a rank's with its node and rank, a node's torchrun with its node, srun's and the batch
-    script's own with [slurm]."""
+    """A Slurm job's line: a rank's with its node and rank, a node's torchrun with its node, and every other line of
+    the job's output (srun's, the batch script's, or one the job wrote into the file itself) with [slurm]: none of
+    them passes for a line of kit's own, a `kit: ...` the job forged included."""
     def show(rank: int | None, node: str | None, text: str) -> None:
-        prefix = (f"[{node} rank {rank}] " if rank is not None else f"[{node} {launcher}] " if node else
-                  "" if text.startswith("kit: ") else "[slurm] ")
+        prefix = f"[{node} rank {rank}] " if rank is not None else f"[{node} {launcher}] " if node else "[slurm] "
         console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)
     return show
 
