@@ -18,7 +18,7 @@ from kit import shipped_folder
 from kit.config import ClusterConfig
 from kit.errors import BadInput
 from kit.inventory import Host
-from kit.sbatch import JOB_PORTS
+from kit.sbatch import JOB_PORT_BASE, JOB_PORT_BLOCK, JOB_PORT_BLOCKS, JOB_PORTS
 
 PLAYBOOK = "prepare.yml"
 
@@ -47,7 +47,9 @@ def inventory(hosts: list[Host], addresses: dict[str, str], cfg: ClusterConfig, 
         "vars": {"kit_cluster": cfg.name, "kit_ssh_port": cfg.ssh_port, "kit_gpu": gpu, "kit_storage": cfg.storage,
                  "kit_workspace": cfg.workspace_path, "kit_nfs_server": cfg.nfs_server or "",
                  "kit_addresses": [addresses[h.name] for h in hosts],
-                 **({"kit_slurm": True, "kit_munge_key": str(munge_key), "kit_job_ports": JOB_PORTS} if munge_key else {})},
+                 **({"kit_slurm": True, "kit_munge_key": str(munge_key), "kit_job_ports": JOB_PORTS,
+                     "kit_job_port_base": JOB_PORT_BASE, "kit_job_port_block": JOB_PORT_BLOCK,
+                     "kit_job_port_blocks": JOB_PORT_BLOCKS} if munge_key else {})},
         "children": {
             "kit_primary": {"hosts": {h.name: entry(h) for h in hosts if h.primary}},
             "kit_workers": {"hosts": {h.name: entry(h) for h in hosts if not h.primary}},

@@ -24,10 +24,13 @@ ENV_DIR = ".kit/env"            # the job's variables, one JSON file a job, rela
 IMAGE_PYTHON = "/opt/venv/bin/python"  # the Python of kit's image (pyxis, apptainer)
 MAX_NODES = 1024
 MAX_TASKS = 256
-# The job's ports: JOB_PORT_BASE + the job id % JOB_PORT_SPAN (torchrun's store; TF's workers from there up, one a task
-# on the node). `kit prepare --slurm`'s firewall closes them to every address but the cluster's.
-JOB_PORT_BASE, JOB_PORT_SPAN = 20000, 20000
-JOB_PORTS = f"{JOB_PORT_BASE}:{JOB_PORT_BASE + JOB_PORT_SPAN + MAX_TASKS - 1}"
+# The job's ports: a block of JOB_PORT_BLOCK from JOB_PORT_BASE + (the job id % JOB_PORT_BLOCKS) * JOB_PORT_BLOCK, the
+# block's first for Horovod's rendezvous or torchrun's store, TF's workers from there up (one a task of the node, so at
+# most JOB_PORT_BLOCK a node). Two jobs' blocks overlap only when their ids are JOB_PORT_BLOCKS apart. `kit prepare
+# --slurm`'s firewall closes JOB_PORTS to every address but the cluster's, and its Prolog, while a job runs, its block
+# to every node but the job's and to every other user on them.
+JOB_PORT_BASE, JOB_PORT_BLOCK, JOB_PORT_BLOCKS = 20000, 16, 1266
+JOB_PORTS = f"{JOB_PORT_BASE}:{JOB_PORT_BASE + JOB_PORT_BLOCK * JOB_PORT_BLOCKS - 1}"
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,10 @@ class Shape:
         return self.nodes * (self.nproc_per_node if self.tasks_per_node == 1 else self.tasks_per_node)
 
 
-def shape(launcher: str, nodes: int | None, np: int | None, per_node: int | None, gpus: int | None) -> Shape:
-    """--nodes, --np, --ntasks-per-node and --gpus-per-node as the launcher reads them; bad input is refused."""
+def shape(launcher: str, nodes: int | None, np: int | None, per_node: int | None, gpus: int | None, *,
+          slurm: bool = True) -> Shape:
+    """--nodes, --np, --ntasks-per-node and --gpus-per-node as the launcher reads them; bad input is refused. slurm:
+    for a Slurm job (a Kubernetes job's pods each have an address of their own, so no port bound on its workers)."""
     for flag, value, top in (("--nodes", nodes, MAX_NODES), ("--np", np, MAX_NODES * MAX_TASKS),
                              ("--ntasks-per-node", per_node, MAX_TASKS), ("--gpus-per-node", gpus, 64)):
         if value is not None and not 1 <= value <= top:
@@ -67,6 +72,9 @@ def shape(launcher: str, nodes: int | None, np: int | None, per_node: int | None
                        hint="give more --nodes, or fewer ranks")
     if launcher == "torchrun":
         return Shape(nodes, 1, each, gpus)
+    if launcher == "tf" and slurm and each > JOB_PORT_BLOCK:
+        raise BadInput(f"{each} TensorFlow workers a node: under Slurm each takes a port of the job's {JOB_PORT_BLOCK}",
+                       hint=f"give at most {JOB_PORT_BLOCK} workers a node (more --nodes)")
     return Shape(nodes, each, 1, gpus)
 
 
@@ -127,4 +135,4 @@ def render(job: SbatchJob) -> str:
         job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,
         nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,
         python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)), port_base=JOB_PORT_BASE,
-        port_span=JOB_PORT_SPAN)
+        port_block=JOB_PORT_BLOCK, port_blocks=JOB_PORT_BLOCKS)

@@ -28,7 +28,8 @@ CLUSTER = "slurmlab"
 PREPARE = ("prepare", "--slurm", "--hosts", "hosts.txt")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 # What kit prepare --slurm writes on the lab's (shared) filesystem; the fixture removes what was not there before.
-WRITTEN = ["/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/var/spool/slurmctld", "/var/spool/slurmd",
+WRITTEN = ["/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/etc/slurm/kit-job-ports-prolog",
+           "/etc/slurm/kit-job-ports-epilog", "/run/kit-job-ports.lock", "/var/spool/slurmctld", "/var/spool/slurmd",
            "/var/log/slurm/slurmctld.log", "/var/log/slurm/jobcomp.txt", "/run/munge", "/run/munge/munged.pid.kit",
            "/run/slurmctld.pid", "/run/slurmctld.pid.kit", "/var/log/munge/munged.log"]
 RECAP = re.compile(r"^(\S+) +: ok=\d+ +changed=(\d+) +unreachable=(\d+) +failed=(\d+)", re.M)
@@ -130,6 +131,12 @@ def firewall_rules(h: LabHost, comment: str) -> list[tuple[str, str]]:
             for line in h.run_in(tool, "-S", "INPUT", check=False).stdout.splitlines() if comment in line]
 
 
+def job_port_rules(h: LabHost) -> list[tuple[str, str]]:
+    """(iptables or ip6tables, rule) of the host's raw table that are a Slurm job's (kit's Prolog's)."""
+    return [(tool, line) for tool in ("iptables", "ip6tables")
+            for line in h.run_in(tool, "-t", "raw", "-S", check=False).stdout.splitlines() if "kit-job-" in line]
+
+
 HOSTS_FILE = Path("/etc/hosts")
 HOSTS_MARK = "# kitlab-slurm"
 
@@ -189,6 +196,13 @@ def slurm_cluster(lab: Lab, folder: Path, check: bool = True):
             for h in lab.hosts:  # kit prepare's firewall role: the cluster's rules on every host
                 for tool, rule in firewall_rules(h, f"kit-{CLUSTER}"):
                     h.run_in(tool, *shlex.split(rule.replace("-A", "-D", 1)), check=False)
+                for tool, rule in job_port_rules(h):  # a job's, where its Epilog did not run
+                    if rule.startswith("-A ") and " -j kit-job-" in rule:
+                        h.run_in(tool, "-t", "raw", *shlex.split(rule.replace("-A", "-D", 1)), check=False)
+                for tool, rule in job_port_rules(h):
+                    if rule.startswith("-N "):
+                        h.run_in(tool, "-t", "raw", "-F", rule.split()[1], check=False)
+                        h.run_in(tool, "-t", "raw", "-X", rule.split()[1], check=False)
             shutil.rmtree(lab.home / ".kit" / CLUSTER, ignore_errors=True)
 
 

@@ -19,8 +19,9 @@ import pytest
 from harness import wait_for
 from helpers import run_kit
 from kit import benchfigures
-from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, lab_users, live, node_pythons, pid_files, recap, slurm_cluster,
-                      stop, user_project)
+from kit import sbatch
+from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, job_port_rules, lab_users, live, node_pythons, pid_files, recap,
+                      slurm_cluster, stop, user_project)
 
 pytestmark = pytest.mark.lab
 
@@ -202,6 +203,21 @@ def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm,
     assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
 
 
+CONNECT = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print("connected")
+except ConnectionRefusedError:
+    print("refused")
+except OSError:
+    print("dropped")
+"""
+
+
+def connects(h, user: str, address: str, port: int) -> str:
+    """Whether a program of the user's on the host reaches address:port: connected, refused or dropped."""
+    return h.run_in("runuser", "-u", user, "--", "/usr/bin/python3", "-c", CONNECT, address, str(port)).stdout.strip()
+
+
 PLANTED = "kit-ExitCode=0:0-JobState=COMPLETED-WorkDir=/elsewhere"  # the fields kit reads, in a name a job gives itself
 
 
@@ -224,8 +240,9 @@ def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
     assert (rows[job]["state"], rows[job]["exit"]) == ("running", None), rows[job]
     # Horovod's rendezvous (no authentication) listens on the first node's training address and the job's port alone,
-    # a port kit's firewall keeps to the cluster: this machine, which is no host of it, is not let in.
-    port = 20000 + int(slurm_id) % 20000
+    # a port kit's firewall keeps to the cluster: this machine, which is no host of it, is not let in; and kit's Prolog
+    # keeps it to the job's user on the job's nodes: another user there is not let in either.
+    port = sbatch.JOB_PORT_BASE + int(slurm_id) % sbatch.JOB_PORT_BLOCKS * sbatch.JOB_PORT_BLOCK
     listening = {h.address: [line.split()[3] for line in h.run_in("ss", "-Hltn").stdout.splitlines()
                              if line.split()[3].endswith(f":{port}")] for h in slurm.hosts}
     served = {address: found for address, found in listening.items() if found}
@@ -235,6 +252,9 @@ def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_
     bound = found[0].rpartition(":")[0]
     with pytest.raises(OSError):
         socket.create_connection((bound, port), timeout=3).close()
+    for h in slurm.hosts:
+        assert connects(h, users[1], bound, port) == "dropped", h.name
+        assert connects(h, users[0], bound, port) == "connected", h.name
     started = time.monotonic()
     stop = kit_as(slurm, folder, "stop", job)
     assert stop.returncode == 0 and f"job {job} stopped" in stop.stdout, stop.stdout + stop.stderr
@@ -242,6 +262,8 @@ def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_
     assert time.monotonic() - started < 30
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
     assert rows[job]["state"] == "stopped"
+    wait_for("the Epilog to remove the job's port rules on every node",
+             lambda: not any(job_port_rules(h) for h in slurm.hosts), timeout=30)
 
 
 def test_two_users_jobs_queue_and_both_finish(slurm, envs, users, tmp_path):

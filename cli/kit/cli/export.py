@@ -95,7 +95,7 @@ def export(
         if given := [name for name in ("--partition", "--account", "--time") if job[name] is not None]:
             raise BadInput(f"{', '.join(given)}: Slurm's", hint="drop it for --to k8s")
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
-                                                                     gpus_per_node),
+                                                                     gpus_per_node, slurm=False),
                     image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc,
                     image_pull_secret, output, config, tuple(env_file or ()))
         return

@@ -137,7 +137,7 @@ def run(
         cfg_file, cfg = cluster_settings(config, dict(name=name))
         if on == "k8s":
             _run_on_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
-                                                                         gpus_per_node),
+                                                                         gpus_per_node, slurm=False),
                         image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
                         workspace_pvc, image_pull_secret, detach, tuple(env_file or ()))
             return
