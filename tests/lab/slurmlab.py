@@ -277,6 +277,9 @@ def lab_users(names=USERS):
     finally:
         for user in made:
             subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
+            # what their jobs left in the machine's /tmp, every lab host's (torchrun's and torch's caches)
+            subprocess.run(["find", "/tmp", "-mindepth", "1", "-maxdepth", "1", "-user", user, "-exec", "rm", "-rf",
+                            "{}", "+"], capture_output=True)
             subprocess.run(["userdel", "-r", user], capture_output=True)
 
 
