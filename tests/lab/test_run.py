@@ -194,6 +194,7 @@ def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.alone  # ends within 60 s: 8 s alone, 63 s once with the other stream building images beside it
 def test_a_killed_worker_container_ends_the_job_everywhere(project, lab, cluster):
     proc = start_loop(project, lab)
     h2 = lab.hosts[1]
