@@ -29,7 +29,7 @@ PREPARE = ("prepare", "--slurm", "--hosts", "hosts.txt")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 # What kit prepare --slurm writes on the lab's (shared) filesystem; the fixture removes what was not there before.
 WRITTEN = ["/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/etc/slurm/kit-job-ports-prolog",
-           "/etc/slurm/kit-job-ports-epilog", "/run/kit-job-ports.lock", "/var/spool/slurmctld", "/var/spool/slurmd",
+           "/etc/slurm/kit-job-ports-epilog", "/run/kit-job-ports", "/var/spool/slurmctld", "/var/spool/slurmd",
            "/var/log/slurm/slurmctld.log", "/var/log/slurm/jobcomp.txt", "/run/munge", "/run/munge/munged.pid.kit",
            "/run/slurmctld.pid", "/run/slurmctld.pid.kit", "/var/log/munge/munged.log"]
 RECAP = re.compile(r"^(\S+) +: ok=\d+ +changed=(\d+) +unreachable=(\d+) +failed=(\d+)", re.M)

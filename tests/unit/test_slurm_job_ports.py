@@ -76,7 +76,7 @@ CLIENT = """import encodings.idna, os, socket, sys
 uid, address, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 os.setgid(uid); os.setuid(uid)
 try:
-    socket.create_connection((address, port), timeout=2).close(); print("connected")
+    socket.create_connection((address, port), timeout=1).close(); print("connected")
 except ConnectionRefusedError:
     print("refused")
 except OSError:
@@ -102,8 +102,8 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
     def sh(*argv, check=True):
         return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=60)
 
-    def slurmd_runs(node, script, job=5, uid=OWNER):
-        env = {"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(uid), "SLURM_JOB_NODELIST": "gpu-[1-2]",
+    def slurmd_runs(node, script, job=5, uid=OWNER, nodelist="gpu-[1-2]"):
+        env = {"SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(uid), "SLURM_JOB_NODELIST": nodelist,
                "SLURMD_NODENAME": node, "SLURM_CONF": str(tmp_path / "slurm.conf")}
         return subprocess.run(["ip", "netns", "exec", ns[node], "bash", "-c", script], env=env,
                               capture_output=True, text=True, timeout=120)
@@ -145,10 +145,24 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
         assert connect("gpu-1", OTHER, "gpu-1") == "dropped"    # another user on the job's own node
         assert connect("gpu-1", OWNER, "gpu-1") == "connected"
         assert connect("gpu-1", 0, "gpu-1") == "connected"      # root, slurmd's and the admin's
-        # job 1271 (1266 after it) has the same ports: on a node where job 5 runs, job 5's rules are kept
-        r = slurmd_runs("gpu-1", prolog, job=5 + sbatch.JOB_PORT_BLOCKS, uid=OTHER)
-        assert r.returncode == 0 and "another job on this node holds these ports" in r.stderr, r.stderr
-        assert raw_rules("gpu-1") == rules
+        # gpu-2's Prolog knows none of the job's nodes: its other users still reach no port of the job's, anywhere
+        r = slurmd_runs("gpu-2", prolog, nodelist="gpu-9")
+        assert "node gpu-9 is not in kit's list of nodes" in r.stderr, r.stderr
+        assert connect("gpu-2", OTHER, "gpu-1") == "dropped"
+        r = slurmd_runs("gpu-2", prolog)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        # job 1271 (1266 after it), another user's, has the same ports: both jobs' rules hold, so on gpu-1 neither
+        # user gets in (the jobs fail rather than open to each other), and job 5's rules are whole after 1271's end
+        collide = 5 + sbatch.JOB_PORT_BLOCKS
+        r = slurmd_runs("gpu-1", prolog, job=collide, uid=OTHER)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert f"kit-job-{collide}-in" in raw_rules("gpu-1")
+        assert connect("gpu-1", OTHER, "gpu-1") == "dropped"
+        assert connect("gpu-1", OWNER, "gpu-1") == "dropped"
+        assert connect("cpu-3", OTHER, "gpu-1") == "dropped"
+        r = slurmd_runs("gpu-1", epilog, job=collide, uid=OTHER)
+        assert r.returncode == 0 and raw_rules("gpu-1") == rules
+        assert connect("gpu-1", OWNER, "gpu-1") == "connected"
         r = slurmd_runs("gpu-1", epilog)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert "kit-job" not in raw_rules("gpu-1")
