@@ -535,10 +535,17 @@ def test_a_job_named_after_another_adds_no_record_kit_takes_for_it():
 
 
 def test_a_jobs_output_is_read_look_by_look_as_a_regular_file_within_bounds(tmp_path, monkeypatch):
-    """The poll's shell, run here (no squeue: Slurm does not answer): a long output is read in bounded looks, each
-    going on where the last stopped, a line longer than a look is taken cut, and an output file the job made a FIFO
-    or a link to /dev/zero is not read (before, one look read all of it: past 16 MiB kit failed for good)."""
+    """The poll's shell, run here (with an squeue that cannot reach its controller, whatever Slurm this machine has):
+    a long output is read in bounded looks, each going on where the last stopped, a line longer than a look is taken
+    cut, and an output file the job made a FIFO or a link to /dev/zero is not read (before, one look read all of it:
+    past 16 MiB kit failed for good)."""
     from kit.runners.local import LocalRunner
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setattr(slurmjobs, "POLL_LINES", 10)
     monkeypatch.setattr(slurmjobs, "POLL_BYTES", 4096)
     record = slurmjobs.SlurmRecord(JOB_ID, "42", None, str(tmp_path), "horovod", "train.py", 2, 0.0)
