@@ -331,7 +331,7 @@ def judge_across(readings: list[Reading]) -> list[Finding]:
 
 def unreachable(readings: list[Reading]) -> list[Finding]:
     return [Finding(r.name, "ssh", FAIL, f"cannot reach or read the host: {r.error}",
-                    "check that the host is up and that `ssh` to it works as in hosts.txt")
+                    r.hint or "check that the host is up and that `ssh` to it works as in hosts.txt")
             for r in readings if r.error]
 
 

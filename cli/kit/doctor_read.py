@@ -60,6 +60,7 @@ class Reading:
     container: str = ""
     address: str = ""
     error: str = ""
+    hint: str = ""                      # the fix that came with the error, where kit knows it
     facts: HostFacts | None = None
     clock_offset: float | None = None   # its clock minus the control machine's, in seconds
     clock_error: float = 0.0            # half the round trip of that reading
@@ -217,6 +218,7 @@ def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
         parse_doctor(reading, r.stdout)
     except KitError as e:
         reading.error = e.message + (f": {lines(e.output_tail)[-1]}" if e.output_tail else "")
+        reading.hint = e.hint or ""
     except Exception as e:  # noqa: BLE001 - a dropped connection, odd output: this host's finding, not the end
         reading.error = f"{type(e).__name__}: {e}"
     return reading

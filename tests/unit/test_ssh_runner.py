@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import closed_port
+from helpers import closed_port, run_kit
 
 from kit.errors import KitError
 from kit.inventory import Host
@@ -114,3 +114,75 @@ def test_a_conversation_keeps_only_the_end_of_what_its_command_says_on_stderr(re
         assert r.exit_code == 3 and r.tail().endswith("the end") and len(r.stderr) <= 1 << 20
     finally:
         runner.close()
+
+
+def refused(host: Host) -> KitError:
+    runner = SshRunner(host)
+    try:
+        with pytest.raises(KitError) as e:
+            runner.run("true")
+        return e.value
+    finally:
+        runner.close()
+
+
+def test_a_host_reached_through_an_ssh_config_alias_is_named_by_its_alias_and_port(host, tmp_path):
+    """An alias of ~/.ssh/config with a HostName and a Port: its host key is the host's own, not a jump host's, and
+    the fix is the ssh command that reaches it (the alias, which carries the port), or, for hosts.txt's `port=`, that
+    port; `kit doctor` gives the same error and fix rather than "check that the host is up"."""
+    home = Path(os.environ["HOME"])
+    (home / ".ssh/config").write_text(f"Host lab-alias\n  HostName 127.0.0.1\n  Port {host.port}\n  User root\n")
+    pinned = (home / ".ssh/known_hosts").read_text()
+    (home / ".ssh/known_hosts").write_text("")
+    e = refused(Host("lab-alias"))
+    assert (e.host, e.message, e.hint) == (
+        "lab-alias", f"the SSH host key of 127.0.0.1 (the HostName of lab-alias), port {host.port}, is not in your "
+                     "known_hosts, so it cannot be verified",
+        "run `ssh lab-alias` once and check the fingerprint it shows")
+    e = refused(Host("127.0.0.1", user="root", port=host.port))
+    assert e.hint == f"run `ssh -p {host.port} root@127.0.0.1` once and check the fingerprint it shows"
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    (home / ".ssh/known_hosts").write_text(f"[127.0.0.1]:{host.port} {other.with_suffix('.pub').read_text()}")
+    e = refused(Host("lab-alias"))
+    assert "jump host" not in e.message and e.message.startswith(
+        f"the SSH host key of 127.0.0.1 (the HostName of lab-alias), port {host.port}, does not match")
+    assert e.hint.endswith(f"then `ssh-keygen -R '[127.0.0.1]:{host.port}'` and `ssh lab-alias` once")
+    (home / ".ssh/known_hosts").write_text("")
+    (tmp_path / "hosts.txt").write_text("lab-alias\n")
+    r = run_kit("doctor", "--hosts", "hosts.txt", cwd=tmp_path, env={"KIT_HOME": str(tmp_path / "kit")})
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "is not in your known_hosts" in r.stdout and "fix: run `ssh lab-alias` once" in r.stdout
+    (home / ".ssh/known_hosts").write_text(pinned)
+    assert SshRunner(Host("lab-alias")).run("true").ok
+
+
+def test_a_port_that_answers_but_not_as_ssh_is_one_line_with_its_fix_and_no_traceback(tmp_path):
+    """A web server on the port hosts.txt names (it answers SSH's greeting with a 400 and closes): paramiko's own
+    thread logged ~20 lines of traceback before kit's error; now kit's one line says what answered, and how to name
+    the SSH port."""
+    import threading
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+
+    def answer() -> None:
+        for _ in range(8):  # (bounded: doctor and the runner below connect a few times at most)
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    threading.Thread(target=answer, daemon=True).start()
+    port = sock.getsockname()[1]
+    try:
+        e = refused(Host("127.0.0.1", port=port))
+        assert e.message == f"port {port} of 127.0.0.1 answers, but not as an SSH server (it sent no SSH greeting)"
+        assert e.hint == "name the host's SSH port: `host port=N` in hosts.txt, or Port in your ~/.ssh/config"
+        (tmp_path / "hosts.txt").write_text(f"127.0.0.1 port={port}\n")
+        r = run_kit("doctor", "--hosts", "hosts.txt", cwd=tmp_path, env={"KIT_HOME": str(tmp_path / "kit")})
+        assert "Traceback" not in r.stdout + r.stderr and "Exception" not in r.stdout + r.stderr
+        assert "answers, but not as an SSH server" in r.stdout and "fix: name the host's SSH port" in r.stdout
+    finally:
+        sock.close()

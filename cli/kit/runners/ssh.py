@@ -8,6 +8,7 @@ Fabric's own default would accept any key, so the policy is set here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import select
@@ -30,33 +31,76 @@ from kit.inventory import Host
 from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 
-def connection_error(host: str, port: int, timeout: int, e: Exception, via: list[str] = ()) -> KitError:
-    """What went wrong while connecting (directly, or through the jump hosts `via`), in the user's words, with
-    the fix. A host key is named by the machine whose key it is: the host's, or a jump host's."""
+# paramiko's transport thread logs every failed handshake with its traceback (to stderr, through logging's last
+# resort, as no handler is set): kit says what failed itself, in one line with the fix.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
+
+def ssh_command(host: Host) -> str:
+    """The ssh command line that reaches the host as hosts.txt names it (its port and user, where hosts.txt gives
+    them; else the user's ssh config decides, alias and all)."""
+    port = f"-p {host.port} " if host.port is not None else ""
+    user = f"{host.user}@" if host.user else ""
+    return f"ssh {port}{shlex.quote(user + host.name)}"
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    """The name a host's key has in known_hosts (as ssh writes it): [name]:port unless the port is 22."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+def connection_error(host: Host, hostname: str, port: int, timeout: int, e: Exception,
+                     via: list[str] = ()) -> KitError:
+    """What went wrong while connecting to `host` (hostname, port: where the user's ssh config and hosts.txt take it;
+    directly, or through the jump hosts `via`), in the user's words, with the fix: the ssh command that reaches it
+    as hosts.txt names it. A host key is named by the machine whose key it is: the host's, or a jump host's."""
     through = f" (through jump host {', '.join(via)})" if via else ""
+    where = hostname if hostname == host.name else f"{hostname} (the HostName of {host.name})"
+    key = where if port == 22 else f"{where}, port {port},"  # whose key: the name and port known_hosts has it by
+    of = "" if hostname == host.name else f" of {hostname}"
+    ssh = ssh_command(host)
+
+    def jump_host(name: str) -> bool:  # a key of a jump host, not of the host itself (whatever its alias)
+        return name not in (host.name, hostname) and name in via
+
     if isinstance(e, paramiko.BadHostKeyException):
-        whose = e.hostname.strip("[]").split("]:")[0] if getattr(e, "hostname", None) else host
-        role = "" if whose == host else f", the jump host on the way to {host},"
-        return KitError(f"the SSH host key of {whose}{role} does not match your known_hosts: someone may be "
-                        f"impersonating it, or it was reinstalled", host=host,
-                        hint=f"if it was reinstalled, check its new fingerprint, then `ssh-keygen -R {whose}` "
-                             f"and `ssh {whose}` once")
+        whose = e.hostname.strip("[]").split("]:")[0] if getattr(e, "hostname", None) else hostname
+        if jump_host(whose):
+            return KitError(f"the SSH host key of {whose}, the jump host on the way to {host.name}, does not match "
+                            f"your known_hosts: someone may be impersonating it, or it was reinstalled", host=host.name,
+                            hint=f"if it was reinstalled, check its new fingerprint, then `ssh-keygen -R {whose}` and "
+                                 f"`ssh {whose}` once")
+        entry = shlex.quote(known_hosts_name(hostname, port))
+        return KitError(f"the SSH host key of {key} does not match your known_hosts: someone may be "
+                        f"impersonating it, or it was reinstalled", host=host.name,
+                        hint=f"if it was reinstalled, check its new fingerprint, then `ssh-keygen -R {entry}` and "
+                             f"`{ssh}` once")
     if isinstance(e, paramiko.AuthenticationException):
-        return KitError("it refused your SSH keys", host=host,
-                        hint=f"make `ssh {host}` work without a password (ssh-copy-id, or load your key in an agent)")
+        return KitError("it refused your SSH keys", host=host.name,
+                        hint=f"make `{ssh}` work without a password (ssh-copy-id, or load your key in an agent)")
     if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
         m = re.search(r"Server '\[?([^]' ]+)", str(e))
-        whose = m[1] if m else host
-        what = "its SSH host key" if whose == host else f"the SSH host key of {whose}, the jump host on the way,"
-        return KitError(f"{what} is not in your known_hosts, so it cannot be verified", host=host,
-                        hint=f"run `ssh {whose}` once and check the fingerprint it shows")
+        whose = m[1] if m else hostname
+        if jump_host(whose):
+            return KitError(f"the SSH host key of {whose}, the jump host on the way, is not in your known_hosts, so it "
+                            f"cannot be verified", host=host.name,
+                            hint=f"run `ssh {whose}` once and check the fingerprint it shows")
+        return KitError(f"the SSH host key of {key} is not in your known_hosts, so it cannot be "
+                        f"verified", host=host.name, hint=f"run `{ssh}` once and check the fingerprint it shows")
+    if isinstance(e, paramiko.SSHException) and re.search(r"protocol version|protocol banner", str(e)):
+        said = re.search(r'version "([^"]{0,40})', str(e))
+        heard = f"it said {said[1]!r}" if said else "it sent no SSH greeting"
+        return KitError(f"port {port} of {where}{through} answers, but not as an SSH server ({heard})", host=host.name,
+                        hint="name the host's SSH port: `host port=N` in hosts.txt, or Port in your ~/.ssh/config")
     if isinstance(e, (socket.timeout, TimeoutError)):
-        return KitError(f"no answer on SSH port {port} within {timeout} s{through}", host=host,
+        return KitError(f"no answer on SSH port {port}{of} within {timeout} s{through}", host=host.name,
                         hint="check that the host is up and that its firewall lets SSH in from here")
     if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, socket.gaierror)):
-        return KitError(f"cannot connect to SSH port {port}{through} ({e})", host=host,
-                        hint="check the name or address in hosts.txt and that sshd runs there")
-    return KitError(f"SSH failed: {e}", host=host, hint=f"check that `ssh {host}` works")
+        return KitError(f"cannot connect to SSH port {port}{of}{through} ({e})", host=host.name,
+                        hint="check the name or address in hosts.txt (and its HostName and Port in your ~/.ssh/config)"
+                             " and that sshd runs there")
+    return KitError(f"SSH failed: {e}", host=host.name, hint=f"check that `{ssh}` works")
 
 
 def ssh_hostname(host: Host) -> str:
@@ -78,6 +122,7 @@ def _strict(conn: Connection) -> None:
 class SshRunner:
     def __init__(self, host: Host, connect_timeout: int = 10) -> None:
         self.host = host.name
+        self.spec = host
         self.timeout = connect_timeout
         self.conn = Connection(host.name, user=host.user, port=host.port, connect_timeout=connect_timeout,
                                config=Config())
@@ -99,7 +144,7 @@ class SshRunner:
             self.conn.open()
             self.conn.transport.set_keepalive(15)
         except Exception as e:  # noqa: BLE001 - every way to fail is turned into one clear KitError
-            raise connection_error(self.host, self.conn.port, self.timeout, e, self.via) from None
+            raise connection_error(self.spec, self.conn.host, self.conn.port, self.timeout, e, self.via) from None
 
     def peer_address(self) -> str:
         """The host's own address on the path from here, as the host sees it ($SSH_CONNECTION's server address):
