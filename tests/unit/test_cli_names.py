@@ -126,7 +126,7 @@ def test_usage_lines_name_their_arguments():
     assert "Usage: kit logs [OPTIONS] [JOB]" in help_of("logs") and "-n, --tail N" in help_of("logs")
     assert "Usage: kit stop [OPTIONS] JOB" in help_of("stop")
     assert "--hosts HOSTS_FILE" in help_of("up") and "-e, --env NAME[=VALUE]" in help_of("run")
-    assert "-np, --np N" in help_of("run") and "-H, --hosts HOST[:SLOTS],..." in help_of("run")
+    assert "-np, -n, --np, --num-proc N" in help_of("run") and "-H, --hosts HOST[:SLOTS],..." in help_of("run")
 
 
 def test_shell_completion_is_on(in_tmp):

@@ -13,7 +13,7 @@ from kit import jobs
 from kit import state as st
 from kit.app import app
 from kit.cli import jobs as cli_jobs
-from kit.cli.runargs import Split, options_of, split
+from kit.cli.runargs import options_of, split
 from kit.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
 from kit.config import ClusterConfig
 from kit.errors import BadInput
@@ -43,9 +43,14 @@ SLOTS = [Slot("a", "10.0.0.1", 2), Slot("b", "10.0.0.2", 2), Slot("c", "10.0.0.3
     (["--cycle-time-ms", "-2", "train.py", "-", "--hosts", "b"], ["--cycle-time-ms", "-2", "--hosts", "b"], "train.py",
      ["-"]),
     (["--np", "2"], ["--np", "2"], None, []),
+    (["-np=4", "train.py", "-np=2"], ["-np=4", "-np=2"], "train.py", []),
+    (["-n", "4", "train.py", "-n", "10"], ["-n", "4"], "train.py", ["-n", "10"]),
+    (["--num-proc", "4", "train.py", "--num-proc=2", "-eA=1"], ["--num-proc", "4", "--num-proc=2"], "train.py",
+     ["-eA=1"]),
 ])
 def test_kit_takes_its_options_and_the_script_the_rest(argv, kit, script, args):
-    assert split(argv, OPTIONS) == Split(kit, script, args)
+    found = split(argv, OPTIONS)
+    assert (found.kit, found.script, found.args) == (kit, script, args)
 
 
 def test_what_click_reads_puts_the_script_and_its_arguments_after_a_double_dash():
@@ -119,6 +124,39 @@ def test_a_data_folder_given_as_d_after_the_script_is_the_scripts_and_detaches_n
     assert (seen["args"], seen["detach"]) == (["-d", "/data"], False)
     assert kit_run("-d", "train.py", "-d", "/data").exit_code == 0
     assert (seen["args"], seen["detach"]) == (["-d", "/data"], True)
+
+
+def test_np_as_horovodrun_takes_it_np_equals_n_and_num_proc(seen):
+    """horovodrun takes -np=4, and -n 4 and --num-proc 4 (argparse's abbreviation and long form): so does kit run,
+    but -n after the script is the script's (a count of its own)."""
+    for spelling in (["-np=4"], ["-n", "4"], ["--num-proc", "4"], ["--num-proc=4"]):
+        r = kit_run(*spelling, "train.py", "--epochs", "2")
+        assert r.exit_code == 0, r.output
+        assert (seen["np"], seen["args"]) == (4, ["--epochs", "2"])
+    assert kit_run("train.py", "-np=3", "-n", "10").exit_code == 0
+    assert (seen["np"], seen["args"]) == (3, ["-n", "10"])
+
+
+@pytest.mark.parametrize("argv, error, fix", [
+    (["train.py", "-e", "5"], "-e 5: '5' is not a variable name",
+     "use letters, digits and _, not starting with a digit: NAME=VALUE; or, if -e is the script's, give the script's "
+     "arguments after --: kit run [OPTIONS] train.py -- -e 5"),
+    (["train.py", "--epochs", "2", "--time", "10"], "--time: Slurm's, and this job runs on the cluster",
+     "add --on slurm, or drop it (-np and -H place a job on the cluster's hosts); or, if --time is the script's, "
+     "give the script's arguments after --: kit run [OPTIONS] train.py -- --epochs 2 --time 10"),
+    (["train.py", "--nodes", "two"], "--nodes/-N: Input should be a valid integer, unable to parse string as an "
+     "integer", "`kit run --help` says what it takes; or, if --nodes is the script's, give the script's arguments "
+     "after --: kit run [OPTIONS] train.py -- --nodes two"),
+    (["train.py", "--hang-timeout"], "--hang-timeout needs a value",
+     "give it one: --hang-timeout VALUE (`kit run --help` says which); or, if --hang-timeout is the script's, give "
+     "the script's arguments after --: kit run [OPTIONS] train.py -- --hang-timeout"),
+])
+def test_an_option_of_kits_after_the_script_that_fails_says_how_to_give_it_to_the_script(seen, argv, error, fix):
+    """A script's own -e, --time or --nodes is kit's when it follows the script: where that fails, the fix says how
+    to hand it to the script (after --), beside kit's own fix."""
+    r = kit_run(*argv)
+    assert r.exit_code == 2 and "script" not in seen, r.output
+    assert r.output.splitlines() == [f"error: {error}", f"fix: {fix}"]
 
 
 def test_an_unknown_option_before_the_script_exits_2(seen):

@@ -484,6 +484,22 @@ def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "job.sbatch"]  # nothing else made, here or anywhere
 
 
+def test_export_takes_np_as_horovodrun_spells_it_and_refuses_kit_runs_h_after_the_script(tmp_path):
+    """-n 4 is 4 ranks (as horovodrun's -np 4); -H, kit run's, is not export's: after the script it was the script's
+    and the job one node, so it is refused, and after -- it is the script's as asked."""
+    from helpers import run_kit
+    for spelling in (["-n", "4"], ["-np=4"], ["--num-proc", "4"]):
+        r = run_kit("export", "--to", "slurm", *spelling, "train.py", cwd=tmp_path)
+        assert r.returncode == 0 and "#SBATCH --ntasks-per-node=4" in r.stdout, r.stderr
+    r = run_kit("export", "--to", "slurm", "train.py", "-H", "a:2,b:2", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr.splitlines()) == (2, "", [
+        "error: -H: kit run's, which places a job on the cluster's hosts; a Slurm or Kubernetes job takes --nodes N "
+        "and --ntasks-per-node N",
+        "fix: if -H is the script's, give the script's arguments after --: kit export [OPTIONS] train.py -- -H a:2,b:2"])
+    r = run_kit("export", "--to", "slurm", "train.py", "--", "-H", "a:2,b:2", cwd=tmp_path)
+    assert r.returncode == 0 and "kit_task.py horovod train.py -H a:2,b:2 || code=$?" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize("args, says", [
     (["--to", "slurm"], "error: --to slurm needs the training script"),
     (["--to", "slurm", "--launcher", "mpi", "t.py"], "error: --launcher: 'mpi' is not a launcher"),

@@ -4,6 +4,7 @@ exit 2), the --config/--name options and the cluster's recorded state. Only kit.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 from pathlib import Path
@@ -129,7 +130,15 @@ def reports_errors(command: Callable) -> Callable:
     return wrapper
 
 
+# The running command's own addition to a BadInput's fix, where it has one: the error -> more of the fix, or None
+# (kit run's, for an option of kit's given after the script: it may be the script's).
+BAD_INPUT_HINT: contextvars.ContextVar[Callable[[BadInput], Optional[str]] | None] = \
+    contextvars.ContextVar("kit_bad_input_hint", default=None)
+
+
 def _report(e: KitError) -> None:
+    if isinstance(e, BadInput) and (more := BAD_INPUT_HINT.get()) and (extra := more(e)):
+        e.hint = f"{e.hint}; or, {extra}" if e.hint else extra
     err_console.print(f"[bold red]error:[/] {escape(str(e))}")
     for host, failure in getattr(e, "failures", {}).items():
         err_console.print(f"  [bold]{escape(host)}[/]: {escape(failure.message)}")

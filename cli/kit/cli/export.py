@@ -33,7 +33,13 @@ class Target(str, Enum):
     k8s = "k8s"
 
 
-@app.command(cls=RunCommand)
+class ExportCommand(RunCommand):
+    """kit export: after the script, kit run's -H is refused (it would be the script's, and the job 1 node)."""
+    foreign = {spelling: "kit run's, which places a job on the cluster's hosts; a Slurm or Kubernetes job takes "
+                         "--nodes N and --ntasks-per-node N" for spelling in ("-H", "--hosts")}
+
+
+@app.command(cls=ExportCommand)
 @reports_errors
 def export(
     script: Optional[Path] = typer.Argument(None, help="--to slurm: the training script, in the job's folder."),
@@ -54,7 +60,7 @@ def export(
     launcher: str = typer.Option("horovod", help="--to slurm or k8s: horovod, torchrun or tf."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="--to slurm or k8s: nodes (k8s: pods) of the "
                                         "job (default 1)."),
-    np: Optional[int] = typer.Option(None, "--np", "-np", help="--to slurm or k8s, horovod: ranks in all."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n", help="--to slurm or k8s, horovod: ranks in all."),
     ntasks_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: ranks, processes (torchrun) or "
                                                   "workers (tf) on each node."),
     gpus_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: GPUs of each node for the job."),

@@ -46,7 +46,7 @@ def run(
                                                "run's own options (see above); all that follows --."),
     launcher: str = typer.Option("horovod", help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
                                                  "(MultiWorkerMirroredStrategy, one worker a host)."),
-    np: Optional[int] = typer.Option(None, "--np", "-np", help="horovod: processes (default: every slot of the "
+    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n", help="horovod: processes (default: every slot of the "
                                      "cluster, or of -H)."),
     hosts: Optional[str] = typer.Option(None, "-H", "--hosts", help="Only these hosts of the cluster, each with its "
                                         "slots: host:slots,host:slots (a host alone: its slots in hosts.txt), by name "
@@ -101,9 +101,11 @@ def run(
     """Run a training script across the cluster (horovodrun, torchrun or TF workers); its output streams here.
 
     The script's arguments need no --: before SCRIPT go kit run's options (an unknown one is refused); after SCRIPT,
-    kit takes its own run options wherever they stand, except --config/-c, --name, --workdir, -d and --help, which
-    are the script's there, and every other argument goes to the script, in its order; after --, all is the script's.
-    -np N and -H host:slots,... are spelled as horovodrun spells them. kit's first line shows what the script got.
+    kit takes its own run options wherever they stand, except --config/-c, --name, --workdir, -d, -n and --help,
+    which are the script's there, and every other argument goes to the script, in its order; after --, all is the
+    script's. -np N (-np=N, -n N, --num-proc N) and -H host:slots,... are spelled as horovodrun spells them. kit's
+    first line shows what the script got; an error about one of kit's options given after the script says how to
+    hand it to the script instead.
 
     \b
       kit run train.py --epochs 2                      the script gets --epochs 2
