@@ -52,7 +52,7 @@ def login_runner(slurm: SlurmConfig, connect_timeout: int) -> Runner:
         return LocalRunner("localhost")
     from kit.runners.ssh import SshRunner
     user, _, host = slurm.login.rpartition("@")
-    return SshRunner(Host(host, user=user or None), connect_timeout)
+    return SshRunner(Host(host, user=user or None), connect_timeout, source="kit.yaml's slurm.login")
 
 
 def _run(runner: Runner, command: str, what: str, hint: str | None = None, **kw) -> str:

@@ -184,6 +184,40 @@ def test_bad_slurm_settings_are_refused(settings, says):
         SlurmConfig(**settings)
 
 
+def test_a_job_for_slurm_without_a_slurm_section_says_slurm_is_not_configured_and_how(tmp_path):
+    """Without kit.yaml's slurm section, kit run --on slurm spoke of this machine's Python (the defaults' python3);
+    now it says Slurm is not configured and what the section needs, before it contacts anything."""
+    from helpers import run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    env = {"KIT_HOME": str(tmp_path / "kit"), "PATH": "/nonexistent"}  # (no sbatch nor python3 to find, either)
+    r = run_kit("run", "--on", "slurm", "train.py", cwd=tmp_path, env=env)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        2, "error: Slurm is not configured: there is no kit.yaml here with a slurm: section"), r.stderr
+    assert r.stderr.splitlines()[1].startswith("fix: add one to ./kit.yaml: `slurm:` with `login: USER@HOST`")
+    (tmp_path / "kit.yaml").write_text("cluster:\n  name: lab\n")
+    r = run_kit("run", "--on", "slurm", "train.py", cwd=tmp_path, env=env)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        2, "error: kit.yaml: Slurm is not configured: it has no slurm: section"), r.stderr
+
+
+def test_a_login_host_that_cannot_be_reached_is_named_as_kit_yamls_slurm_login(tmp_path, monkeypatch):
+    """slurm.login's host is kit.yaml's, not hosts.txt's: the fix says where to correct it (here an alias of the
+    user's ssh config to a closed loopback port)."""
+    from helpers import closed_port, run_kit
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    port = closed_port()
+    (home / ".ssh/config").write_text(f"Host kit-login\n  HostName 127.0.0.1\n  Port {port}\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "kit.yaml").write_text("slurm:\n  login: alice@kit-login\n  python_path: /shared/venv/bin/python\n")
+    r = run_kit("run", "--on", "slurm", "train.py", cwd=tmp_path, env={"KIT_HOME": str(tmp_path / "kit"),
+                                                                      "HOME": str(home)})
+    assert r.returncode == 1 and r.stderr.splitlines()[0].startswith(
+        f"error: kit-login: cannot connect to SSH port {port} of 127.0.0.1 ("), r.stderr
+    assert r.stderr.splitlines()[-1] == "fix: check the name or address in kit.yaml's slurm.login (and its HostName " \
+                                        "and Port in your ~/.ssh/config) and that sshd runs there"
+
+
 # ---------------------------------------------------------------- what each task derives
 
 NODES = [("n1", "10.1.0.11"), ("n2", "10.1.0.12")]

@@ -143,7 +143,7 @@ def run(
                         image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
                         workspace_pvc, image_pull_secret, detach, tuple(env_file or ()))
             return
-        settings = slurm_cli.slurm_settings(cfg_file, partition, account, time_limit)
+        settings = slurm_cli.configured_slurm(cfg_file, partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
         slurm_cli.run_on_slurm(settings, script, args or [], workdir, launcher, shape, variables, detach,

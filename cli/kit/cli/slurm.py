@@ -25,6 +25,21 @@ def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Opti
     return section_config(cfg_file, "slurm", dict(partition=partition, account=account, time=time_limit))
 
 
+def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
+                     time_limit: Optional[str]) -> SlurmConfig:
+    """kit.yaml's slurm section, for a job kit submits: refused where there is none (kit would not know where
+    sbatch runs, nor which Python the nodes have; kit export --to slurm needs none)."""
+    if "slurm" not in cfg_file.sections:
+        where = f"{cfg_file.path}" if cfg_file.path else "./kit.yaml"
+        raise BadInput(f"{where}: Slurm is not configured: it has no slurm: section" if cfg_file.path else
+                       "Slurm is not configured: there is no kit.yaml here with a slurm: section",
+                       hint=f"add one to {where}: `slurm:` with `login: USER@HOST` (the host where you run sbatch; "
+                            "none on that host itself) and the nodes' Python, `python_path: /shared/venv/bin/python` "
+                            "(or `runtime: pyxis` or `apptainer` with kit's image): the Slurm page of kit's docs "
+                            "says more")
+    return slurm_settings(cfg_file, partition, account, time_limit)
+
+
 def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
                  shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool, connect_timeout: int,
                  show, secrets: tuple[Path, ...] = ()) -> None:

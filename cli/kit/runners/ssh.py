@@ -51,10 +51,11 @@ def known_hosts_name(hostname: str, port: int) -> str:
 
 
 def connection_error(host: Host, hostname: str, port: int, timeout: int, e: Exception,
-                     via: list[str] = ()) -> KitError:
+                     via: list[str] = (), source: str = "hosts.txt") -> KitError:
     """What went wrong while connecting to `host` (hostname, port: where the user's ssh config and hosts.txt take it;
     directly, or through the jump hosts `via`), in the user's words, with the fix: the ssh command that reaches it
-    as hosts.txt names it. A host key is named by the machine whose key it is: the host's, or a jump host's."""
+    as hosts.txt names it. A host key is named by the machine whose key it is: the host's, or a jump host's.
+    source: where the host's name was given (hosts.txt, or kit.yaml's slurm.login)."""
     through = f" (through jump host {', '.join(via)})" if via else ""
     where = hostname if hostname == host.name else f"{hostname} (the HostName of {host.name})"
     key = where if port == 22 else f"{where}, port {port},"  # whose key: the name and port known_hosts has it by
@@ -92,14 +93,16 @@ def connection_error(host: Host, hostname: str, port: int, timeout: int, e: Exce
         said = re.search(r'version "([^"]{0,40})', str(e))
         heard = f"it said {said[1]!r}" if said else "it sent no SSH greeting"
         return KitError(f"port {port} of {where}{through} answers, but not as an SSH server ({heard})", host=host.name,
-                        hint="name the host's SSH port: `host port=N` in hosts.txt, or Port in your ~/.ssh/config")
+                        hint="name the host's SSH port: `host port=N` in hosts.txt, or Port in your ~/.ssh/config"
+                        if source == "hosts.txt" else f"name the host's SSH port as Port in your ~/.ssh/config (the "
+                                                      f"host of {source})")
     if isinstance(e, (socket.timeout, TimeoutError)):
         return KitError(f"no answer on SSH port {port}{of} within {timeout} s{through}", host=host.name,
                         hint="check that the host is up and that its firewall lets SSH in from here")
     if isinstance(e, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, socket.gaierror)):
         return KitError(f"cannot connect to SSH port {port}{of}{through} ({e})", host=host.name,
-                        hint="check the name or address in hosts.txt (and its HostName and Port in your ~/.ssh/config)"
-                             " and that sshd runs there")
+                        hint=f"check the name or address in {source} (and its HostName and Port in your "
+                             "~/.ssh/config) and that sshd runs there")
     return KitError(f"SSH failed: {e}", host=host.name, hint=f"check that `{ssh}` works")
 
 
@@ -120,9 +123,10 @@ def _strict(conn: Connection) -> None:
 
 
 class SshRunner:
-    def __init__(self, host: Host, connect_timeout: int = 10) -> None:
+    def __init__(self, host: Host, connect_timeout: int = 10, source: str = "hosts.txt") -> None:
         self.host = host.name
         self.spec = host
+        self.source = source  # where the host was named: hosts.txt, or kit.yaml's slurm.login
         self.timeout = connect_timeout
         self.conn = Connection(host.name, user=host.user, port=host.port, connect_timeout=connect_timeout,
                                config=Config())
@@ -144,7 +148,8 @@ class SshRunner:
             self.conn.open()
             self.conn.transport.set_keepalive(15)
         except Exception as e:  # noqa: BLE001 - every way to fail is turned into one clear KitError
-            raise connection_error(self.spec, self.conn.host, self.conn.port, self.timeout, e, self.via) from None
+            raise connection_error(self.spec, self.conn.host, self.conn.port, self.timeout, e, self.via,
+                                   self.source) from None
 
     def peer_address(self) -> str:
         """The host's own address on the path from here, as the host sees it ($SSH_CONNECTION's server address):
