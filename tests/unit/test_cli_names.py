@@ -129,6 +129,30 @@ def test_usage_lines_name_their_arguments():
     assert "-np, -n, --np, --num-proc N" in help_of("run") and "-H, --hosts HOST[:SLOTS],..." in help_of("run")
 
 
+def test_kit_help_lists_every_command_in_a_whole_line():
+    """kit --help's command list in an 80-column terminal: no line cut short ("..."), and export's names what it
+    writes."""
+    r = CliRunner().invoke(app, ["--help"], prog_name="kit", terminal_width=80)
+    listed = r.output.split("Commands:\n", 1)[1].splitlines()
+    assert len(listed) == len(WORKFLOW) and not [line for line in listed if line.endswith("...")], listed
+    assert any(line.split()[0] == "export" and "sbatch" in line and "Kubernetes" in line for line in listed)
+
+
+@pytest.mark.parametrize("words, offered", [
+    ("kit run --launcher ", ["horovod", "torchrun", "tf"]),
+    ("kit run --on ", ["cluster", "slurm", "k8s"]),
+    ("kit run --kind j", ["jobset"]),
+    ("kit export --launcher t", ["torchrun", "tf"]),
+    ("kit export --kind ", ["indexed-job", "jobset", "pytorchjob", "tfjob", "mpijob", "trainjob"]),
+    ("kit build --flavor tf", ["tf", "tf-cpu", "tf-gpu"]),
+    ("kit bench allreduce --backend ", ["horovod", "torch", "all"]),
+])
+def test_every_option_of_a_few_values_completes_them(in_tmp, words, offered):
+    r = run_kit(cwd=in_tmp, env={"_KIT_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                                 "COMP_CWORD": str(len(words.split()) - (not words.endswith(" ")))})
+    assert r.stdout.split() == offered, r.stdout + r.stderr
+
+
 def test_shell_completion_is_on(in_tmp):
     assert "--install-completion" in help_of()
     r = run_kit("--show-completion", "bash", cwd=in_tmp, env={"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})

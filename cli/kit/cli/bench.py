@@ -27,10 +27,11 @@ from kit.config import ClusterConfig, framework
 from kit.demo import SCRIPT as CIFAR_SCRIPT, Training
 from kit.errors import BadInput, KitError
 from kit.cli.common import (CONFIG, NAME, app, connector, console, err_console, locked, need_state, recorded,
-                            reports_errors)
+                            one_of, reports_errors)
 from kit.cli.jobs import run_job
 
-bench = typer.Typer(no_args_is_help=True, help="Measure the cluster: `kit bench net` (every link's TCP throughput), "
+bench = typer.Typer(no_args_is_help=True, short_help="Measure links, allreduce and training speed",
+                    help="Measure the cluster: `kit bench net` (every link's TCP throughput), "
                     "`kit bench allreduce` (bus bandwidth against the link), `kit bench train` (scaling over hosts).")
 app.add_typer(bench, name="bench")
 JOB_FOLDER = "kit-bench"   # the workspace's folder for the bench jobs' scripts and what they write
@@ -122,8 +123,9 @@ BACKENDS = {"horovod": "horovod", "torch": "torchrun"}
 @bench.command()
 @reports_errors
 def allreduce(
-    backend: str = typer.Option("all", help="horovod (Horovod under horovodrun), torch (torch.distributed under "
-                                "torchrun) or all. CPU tensors go over Gloo, CUDA tensors (gpu images) over NCCL."),
+    backend: str = typer.Option("all", autocompletion=one_of("horovod", "torch", "all"),
+                                help="horovod (Horovod under horovodrun), torch (torch.distributed under torchrun) "
+                                     "or all. CPU tensors go over Gloo, CUDA tensors (gpu images) over NCCL."),
     min_size: str = typer.Option("1K", help="The smallest message (e.g. 1K, 64M)."),
     max_size: str = typer.Option("256M", help="The largest message; each size is the last one times 4."),
     seconds: float = typer.Option(1.0, help="How long each size is timed, about."),

@@ -14,18 +14,20 @@ from kit.build import connect
 from kit.config import build_config, cluster_config, read_config
 from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
 from kit.verify import ImageReport, verify_image
-from kit.cli.common import app, console, reports_errors
+from kit.cli.common import app, console, one_of, reports_errors
+from kit.flavors import AUTO_FLAVORS, FLAVORS
 from kit.cli.flavor import build_flavor
 from kit.cli.imagebuild import ensure_image
 
 
-@app.command()
+@app.command(short_help="Build (or reuse) the training image and check it")
 @reports_errors
 def build(
-    flavor: Optional[str] = typer.Option(None, help="auto (the default: gpu when every host has NVIDIA GPUs, cpu when "
-                                                     "none has), cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, "
-                                                     "NCCL + Gloo), tf (tf-gpu or tf-cpu by the same rule), tf-cpu or "
-                                                     "tf-gpu (TensorFlow, no torch or Horovod)."),
+    flavor: Optional[str] = typer.Option(None, autocompletion=one_of(*AUTO_FLAVORS, *FLAVORS),
+                                         help="auto (the default: gpu when every host has NVIDIA GPUs, cpu when "
+                                              "none has), cpu (Debian, torch CPU, Horovod with Gloo), gpu (CUDA, "
+                                              "NCCL + Gloo), tf (tf-gpu or tf-cpu by the same rule), tf-cpu or "
+                                              "tf-gpu (TensorFlow, no torch or Horovod)."),
     hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: flavor auto follows these hosts' GPUs "
                                                                  "(read over SSH; default: the recorded cluster's "
                                                                  "hosts, else this machine)."),

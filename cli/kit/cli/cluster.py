@@ -57,7 +57,7 @@ def _print_notes(nodes: list[Node]) -> None:
         console.print(f"  [yellow]note[/] ({escape(', '.join(hosts))}): {escape(note)}")
 
 
-@app.command()
+@app.command(short_help="Bring the cluster's containers up on every host")
 @reports_errors
 def up(
     hosts: Optional[Path] = typer.Option(None, "--hosts", help="hosts.txt: one host a line (host, host:slots, "
@@ -158,7 +158,7 @@ def _local_subnet(client, cfg: ClusterConfig) -> IPv4Network:
     return kept[0] if kept else free_subnet(taken)
 
 
-@app.command()
+@app.command(short_help="Set up hosts with Ansible: Docker, NVIDIA, firewall")
 @reports_errors
 def prepare(
     hosts: Path = typer.Option(..., "--hosts", help="hosts.txt: the hosts to prepare."),
@@ -208,7 +208,7 @@ def run_playbook(argv: list[str], env: dict[str, str]) -> int:
     return playbook.returncode
 
 
-@app.command()
+@app.command(short_help="Each host: reachable, container, image, port")
 @reports_errors
 def status(
     config: Optional[Path] = CONFIG,
@@ -241,7 +241,7 @@ def _print_status(state: st.ClusterState, rows: list[HostStatus]) -> None:
     console.print(table)
 
 
-@app.command()
+@app.command(short_help="Remove exactly what kit up made")
 @reports_errors
 def down(
     config: Optional[Path] = CONFIG,
@@ -270,7 +270,8 @@ def down(
                           "the host comes back")
 
 
-@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+@app.command(name="exec", context_settings={"allow_interspersed_args": False},
+             short_help="Run a command in a host's container")
 @reports_errors
 def exec_(
     host: str = typer.Argument(..., help="A host of the cluster, as in hosts.txt or by address."),

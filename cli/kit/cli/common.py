@@ -130,6 +130,11 @@ def reports_errors(command: Callable) -> Callable:
     return wrapper
 
 
+def one_of(*values: str) -> Callable[[str], list[str]]:
+    """Shell completion for an option that takes one of these values."""
+    return lambda incomplete: [v for v in values if v.startswith(incomplete)]
+
+
 # The running command's own addition to a BadInput's fix, where it has one: the error -> more of the fix, or None
 # (kit run's, for an option of kit's given after the script: it may be the script's).
 BAD_INPUT_HINT: contextvars.ContextVar[Callable[[BadInput], Optional[str]] | None] = \

@@ -33,7 +33,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-@app.command()
+@app.command(short_help="Copy files between here and a host's workspace")
 @reports_errors
 def cp(
     src: str = typer.Argument(..., help="What to copy: a path here, or HOST:PATH (PATH relative to the cluster's "

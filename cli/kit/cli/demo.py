@@ -31,7 +31,7 @@ from kit.cli.common import CONFIG, LiveProgress, app, cluster_settings, connecto
 from kit.cli.jobs import job_printer, run_job
 
 
-@app.command()
+@app.command(short_help="Try kit on this machine: a local cluster, a job")
 @reports_errors
 def demo(
     nodes: int = typer.Option(LOCAL_NODES, "--nodes", help="Containers of the local cluster."),

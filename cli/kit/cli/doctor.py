@@ -21,7 +21,7 @@ from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, conso
 MARKS = {dr.OK: "[green]ok  [/]", dr.WARN: "[yellow]warn[/]", dr.FAIL: "[red]fail[/]"}
 
 
-@app.command()
+@app.command(short_help="Check the hosts: SSH, Docker, GPUs, ports, network")
 @reports_errors
 def doctor(
     hosts: Optional[Path] = typer.Option(None, "--hosts", help="Check these hosts before `kit up` (default: the "

@@ -20,9 +20,9 @@ from kit.export import check_tools, default_output, export_docker_archive, expor
 from kit.recipe import make_recipe
 from kit import k8s, sbatch
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
-from kit.cli.common import app, console, err_console, reports_errors
+from kit.cli.common import app, console, err_console, one_of, reports_errors
 from kit.cli.runargs import RunCommand
-from kit.commands.launchers import check_launcher
+from kit.commands.launchers import LAUNCHERS, check_launcher
 from kit.cli.flavor import build_flavor
 
 
@@ -39,7 +39,7 @@ class ExportCommand(RunCommand):
                          "--nodes N and --ntasks-per-node N" for spelling in ("-H", "--hosts")}
 
 
-@app.command(cls=ExportCommand)
+@app.command(cls=ExportCommand, short_help="Write an sbatch script, Kubernetes YAML or image file")
 @reports_errors
 def export(
     script: Optional[Path] = typer.Argument(None, help="--to slurm: the training script, in the job's folder."),
@@ -57,14 +57,17 @@ def export(
                                         help="The image to export (default: cluster.image_tag, else the image kit "
                                              "build makes from kit.yaml's build settings)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="kit.yaml to read (default ./kit.yaml)."),
-    launcher: str = typer.Option("horovod", help="--to slurm or k8s: horovod, torchrun or tf."),
+    launcher: str = typer.Option("horovod", autocompletion=one_of(*LAUNCHERS),
+                                 help="--to slurm or k8s: horovod, torchrun or tf."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="--to slurm or k8s: nodes (k8s: pods) of the "
                                         "job (default 1)."),
-    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n", help="--to slurm or k8s, horovod: ranks in all."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n",
+                                     help="--to slurm or k8s, horovod: ranks in all."),
     ntasks_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: ranks, processes (torchrun) or "
                                                   "workers (tf) on each node."),
     gpus_per_node: Optional[int] = typer.Option(None, help="--to slurm or k8s: GPUs of each node for the job."),
-    kind: str = typer.Option("indexed-job", help="--to k8s: " + ", ".join(k8s.KINDS) + " (see kit export --help)."),
+    kind: str = typer.Option("indexed-job", autocompletion=one_of(*k8s.KINDS),
+                             help="--to k8s: " + ", ".join(k8s.KINDS) + " (see kit export --help)."),
     namespace: Optional[str] = typer.Option(None, help="--to k8s: the namespace (default: kubectl's)."),
     workspace_pvc: Optional[str] = typer.Option(None, metavar="NAME", help="--to k8s: a PersistentVolumeClaim that "
                                                 "holds the job's folder (SCRIPT is its path there); default: the "

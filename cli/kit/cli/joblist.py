@@ -20,7 +20,7 @@ from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, re
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 
 
-@app.command("jobs")
+@app.command("jobs", short_help="The jobs: running, ended, and how each ended")
 @reports_errors
 def jobs_(
     as_json: bool = typer.Option(False, "--json", help="One JSON object a job."),
@@ -112,7 +112,7 @@ def _duration(seconds: int | None) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-@app.command()
+@app.command(short_help="Stop a running job everywhere")
 @reports_errors
 def stop(
     job: str = JOB,

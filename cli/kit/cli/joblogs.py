@@ -20,7 +20,7 @@ from kit.cli.jobs import job_printer, report
 from kit.cli.joblist import JOB, k8s_job, slurm_job, the_job
 
 
-@app.command()
+@app.command(short_help="A job's output (-f follows it)")
 @reports_errors
 def logs(
     job: Optional[str] = typer.Argument(None, help="The job: its id, a unique start of it, its last 4 characters, or "
@@ -102,7 +102,7 @@ class _LogLines:
 
 
 
-@app.command()
+@app.command(short_help="Follow a running job to its end, as kit run does")
 @reports_errors
 def attach(
     job: str = JOB,
@@ -117,7 +117,7 @@ def attach(
     report(outcome, job, record.launcher, state)
 
 
-@app.command()
+@app.command(short_help="Every rank's Python stack, now")
 @reports_errors
 def stacks(
     job: str = JOB,

@@ -16,14 +16,14 @@ from kit import state as st
 from kit.steps.preflight import recorded_nodes
 from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
 from kit import jobenv, jobs, k8s, sbatch
-from kit.commands.launchers import FRAMEWORK_LAUNCHERS, check_launcher
+from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS, check_launcher
 from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, parse_hosts, pick_hosts,
                                   rank_command)
 from kit.network import measure
 from kit.errors import BadInput, KitError
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, locked, need_state
-from kit.cli.common import reports_errors
+from kit.cli.common import one_of, reports_errors
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.runargs import RunCommand
 
@@ -38,16 +38,18 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
     return show
 
 
-@app.command(cls=RunCommand)
+@app.command(cls=RunCommand, short_help="Run a training script on the cluster, Slurm or k8s")
 @reports_errors
 def run(
     script: Path = typer.Argument(..., help="The training script (python), inside the job's folder."),
     args: Optional[List[str]] = typer.Argument(None, help="The script's arguments: what follows SCRIPT, but kit "
                                                "run's own options (see above); all that follows --."),
-    launcher: str = typer.Option("horovod", help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
-                                                 "(MultiWorkerMirroredStrategy, one worker a host)."),
-    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n", help="horovod: processes (default: every slot of the "
-                                     "cluster, or of -H)."),
+    launcher: str = typer.Option("horovod", autocompletion=one_of(*LAUNCHERS),
+                                 help="horovod (horovodrun), torchrun (PyTorch DDP) or tf "
+                                      "(MultiWorkerMirroredStrategy, one worker a host)."),
+    np: Optional[int] = typer.Option(None, "--np", "-np", "--num-proc", "-n",
+                                     help="horovod: processes (default: every slot of the "
+                                          "cluster, or of -H)."),
     hosts: Optional[str] = typer.Option(None, "-H", "--hosts", help="Only these hosts of the cluster, each with its "
                                         "slots: host:slots,host:slots (a host alone: its slots in hosts.txt), by name "
                                         "or address; horovod: ranks in this order; torchrun: the nodes, slots as "
@@ -76,15 +78,17 @@ def run(
     hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
                                      "never), every rank's stack goes in the job's folder and the job is stopped "
                                      "(or restarted)."),
-    on: str = typer.Option("cluster", "--on", help="cluster (kit's containers on the hosts of `kit up`), slurm "
-                           "(submitted to Slurm as kit.yaml's slurm: section says) or k8s (applied with kubectl to "
-                           "its current context)."),
+    on: str = typer.Option("cluster", "--on", autocompletion=one_of("cluster", "slurm", "k8s"),
+                           help="cluster (kit's containers on the hosts of `kit up`), slurm (submitted to Slurm as "
+                                "kit.yaml's slurm: section says) or k8s (applied with kubectl to its current "
+                                "context)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="slurm, k8s: nodes (pods) of the job (default "
                                         "1)."),
     ntasks_per_node: Optional[int] = typer.Option(None, help="slurm, k8s: ranks (horovod), processes (torchrun) or "
                                                   "workers (tf) on each node (default: --gpus-per-node, else 1)."),
     gpus_per_node: Optional[int] = typer.Option(None, help="slurm, k8s: GPUs of each node for the job."),
-    kind: str = typer.Option("indexed-job", help="k8s: the job's kind (kit export --help says which runs what)."),
+    kind: str = typer.Option("indexed-job", autocompletion=one_of(*k8s.KINDS),
+                             help="k8s: the job's kind (kit export --help says which runs what)."),
     namespace: Optional[str] = typer.Option(None, help="k8s: the namespace (default: the context's)."),
     image: Optional[str] = typer.Option(None, metavar="REGISTRY/REPO:TAG", help="k8s: the image the pods pull "
                                         "(default: cluster.image_tag; `kit push` puts kit's image in a registry)."),

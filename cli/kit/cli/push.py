@@ -15,7 +15,7 @@ from kit.cli.common import CONFIG, LiveProgress, app, console, progress_bar, rep
 from kit.cli.export import default_image
 
 
-@app.command()
+@app.command(short_help="Push kit's image to a registry, for Kubernetes")
 @reports_errors
 def push(
     reference: str = typer.Argument(..., metavar="REGISTRY/REPO:TAG",

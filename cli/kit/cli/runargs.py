@@ -131,7 +131,8 @@ class RunCommand(TyperCommand):
                 raise
             token = BAD_INPUT_HINT.set(lambda error: self._dashdash(ctx, command, found, error))
             try:
-                _report(BadInput(f"{'/'.join(e.param.opts)}: {e.message}", hint=f"`{command} --help` says what it takes"))
+                _report(BadInput(f"{'/'.join(e.param.opts)}: {e.message}",
+                                 hint=f"`{command} --help` says what it takes"))
             finally:
                 BAD_INPUT_HINT.reset(token)
 
