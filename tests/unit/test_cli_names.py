@@ -167,12 +167,31 @@ def test_shell_completion_is_on(in_tmp):
 def test_prepare_dry_run_is_ansibles_check_mode(in_tmp, monkeypatch, flag):
     (in_tmp / "hosts.txt").write_text("192.0.2.1\n")
     ran = []
+    monkeypatch.setattr(cli_cluster, "reach_all", lambda inventory, timeout: None)  # (192.0.2.1 is not contacted)
     monkeypatch.setattr(cli_cluster, "run_playbook", lambda argv, env: ran.append(argv) or 0)
     r = CliRunner().invoke(app, ["prepare", "--hosts", "hosts.txt", flag], prog_name="kit")
     assert r.exit_code == 0, r.output
     assert ran[0][1] == "-i" and ran[0][3:5] == ["--check", "--diff"]
     assert "check mode: nothing was changed" in r.output
     assert "--check" not in help_of("prepare")  # the former name, kept but not shown
+
+
+def test_prepare_names_each_host_it_cannot_reach_in_a_line_and_starts_no_ansible(in_tmp):
+    """Two hosts whose SSH port is closed (loopback): one line each, with the fix, as kit up says it; Ansible's
+    own output (its play, UNREACHABLE! and recap) is not shown, as it is not run."""
+    from helpers import closed_port
+    ports = closed_port(), closed_port()
+    while ports[1] == ports[0]:
+        ports = ports[0], closed_port()
+    (in_tmp / "hosts.txt").write_text("".join(f"127.0.0.1 port={p}\n" for p in ports))
+    r = run_kit("prepare", "--hosts", "hosts.txt", cwd=in_tmp, env={"KIT_HOME": str(in_tmp / "kit")})
+    assert r.returncode == 1 and "ansible" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: connecting failed on 2 hosts: 127.0.0.1:{ports[0]}, 127.0.0.1:{ports[1]}",
+        *[f"  127.0.0.1:{p}: cannot connect to SSH port {p} ([Errno None] Unable to connect to port {p} on "
+          "127.0.0.1)" for p in ports],
+        "fix: check the name or address in hosts.txt (and its HostName and Port in your ~/.ssh/config) and that sshd "
+        "runs there"]
 
 
 def test_logs_tail_shows_the_last_lines_as_kit_logs_shows_them():

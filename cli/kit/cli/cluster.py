@@ -22,6 +22,7 @@ from kit.cluster import (HostStatus, ImageChoice, Up, kept_settings, down as dow
 from kit.config import ClusterConfig, ConfigFile, requested_flavor
 from kit.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
+from kit.fanout import fan_out
 from kit.identity import Identity, new_munge_key, state_root, write_secret
 from kit.inventory import Host, read_hosts
 from kit.lock import cluster_lock
@@ -179,6 +180,7 @@ def prepare(
     cfg_file, cfg = cluster_settings(config, dict(name=name, storage=storage, nfs_server=nfs_server))
     inventory = read_hosts(hosts)
     program = prepare_hosts.ansible_playbook()
+    reach_all(inventory, cfg.connect_timeout)  # a host kit cannot reach is one line with its fix, not Ansible's
     from kit.runners.ssh import ssh_hostname
     addresses = {h.name: prepare_hosts.resolve(h, ssh_hostname(h)) for h in inventory}
     with tempfile.TemporaryDirectory(prefix="kit-prepare-") as folder:
@@ -196,6 +198,20 @@ def prepare(
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
     console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
+
+
+def reach_all(inventory: list[Host], timeout: int) -> None:
+    """Connect to every host at once, as kit up does, before Ansible starts: a host that cannot be reached is named,
+    with what went wrong and the fix (HostsFailed), and nothing is changed anywhere."""
+    connect = connector(timeout)
+
+    def reach(host: Host) -> None:
+        runner = connect(host)
+        try:
+            runner.run("true", timeout=timeout * 3).check("cannot run a command over SSH")
+        finally:
+            runner.close()
+    fan_out("connecting", inventory, reach, lambda h: h.label)
 
 
 def run_playbook(argv: list[str], env: dict[str, str]) -> int:
