@@ -105,14 +105,15 @@ def driver_problem(drivers: tuple[str, ...], flavor: str, line: str | None) -> t
     whose = "TensorFlow's CUDA" if flavor == "tf-gpu" else "the image's CUDA"
     text = f"NVIDIA driver {oldest} is older than {need}, the minimum for {whose} {line}"
     fits = fitting_line(oldest) if flavor == "gpu" else None
-    if fits:
-        return (f"{text}; CUDA {fits} runs on it: --cuda {fits}",
-                f'build for CUDA {fits}: set build.cuda: "{fits}" in kit.yaml (or `kit build --cuda {fits}`) and run '
-                f"kit up again; or install NVIDIA driver {need} or newer on the host")
+    if fits:  # (kit.yaml's line, not a flag: kit up takes the image of kit.yaml's settings, whatever kit build made)
+        return (f"{text}; CUDA {fits} runs on it",
+                f'build for CUDA {fits}: put `cuda: "{fits}"` in the build section of kit.yaml (a new kit.yaml: '
+                f'`build: {{cuda: "{fits}"}}`), which kit build and kit up both read, and run kit up again; or install '
+                f"NVIDIA driver {need} or newer on the host")
     oldest_line = min(CUDA_LINES, key=lambda l: version(CUDA_LINES[l].min_driver))
     floor = CUDA_LINES[oldest_line].min_driver
-    also = f" ({floor} or newer runs CUDA {oldest_line}: --cuda {oldest_line})" if flavor == "gpu" and floor != need \
-        else ""
+    also = f' ({floor} or newer runs CUDA {oldest_line}: `cuda: "{oldest_line}"` in kit.yaml\'s build section)' \
+        if flavor == "gpu" and floor != need else ""
     return (f"{text}; no CUDA line kit builds runs on it: install NVIDIA driver {need} or newer{also}",
             f"install NVIDIA driver {need} or newer on the host (and reboot){also}")
 

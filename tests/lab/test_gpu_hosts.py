@@ -14,8 +14,7 @@ from helpers import closed_port, run_kit
 pytestmark = pytest.mark.lab
 
 OLD, NEW = "535.183.01", "580.159.04"
-REFUSAL = (f"NVIDIA driver {OLD} is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 runs on it: "
-           "--cuda 12.8")
+REFUSAL = f"NVIDIA driver {OLD} is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 runs on it"
 
 
 @pytest.fixture
@@ -41,14 +40,22 @@ def assert_no_stand_in(lab) -> None:
 
 
 def test_driver_535_is_refused_by_up_and_by_the_doctor_naming_each_host_and_the_cuda_line_that_fits(lab, folder):
+    """...and the fix works as printed: the kit.yaml it gives makes the next `kit up` plan the CUDA 12.8 image
+    (before, its `kit build --cuda 12.8` built an image that kit up, which reads kit.yaml alone, did not take)."""
     before = host_state(lab)
     with lab.nvidia(lab.hosts, OLD):
         for h in lab.hosts:  # what the hosts' own sessions see, as kit does over SSH
             assert lab.ssh(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout == f"{OLD}\n" * 4
         up = run_kit("up", "--hosts", "hosts.txt", "--dry-run", cwd=folder, env=lab.env, timeout=300)
         doctor = run_kit("doctor", "--hosts", "hosts.txt", cwd=folder, env=lab.env, timeout=300)
+        fix = re.search(r"\(a new kit\.yaml: `([^`]+)`\)", up.stderr)
+        assert fix, up.stderr
+        (folder / "kit.yaml").write_text(fix[1] + "\n")  # the fix, as printed
+        fixed = run_kit("up", "--hosts", "hosts.txt", "--dry-run", cwd=folder, env=lab.env, timeout=300)
     assert_no_stand_in(lab)
     assert host_state(lab) == before
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert re.search(r"^would build kit-horovod:gpu-… \(flavor gpu, CUDA 12\.8, key ", fixed.stdout, re.M), fixed.stdout
 
     assert up.returncode == 1, up.stdout + up.stderr
     every = ", ".join(f"{h.address}: 4" for h in lab.hosts)
@@ -56,8 +63,9 @@ def test_driver_535_is_refused_by_up_and_by_the_doctor_naming_each_host_and_the_
     assert up.stderr.startswith("error: preflight failed on 3 hosts: "), up.stderr
     for h in lab.hosts:
         assert f"  {h.address}: {REFUSAL}\n" in up.stderr, up.stderr
-    assert ('fix: build for CUDA 12.8: set build.cuda: "12.8" in kit.yaml (or `kit build --cuda 12.8`) and run kit up '
-            "again; or install NVIDIA driver 580 or newer on the host") in up.stderr
+    assert ('fix: build for CUDA 12.8: put `cuda: "12.8"` in the build section of kit.yaml (a new kit.yaml: `build: '
+            '{cuda: "12.8"}`), which kit build and kit up both read, and run kit up again; or install NVIDIA driver 580 '
+            "or newer on the host") in up.stderr
     assert "would build" not in up.stdout and "plan" not in up.stdout  # refused before an image is even looked for
 
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr

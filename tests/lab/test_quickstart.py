@@ -115,8 +115,7 @@ def test_the_quickstarts_gpu_steps_with_a_stand_in_driver(project, lab, clone):
     with lab.nvidia(lab.hosts, "535.183.01"):
         refused = play(f"{up} --dry-run", clone, lab, timeout=600)
         checked = play(f"{doctor} --hosts hosts.txt", clone, lab, timeout=600)
-    refusal = ("NVIDIA driver 535.183.01 is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 runs on "
-               "it: --cuda 12.8")
+    refusal = "NVIDIA driver 535.183.01 is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 runs on it"
     assert refused.returncode == 1 and checked.returncode == 1, refused.stderr + checked.stdout
     for name in NAMES:
         assert f"  {name}: {refusal}\n" in refused.stderr, refused.stderr

@@ -132,9 +132,10 @@ def test_the_fitting_line_is_the_newest_whose_minimum_the_driver_meets(driver, l
 def test_driver_535_is_refused_for_cuda_13_with_the_line_that_fits():
     text, hint = gpus.driver_problem(("535.183.01",) * 4, "gpu", "13.0")
     assert text == ("NVIDIA driver 535.183.01 is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 "
-                    "runs on it: --cuda 12.8")
-    assert hint == ('build for CUDA 12.8: set build.cuda: "12.8" in kit.yaml (or `kit build --cuda 12.8`) and run kit '
-                    "up again; or install NVIDIA driver 580 or newer on the host")
+                    "runs on it")
+    assert hint == ('build for CUDA 12.8: put `cuda: "12.8"` in the build section of kit.yaml (a new kit.yaml: '
+                    '`build: {cuda: "12.8"}`), which kit build and kit up both read, and run kit up again; or install '
+                    "NVIDIA driver 580 or newer on the host")
 
 
 def test_a_driver_that_meets_the_line_passes():
@@ -147,8 +148,8 @@ def test_a_driver_that_meets_the_line_passes():
 def test_driver_470_fits_no_line_and_is_told_which_driver_to_install():
     text, hint = gpus.driver_problem(("470.256.02",), "gpu", "13.0")
     assert text == ("NVIDIA driver 470.256.02 is older than 580, the minimum for the image's CUDA 13.0; no CUDA line "
-                    "kit builds runs on it: install NVIDIA driver 580 or newer (525 or newer runs CUDA 12.8: --cuda "
-                    "12.8)")
+                    "kit builds runs on it: install NVIDIA driver 580 or newer (525 or newer runs CUDA 12.8: `cuda: "
+                    "\"12.8\"` in kit.yaml's build section)")
     assert hint.startswith("install NVIDIA driver 580 or newer on the host (and reboot)")
     text, _ = gpus.driver_problem(("470.256.02",), "gpu", "12.8")
     assert text.endswith("install NVIDIA driver 525 or newer")
