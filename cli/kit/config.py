@@ -10,6 +10,7 @@ form that is expected, and is raised before anything touches Docker or a host.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,3 +222,41 @@ def _bad_input(e: ValidationError, origin: dict[str, str], cfg: ConfigFile, sect
     elif err["type"] in ("string_type", "bool_parsing", "bool_type", "int_parsing", "int_type", "missing"):
         msg = f"{msg.lower()} (got {err.get('input')!r})"
     return BadInput(redact_text(f"{where}: {msg}"), hint=hint)
+
+
+def set_setting(cfg: ConfigFile, section: str, key: str, value: str) -> Path:
+    """Write `key: value` into kit.yaml's section, changing no other line (comments and order kept): the key's own
+    line where it has one, else a line under the section's, else the section at the end; a new ./kit.yaml where
+    there is none. The file is read back as kit reads it; where the edit cannot be made so (a section written
+    `{...}` on one line), or reads back otherwise, the file is left as it was and BadInput says the line to add."""
+    path = cfg.path or DEFAULT_CONFIG
+    line = f"{key}: {json.dumps(value)}"
+    fix = BadInput(f"{path}: kit could not set {section}.{key} itself",
+                   hint=f"add `{line}` under `{section}:` in {path}")
+    old = path.read_text() if path.is_file() else ""
+    lines = old.splitlines(keepends=True)
+    own, head = cfg.lines.get((section, key)), cfg.lines.get((section, ""))
+    if head is not None and "{" in lines[head - 1].split("#", 1)[0]:
+        raise fix  # (flow style: `slurm: {login: x}`)
+    if own is not None:
+        text = lines[own - 1]
+        lines[own - 1] = f"{text[:len(text) - len(text.lstrip())]}{line}\n"
+    elif head is not None:
+        others = sorted(n for (s, k), n in cfg.lines.items() if s == section and k)
+        text = lines[others[0] - 1] if others else ""
+        lines.insert(head, f"{text[:len(text) - len(text.lstrip())] or '  '}{line}\n")
+    else:
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.append(f"{section}:\n  {line}\n")
+    path.write_text("".join(lines))
+    try:
+        if read_config(path).sections.get(section, {}).get(key) != value:
+            raise fix
+    except BadInput:
+        if old:
+            path.write_text(old)
+        else:
+            path.unlink()
+        raise fix from None
+    return path

@@ -191,8 +191,8 @@ def check_environment(runner: Runner, slurm: SlurmConfig, launcher: str) -> None
     python = shlex.quote(slurm.python_path)
     _run(runner, f"cd / && {python} -I -c {shlex.quote(IMPORTS[launcher])}",
          f"the job's Python ({slurm.python_path}) cannot run {launcher} jobs: `{IMPORTS[launcher]}` fails",
-         hint="set slurm.python_path to the nodes' Python that has it (e.g. a venv on shared storage), or use "
-              "runtime pyxis or apptainer with kit's image")
+         hint="make the nodes' Python from kit's image, `kit export --to venv -o DIR` (DIR on storage every node "
+              "sees; it sets slurm.python_path), or use runtime pyxis or apptainer with kit's image")
 
 
 def submit(runner: Runner, remote: str, unset: list[str]) -> str:

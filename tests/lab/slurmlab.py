@@ -234,28 +234,33 @@ def image_tag(project: Path, *args: str, pattern: str) -> str:
     return re.search(pattern, r.stdout)[1]
 
 
-def _copy_venv(tag: str, dest: Path) -> str:
-    made = subprocess.run(["docker", "create", tag, "true"], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        subprocess.run(["docker", "cp", f"{made}:/opt/venv", str(dest)], check=True, capture_output=True, timeout=600)
-    finally:
-        subprocess.run(["docker", "rm", made], capture_output=True)
-    return str(dest / "bin" / "python")
+def _export_venv(tag: str, dest: Path, scratch: Path) -> str:
+    """`kit export --to venv` of the image onto the shared filesystem, as a site's user makes the nodes' Python; the
+    slurm.python_path it records (in a kit.yaml of its own folder)."""
+    folder = scratch / f"export-{dest.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    r = run_kit("export", "--to", "venv", "-o", str(dest), "--image", tag, cwd=folder, timeout=1200)
+    if r.returncode != 0:
+        raise RuntimeError(f"kit export --to venv failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return yaml.safe_load((folder / "kit.yaml").read_text())["slurm"]["python_path"]
 
 
 @contextlib.contextmanager
 def node_pythons(project: Path, scratch: Path, tf: bool = True):
-    """launcher -> the nodes' Python for it: kit's cpu image's venv (torch, Horovod) and, with tf, its tf-cpu image's
-    (a build in `scratch`, which kit's build cache makes quick after tests/engine/test_build.py)."""
+    """launcher -> the nodes' Python for it, as `kit export --to venv` makes it: kit's cpu image's (torch, Horovod)
+    and, with tf, its tf-cpu image's (a build in `scratch`, which kit's build cache makes quick after
+    tests/engine/test_build.py)."""
     shutil.rmtree(SHARED, ignore_errors=True)
     SHARED.mkdir(parents=True)
     SHARED.chmod(0o755)
     try:
-        torch = _copy_venv(image_tag(project, pattern=r"(kit-horovod:cpu-[0-9a-f]{12})"), SHARED / "torch")
+        torch = _export_venv(image_tag(project, pattern=r"(kit-horovod:cpu-[0-9a-f]{12})"), SHARED / "torch",
+                             scratch)
         found = {"horovod": torch, "torchrun": torch}
         if tf:
-            found["tf"] = _copy_venv(image_tag(scratch, "--flavor", "tf-cpu",
-                                               pattern=r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})"), SHARED / "tf")
+            found["tf"] = _export_venv(image_tag(scratch, "--flavor", "tf-cpu",
+                                                 pattern=r"(kit-tensorflow:tf-cpu-[0-9a-f]{12})"), SHARED / "tf",
+                                       scratch)
         yield found
     finally:
         shutil.rmtree(SHARED, ignore_errors=True)

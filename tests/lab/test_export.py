@@ -4,6 +4,7 @@ export does nothing; an image that is not here is refused. enroot and pyxis are 
 root is run with unshare and chroot, as enroot's runtime does with namespaces and a pivot_root."""
 
 import json
+import re
 import subprocess
 import tempfile
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_kit
+from helpers import closed_port, run_kit
 from kit.verify import parse_allreduce
 
 pytestmark = pytest.mark.lab
@@ -131,3 +132,55 @@ def test_an_image_that_is_not_here_is_named_and_nothing_is_written(project, work
     assert r.stderr.splitlines()[0] == "error: image kit-export-missing:none is not on this machine's Docker engine"
     assert r.stderr.splitlines()[1].startswith("fix: build it with `kit build`")
     assert list(work.iterdir()) == []
+
+
+CHECK = """import os, sys, torch, torch.distributed as dist
+import horovod.torch as hvd
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"ddp {dist.get_rank()} {t.item()} {sys.executable} {os.environ.get('LD_LIBRARY_PATH')}", flush=True)
+"""
+
+HVD_CHECK = """import sys, torch, horovod.torch as hvd
+hvd.init()
+print(f"hvd {hvd.rank()} {hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()}", flush=True)
+"""
+
+
+def test_venv_export_runs_torchrun_and_horovodrun_from_wherever_it_is_moved(project, client, work):
+    """kit's cpu image's Python as a folder for Slurm nodes without containers: recorded as slurm.python_path, moved
+    elsewhere it still runs (in an environment of nothing but PATH, with -I too) a torchrun and a horovodrun job of
+    two ranks over Gloo, each rank's sys.executable the folder's entry point and the job's LD_LIBRARY_PATH its own;
+    a second export does nothing; no container of the export is left."""
+    job = work / "job"
+    job.mkdir()
+    (job / "kit.yaml").write_text((project / "kit.yaml").read_text())
+    out = work / "envs" / "kit"
+    r = run_kit("export", "--to", "venv", "-o", str(out), cwd=job, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(r.stdout)
+    assert f'  python_path: "{out}/bin/python"\n' in (job / "kit.yaml").read_text()
+    assert json.loads((out / "kit-export.json").read_text())["image"].startswith("sha256:")
+    assert not client.containers.list(all=True, filters={"label": "io.kit.export"})
+    again = run_kit("export", "--to", "venv", "-o", str(out), cwd=job, timeout=300)
+    assert again.returncode == 0 and "already: nothing to do" in again.stdout, again.stdout + again.stderr
+
+    moved = work / "elsewhere"
+    out.rename(moved)
+    (work / "check.py").write_text(CHECK)
+    (work / "hvd_check.py").write_text(HVD_CHECK)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LD_LIBRARY_PATH": "/the/jobs/own"}
+    imports = subprocess.run([str(moved / "bin/python"), "-I", "-c", "import torch, horovod.torch"], env=env,
+                             capture_output=True, text=True, cwd="/")
+    assert imports.returncode == 0, imports.stderr
+    ddp = subprocess.run([str(moved / "bin/torchrun"), "--nproc-per-node", "2", "--master-port", str(closed_port()),
+                          str(work / "check.py")], env=env, capture_output=True, text=True, cwd=work, timeout=300)
+    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
+    assert sorted(line for line in ddp.stdout.splitlines() if line.startswith("ddp ")) == [
+        f"ddp {rank} 3.0 {moved}/bin/python /the/jobs/own" for rank in (0, 1)]
+    hvd = subprocess.run([str(moved / "bin/horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
+                          str(moved / "bin/python"), str(work / "hvd_check.py")], env=env, capture_output=True,
+                         text=True, cwd=work, timeout=300)
+    assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
+    assert sorted(re.findall(r"hvd (\d) ([0-9.]+)", hvd.stdout)) == [("0", "3.0"), ("1", "3.0")], hvd.stdout

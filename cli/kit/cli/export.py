@@ -16,11 +16,11 @@ from kit.build import connect, find_built
 from kit.config import build_config, cluster_config, read_config
 from kit.errors import BadInput, KitError
 from kit import jobenv
-from kit.export import check_tools, default_output, export_docker_archive, export_enroot
+from kit.export import check_tools, default_output, export_docker_archive, export_enroot, find_image
 from kit.recipe import make_recipe
 from kit import k8s, sbatch
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
-from kit.cli.common import app, console, err_console, one_of, reports_errors
+from kit.cli.common import app, console, err_console, one_of, progress_bar, reports_errors
 from kit.cli.runargs import RunCommand
 from kit.commands.launchers import LAUNCHERS, check_launcher
 from kit.cli.flavor import build_flavor
@@ -31,6 +31,7 @@ class Target(str, Enum):
     docker_archive = "docker-archive"
     slurm = "slurm"
     k8s = "k8s"
+    venv = "venv"
 
 
 class ExportCommand(RunCommand):
@@ -45,14 +46,17 @@ def export(
     script: Optional[Path] = typer.Argument(None, help="--to slurm: the training script, in the job's folder."),
     args: Optional[List[str]] = typer.Argument(None, help="--to slurm: the script's arguments (as kit run takes "
                                                "them)."),
-    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive|slurm|k8s",
+    to: Target = typer.Option(..., "--to", metavar="enroot|docker-archive|venv|slurm|k8s",
                               help="enroot: the image's root filesystem as one squashfs (.sqsh) for pyxis's srun "
                                    "--container-image, made as `enroot import dockerd://` makes it; docker-archive: "
-                                   "the image as `docker save` writes it (.tar), for `apptainer build`; slurm: the "
-                                   "sbatch script `kit run --on slurm` would submit, to stdout or -o; k8s: the "
-                                   "job's Kubernetes manifests (--kind), to stdout or -o."),
+                                   "the image as `docker save` writes it (.tar), for `apptainer build`; venv: the "
+                                   "image's Python as a folder -o DIR for Slurm nodes without containers (runtime "
+                                   "none), on slurm.login's host if kit.yaml names one, recorded as "
+                                   "slurm.python_path; slurm: the sbatch script `kit run --on slurm` would submit, "
+                                   "to stdout or -o; k8s: the job's Kubernetes manifests (--kind), to stdout or -o."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE",
-                                          help="The file to write (default: named after the image, in this folder)."),
+                                          help="The file to write (default: named after the image, in this folder); "
+                                               "--to venv: the folder, an absolute path every node sees."),
     image: Optional[str] = typer.Option(None, "--image", metavar="IMAGE:TAG",
                                         help="The image to export (default: cluster.image_tag, else the image kit "
                                              "build makes from kit.yaml's build settings)."),
@@ -82,7 +86,8 @@ def export(
     time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
 ) -> None:
     """Write kit's image as one file a Slurm site runs: a squashfs for enroot/pyxis, or a docker-archive for
-    Apptainer (a second export of the same image to the same file does nothing); or, with --to slurm SCRIPT, the
+    Apptainer (a second export of the same image to the same file does nothing); or, with --to venv -o DIR, the
+    image's Python as a folder that Slurm nodes without containers run (runtime none); or, with --to slurm SCRIPT, the
     sbatch script kit run --on slurm would submit, commented, for submitting by hand: it needs no kit.yaml (then
     runtime none) and contacts nothing; or, with --to k8s SCRIPT, the job's Kubernetes objects as one YAML stream
     for `kubectl apply --server-side -f`: --kind indexed-job or jobset (any launcher, no operator needed but
@@ -91,6 +96,7 @@ def export(
 
     \b
       kit export --to enroot -o /shared/images/kit.sqsh
+      kit export --to venv -o /shared/envs/kit
       kit export --to slurm train.py --epochs 2 --nodes 3 -o train.sbatch
       kit export --to k8s train.py --nodes 2 --gpus-per-node 4 --image registry.lab:5000/kit/train:1 -o job.yaml
     """
@@ -117,6 +123,9 @@ def export(
     if given := [name for name, value in job.items() if value is not None]:
         raise BadInput(f"{', '.join(given)}: a job's, for --to slurm or k8s", hint=f"drop it to export the image "
                        f"--to {to.value}, or write the job's sbatch script (--to slurm) or manifests (--to k8s)")
+    if to is Target.venv:
+        _export_venv(output, image, config)
+        return
     if to is Target.enroot:
         check_tools("enroot")  # before any work: nothing is unpacked to be thrown away
     if output is not None:
@@ -146,6 +155,56 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
         console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where "
                       f"{escape(script.as_posix())} leads to the script, on storage every node sees: "
                       f"sbatch {escape(path.name)}", highlight=False)
+
+
+def _export_venv(output: Optional[Path], image: Optional[str], config: Optional[Path]) -> None:
+    """The image's Python as a folder for a Slurm site's nodes (runtime none), on the login host (kit.yaml's
+    slurm.login) or here; recorded as slurm.python_path in kit.yaml."""
+    from kit import slurmjobs, venvexport
+    from kit.config import SlurmConfig, set_setting
+    from kit.flavors import FLAVORS
+    if output is None:
+        raise BadInput("--to venv needs -o DIR: the folder for the nodes' Python", hint="give -o the folder on storage "
+                       "every node sees at the same path, e.g. kit export --to venv -o /shared/envs/kit")
+    folder = venvexport.check_folder(str(output))
+    cfg_file = read_config(config)
+    settings = slurm_cli.slurm_settings(cfg_file, None, None, None) if "slurm" in cfg_file.sections else SlurmConfig()
+    client = connect()
+    tag = image or default_image(client, config)
+    found = find_image(client, tag)
+    flavor = (found.labels or {}).get("io.kit.flavor")
+    if flavor not in FLAVORS:
+        raise BadInput(f"image {tag} is not one kit build made (it has no io.kit.flavor label)",
+                       hint="export the image kit build makes (kit build, then kit export --to venv -o DIR)")
+    launcher = "tf" if FLAVORS[flavor][0] == "tensorflow" else "horovod"
+    runner = slurmjobs.login_runner(settings, cluster_config(cfg_file, {}).connect_timeout)
+    where = f"{settings.login}:{folder}" if settings.login else folder
+    try:
+        done = runner.run(f"cat {shlex.quote(folder)}/{venvexport.MARKER}", timeout=60)
+        if done.ok and f'"image": "{found.id}"' in done.stdout:
+            console.print(f"{escape(where)} holds {escape(tag)}'s Python already: nothing to do", highlight=False)
+        else:
+            with console.status(f"reading {tag}'s Python"):
+                plan = venvexport.read_plan(client, found)
+            with progress_bar() as bar:
+                task = bar.add_task(f"exporting {tag}'s Python", total=None, what=where)
+                runner.stream_in(venvexport.unpack_command(folder), venvexport.stream(client, found, tag, plan),
+                                 lambda n: bar.advance(task, n), finish=600).check(
+                    f"writing {folder} failed", hint="the folder's parent must be writable by the login user, with "
+                                                     "room for the image's Python")
+            console.print(f"[green]✓[/] wrote {escape(where)}: Python {plan.python} with {escape(tag)}'s packages; "
+                          f"it needs glibc {plan.glibc} or newer on the nodes", highlight=False)
+        imports = slurmjobs.IMPORTS[launcher]
+        runner.run(f"cd / && {shlex.quote(folder)}/bin/python -I -c {shlex.quote(imports)}", timeout=300).check(
+            f"{folder}/bin/python cannot `{imports}` on {settings.login or 'this machine'}",
+            hint="the nodes need an x86-64 Linux with the glibc the line above names, or use runtime pyxis or "
+                 "apptainer with kit's image")
+    finally:
+        runner.close()
+    path = set_setting(cfg_file, "slurm", "python_path", f"{folder}/bin/python")
+    console.print(f"[green]✓[/] {escape(str(path))}: slurm.python_path is {escape(folder)}/bin/python"
+                  + ("" if settings.runtime == "none" else f" (used with runtime none; it says {settings.runtime})"),
+                  highlight=False)
 
 
 def _write_out(text: str, output: Optional[Path]) -> Optional[Path]:

@@ -34,9 +34,9 @@ def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Op
         raise BadInput(f"{where}: Slurm is not configured: it has no slurm: section" if cfg_file.path else
                        "Slurm is not configured: there is no kit.yaml here with a slurm: section",
                        hint=f"add one to {where}: `slurm:` with `login: USER@HOST` (the host where you run sbatch; "
-                            "none on that host itself) and the nodes' Python, `python_path: /shared/venv/bin/python` "
-                            "(or `runtime: pyxis` or `apptainer` with kit's image): the Slurm page of kit's docs "
-                            "says more")
+                            "none on that host itself); then `kit export --to venv -o /shared/envs/kit` makes the "
+                            "nodes' Python there and records it (or set `runtime: pyxis` or `apptainer`, with kit's "
+                            "image): the Slurm page of kit's docs says more")
     return slurm_settings(cfg_file, partition, account, time_limit)
 
 
