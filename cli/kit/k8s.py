@@ -24,7 +24,7 @@ import base64
 import functools
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -49,6 +49,17 @@ CONFIGMAP_BYTES = 900 * 1024    # a ConfigMap holds 1 MiB in all (kubectl apply 
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL = "app.kubernetes.io/instance"
+TTL_S = 7 * 24 * 3600           # a finished job's objects (and its pods' logs) are deleted a week after it ended
+CPUS_PER_RANK, MEMORY_PER_RANK_GI = 2, 8   # each pod's default request and limit: this much for each rank it runs
+CPUS = re.compile(r"(\d+(\.\d{1,3})?|\d+m)")              # --cpus: 4, 0.5, 500m
+MEMORY = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?")      # --memory: Kubernetes quantities, bytes without a unit
+UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,
+         "Ti": 1 << 40}
+# What a rank's container keeps of root's capabilities (all others are dropped): its own files' owner and mode, on a
+# workspace volume another user may own. An MPIJob's worker runs sshd besides: on port 22, switching to the
+# launcher's login, in its privilege-separation chroot, with PAM's audit records.
+RANK_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"]
+SSHD_CAPABILITIES = [*RANK_CAPABILITIES, "SETUID", "SETGID", "SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE", "KILL"]
 # What kit's pod task, the Job controller or an operator sets in a pod: a user's value would replace theirs.
 POD_SET = {"JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "TF_CONFIG"}
 POD_SET_PREFIXES = ("KIT_", "PET_", "SLURM_", "K_MPI_", "OMPI_MCA_")
@@ -68,10 +79,25 @@ class K8sJob:
     namespace: str | None = None
     workspace_pvc: str | None = None
     pull_secret: str | None = None  # the Secret the pods pull the image with (a registry that asks for a login)
+    cpus: str | None = None         # each pod's CPU request and limit (None: CPUS_PER_RANK for each of its ranks)
+    memory: str | None = None       # each pod's memory request and limit (None: MEMORY_PER_RANK_GI Gi a rank)
+    secret: str | None = None       # the variables' Secret (None: secret_name(name))
 
     @property
     def secret_name(self) -> str:
-        return secret_name(self.name)
+        return self.secret or secret_name(self.name)
+
+    @property
+    def ranks_per_pod(self) -> int:
+        return self.shape.nproc_per_node if self.shape.tasks_per_node == 1 else self.shape.tasks_per_node
+
+    @property
+    def pod_cpus(self) -> str:
+        return self.cpus or str(CPUS_PER_RANK * self.ranks_per_pod)
+
+    @property
+    def pod_memory(self) -> str:
+        return self.memory or f"{MEMORY_PER_RANK_GI * self.ranks_per_pod}Gi"
 
     @property
     def secret_names(self) -> list[str]:
@@ -82,6 +108,22 @@ class K8sJob:
 def secret_name(name: str) -> str:
     """The Secret a job's variables are read from (kit run --on k8s makes it; kit export says how)."""
     return f"{name}-env"
+
+
+def memory_bytes(quantity: str) -> int:
+    m = MEMORY.fullmatch(quantity)
+    return int(m[1]) * UNITS[m[2]]
+
+
+def export_name(job: K8sJob) -> K8sJob:
+    """kit export's objects are named for what they hold: kit-<script>-<hash of the manifests>. A changed job is
+    another name, so applying it never meets the previous one's Job, whose pod template Kubernetes does not let
+    change; the same job exported again is the same name (applying it again changes nothing). Its variables' Secret
+    keeps the script's name: made once, it serves every export of the job."""
+    import hashlib
+    base = job_name(job.script)
+    digest = hashlib.sha256(render(replace(job, name=base)).encode()).hexdigest()[:5]
+    return replace(job, name=job_name(job.script, digest), secret=job.secret or secret_name(base))
 
 
 def job_name(script: str, suffix: str = "") -> str:
@@ -117,6 +159,11 @@ def check(job: K8sJob) -> None:
             raise BadInput(f"{flag}: {value!r} is not a Kubernetes name",
                            hint=f"lower-case letters, digits and -{'' if pattern is NAME else ' and .'}, starting "
                                 f"with a letter or digit, at most {top}")
+    if job.cpus is not None and not (CPUS.fullmatch(job.cpus) and job.cpus not in ("0", "0m")):
+        raise BadInput(f"--cpus: {job.cpus!r} is not a CPU count", hint="give each pod's CPUs: 8, 0.5 or 500m")
+    if job.memory is not None and not (MEMORY.fullmatch(job.memory) and memory_bytes(job.memory) >= 64 << 20):
+        raise BadInput(f"--memory: {job.memory!r} is not a memory size of 64Mi or more",
+                       hint="give each pod's memory as Kubernetes writes it: 32Gi, 500Mi")
     if not is_image_reference(job.image):
         raise BadInput(f"--image: {job.image!r} is not an image reference",
                        hint="give REGISTRY/REPO:TAG, the image `kit push` put in your registry")
@@ -226,9 +273,9 @@ def _service(job: K8sJob) -> dict:
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {LABEL: job.name}}}
 
 
-def _indexed(pods: int, pod: dict) -> dict:
+def _indexed(pods: int, pod: dict, ttl: bool = True) -> dict:
     return {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 0,
-            "template": pod}
+            **({"ttlSecondsAfterFinished": TTL_S} if ttl else {}), "template": pod}
 
 
 def _indexed_job(job: K8sJob) -> dict:
@@ -243,9 +290,9 @@ def _jobset(job: K8sJob) -> dict:
     pod = _pod(job, _container(job, "kit", _task_command(job), _pod_env(job, names)))
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _meta(job),
             "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-                     "failurePolicy": {"maxRestarts": 0},
+                     "failurePolicy": {"maxRestarts": 0}, "ttlSecondsAfterFinished": TTL_S,
                      "replicatedJobs": [{"name": "node", "replicas": 1,
-                                         "template": {"spec": _indexed(job.shape.nodes, pod)}}]}}
+                                         "template": {"spec": _indexed(job.shape.nodes, pod, ttl=False)}}]}}
 
 
 def _pytorchjob(job: K8sJob) -> dict:
@@ -258,7 +305,8 @@ def _pytorchjob(job: K8sJob) -> dict:
         specs["Worker"] = {"replicas": s.nodes - 1, "restartPolicy": "Never", "template": pod}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job),
             "spec": {"nprocPerNode": str(s.nproc_per_node), "runPolicy": {"cleanPodPolicy": "Running",
-                                                                          "backoffLimit": 0},
+                                                                          "backoffLimit": 0,
+                                                                          "ttlSecondsAfterFinished": TTL_S},
                      "pytorchReplicaSpecs": specs}}
 
 
@@ -267,7 +315,7 @@ def _tfjob(job: K8sJob) -> dict:
     container = _container(job, "tensorflow", _staged([IMAGE_PYTHON, "-u", RANK, job.script, *job.args]), [])
     container["ports"] = [{"name": "tfjob-port", "containerPort": 2222}]
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _meta(job),
-            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": TTL_S},
                      "tfReplicaSpecs": {"Worker": {"replicas": job.shape.nodes, "restartPolicy": "Never",
                                                    "template": _pod(job, container)}}}}
 
@@ -278,14 +326,16 @@ def _mpijob(job: K8sJob) -> dict:
     s = job.shape
     launcher = _container(job, "launcher", [IMAGE_PYTHON, "-I", POD, "mpi-launcher", str(s.ranks), job.name,
                                             job.script, *job.args], [], gpus=False)
-    worker = _container(job, "worker", [IMAGE_PYTHON, "-I", POD, "mpi-worker"], [])
+    worker = _container(job, "worker", [IMAGE_PYTHON, "-I", POD, "mpi-worker"], [], capabilities=SSHD_CAPABILITIES)
     return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": _meta(job),
             "spec": {"slotsPerWorker": s.tasks_per_node, "runPolicy": {"cleanPodPolicy": "Running",
-                                                                       "backoffLimit": 0},
+                                                                       "backoffLimit": 0,
+                                                                       "ttlSecondsAfterFinished": TTL_S},
                      "sshAuthMountPath": MPI_SSH, "mpiImplementation": "OpenMPI",
                      "launcherCreationPolicy": "WaitForWorkersReady",
                      "mpiReplicaSpecs": {
-                         "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": _pod(job, launcher)},
+                         "Launcher": {"replicas": 1, "restartPolicy": "Never",
+                                      "template": _pod(job, launcher, gpus=False)},
                          "Worker": {"replicas": s.nodes, "restartPolicy": "Never", "template": _pod(job, worker)}}}}
 
 
@@ -311,14 +361,21 @@ def _trainjob(job: K8sJob) -> dict:
 
 # ------------------------------------------------------------------------------------------- pods and containers
 
-def _pod(job: K8sJob, container: dict, subdomain: str | None = None) -> dict:
+def _pod(job: K8sJob, container: dict, subdomain: str | None = None, gpus: bool = True) -> dict:
     # No API token in the job's pods: job code is untrusted, and the namespace's default account may read Secrets
     # (another job's variables); nothing kit runs in a pod calls the API (MPIJob v2's launcher uses SSH).
     spec = {"restartPolicy": "Never", "automountServiceAccountToken": False}
     if subdomain:
         spec["subdomain"] = subdomain
-    spec |= {"containers": [container], "volumes": _volumes(job), **_pull(job)}
+    spec |= {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}, "containers": [container],
+             "volumes": _volumes(job), **(_tolerations(job) if gpus else {}), **_pull(job)}
     return {"metadata": _pod_meta(job), "spec": spec}
+
+
+def _tolerations(job: K8sJob) -> dict:
+    """GPU nodes are commonly tainted nvidia.com/gpu (NoSchedule) to keep other pods off: a GPU job tolerates it."""
+    return {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]} \
+        if job.shape.gpus_per_node else {}
 
 
 def _pod_meta(job: K8sJob) -> dict:
@@ -335,21 +392,31 @@ def _volumes(job: K8sJob) -> list[dict]:
              for key, (path, (_, executable)) in _items(job)]
     workspace = ({"persistentVolumeClaim": {"claimName": job.workspace_pvc}} if job.workspace_pvc
                  else {"emptyDir": {}})
-    # Docker's and the kubelet's 64 MB /dev/shm breaks NCCL and DataLoader workers: memory, as much as the pod may use.
+    # Docker's and the kubelet's 64 MB /dev/shm breaks NCCL and DataLoader workers: memory, half of what the pod may
+    # use (what it holds counts against the pod's memory limit).
+    shm = f"{max(memory_bytes(job.pod_memory) // 2 >> 20, 64)}Mi"
     return [{"name": "kit-files", "configMap": {"name": f"{job.name}-files", "items": items}},
             {"name": "workspace", **workspace},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
 
 
-def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus: bool = True) -> dict:
+def _container(job: K8sJob, name: str, command: list[str], env: list[dict], gpus: bool = True,
+               capabilities: list[str] = RANK_CAPABILITIES) -> dict:
     c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent", "workingDir": WORKSPACE,
          "command": command, "env": [*_variables(job), *env, {"name": "PYTHONUNBUFFERED", "value": "1"},
                                      {"name": "PYTHONFAULTHANDLER", "value": "1"},
                                      # where kit's task copies the job's files from into the workspace (none: a PVC)
                                      {"name": "KIT_STAGE", "value": "" if job.workspace_pvc else FILES},
                                      {"name": "KIT_WORKSPACE", "value": WORKSPACE}]}
+    # Requests equal to limits (Kubernetes' Guaranteed class: whole CPUs are the pod's own under the static CPU
+    # manager, and the pod is the last evicted); an MPIJob's launcher (gpus False) only runs horovodrun.
+    amount = {"cpu": job.pod_cpus, "memory": job.pod_memory} if gpus else {"cpu": "1", "memory": "2Gi"}
+    c["resources"] = {"requests": dict(amount), "limits": dict(amount)}
     if gpus and job.shape.gpus_per_node:
-        c["resources"] = {"limits": {"nvidia.com/gpu": job.shape.gpus_per_node}}
+        c["resources"]["limits"]["nvidia.com/gpu"] = job.shape.gpus_per_node
+        c["resources"]["requests"]["nvidia.com/gpu"] = job.shape.gpus_per_node
+    c["securityContext"] = {"allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"], "add": list(capabilities)}}
     c["volumeMounts"] = [{"name": "kit-files", "mountPath": FILES, "readOnly": True},
                          {"name": "workspace", "mountPath": WORKSPACE}, {"name": "dshm", "mountPath": "/dev/shm"}]
     return c

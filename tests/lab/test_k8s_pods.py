@@ -4,7 +4,8 @@ engine with the lab's cpu image (no image is built here):
 
 - an Indexed Job: each index's pod a container: its ConfigMap volume laid out as the kubelet lays one out (the items'
   paths and modes behind a ..data link, the folder drwxrwxrwt) and mounted read-only, the emptyDir workspace,
-  /dev/shm in memory, env from values and from a Secret the test makes, JOB_COMPLETION_INDEX, the hostname <job>-<i>
+  /dev/shm in memory of its sizeLimit, the container's securityContext (every capability dropped but those it adds,
+  no privilege escalation) and memory limit, env from values and from a Secret the test makes, JOB_COMPLETION_INDEX, the hostname <job>-<i>
   and the headless Service's name <job>-<i>.<job> on a network of its own. Horovod's allreduce (two ranks a pod) and
   torchrun's (gloo, two processes a pod) run across the pods, every rank's line with kit's prefix; a rank that fails
   ends its pod with its code and stops its sibling, and the other pod, which the Job controller deletes (backoffLimit
@@ -233,7 +234,7 @@ class Pods:
                     "name", ref.get("secretName"))], volume)
                 read_only = read_only or "secret" in volume  # the kubelet mounts a Secret read-only
             elif volume.get("emptyDir", {}).get("medium") == "Memory" and mount["mountPath"] == "/dev/shm":
-                shm = "1g"
+                shm = volume["emptyDir"]["sizeLimit"].replace("Mi", "m").replace("Gi", "g")
                 continue
             else:
                 assert volume["emptyDir"] == {}, volume
@@ -243,11 +244,20 @@ class Pods:
         env = {**pod_env(container, sources), **extra_env}
         command = [expand(a, env) for a in container["command"] + container.get("args", [])]
         api = self.client.api
+        # The container's securityContext as the kubelet gives it to the runtime: root with only the capabilities it
+        # adds, no privilege escalation (no_new_privs), the runtime's default seccomp profile (Docker's own); its
+        # memory limit (its CPUs are more than this machine has: not applied)
+        security = container["securityContext"]
+        assert security["capabilities"]["drop"] == ["ALL"] and security["allowPrivilegeEscalation"] is False
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        limits = container["resources"]["limits"]
+        confined = dict(cap_drop=["ALL"], cap_add=security["capabilities"]["add"],
+                        security_opt=["no-new-privileges:true"], mem_limit=limits["memory"].replace("Gi", "g"))
         made = api.create_container(
             container["image"], command=command[1:], entrypoint=command[:1], hostname=hostname,
             working_dir=container.get("workingDir"), environment=env, name=f"{PREFIX}-{self.case}-{label}",
             labels={PREFIX: self.case},
-            host_config=api.create_host_config(binds=binds, shm_size=shm, network_mode=self.network.name),
+            host_config=api.create_host_config(binds=binds, shm_size=shm, network_mode=self.network.name, **confined),
             networking_config=api.create_networking_config(
                 {self.network.name: api.create_endpoint_config(aliases=aliases)}))
         return self.client.containers.get(made["Id"])

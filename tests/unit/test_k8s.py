@@ -166,7 +166,8 @@ def test_a_pvc_workspace_carries_kits_files_alone():
 
 def test_the_operators_quirks():
     """PyTorchJob's container is pytorch, TFJob's tensorflow; MPIJob's launcher waits for its workers, with the
-    operator's SSH at /root/.ssh (mode 0600 only there) and its hostfile passed by name; /dev/shm is memory."""
+    operator's SSH at /root/.ssh (mode 0600 only there) and its hostfile passed by name; /dev/shm is memory, half of
+    the pod's."""
     pt = list(yaml.safe_load_all(k8s.render(job("pytorchjob", "torchrun"))))[-1]
     assert {s["template"]["spec"]["containers"][0]["name"] for s in pt["spec"]["pytorchReplicaSpecs"].values()} == \
         {"pytorch"}
@@ -182,7 +183,60 @@ def test_the_operators_quirks():
     for kind, launcher in CASES:
         docs = list(yaml.safe_load_all(k8s.render(job(kind, launcher))))
         shm = list(_find(docs, lambda d: isinstance(d, dict) and d.get("name") == "dshm" and "emptyDir" in d))
-        assert shm and all(v["emptyDir"] == {"medium": "Memory"} for v in shm), kind
+        want = f"{k8s.MEMORY_PER_RANK_GI * job(kind, launcher).ranks_per_pod * 1024 // 2}Mi"
+        assert shm and all(v["emptyDir"] == {"medium": "Memory", "sizeLimit": want} for v in shm), kind
+
+
+def containers(docs: list) -> list[dict]:
+    return list(_find(docs, lambda d: isinstance(d, dict) and "image" in d and "command" in d))
+
+
+@pytest.mark.parametrize("kind, launcher", [c for c in CASES if c[0] != "trainjob"])
+def test_every_ranks_container_is_sized_unprivileged_and_its_pods_tolerate_the_gpu_taint(kind, launcher):
+    """Requests equal to limits (the Guaranteed class): --cpus and --memory for each pod, else 2 CPUs and 8Gi for
+    each rank it runs; the GPUs asked for; no privilege escalation and every capability dropped but a rank's own
+    files' (an MPIJob's worker also sshd's); RuntimeDefault seccomp; pods with GPUs tolerate nvidia.com/gpu (an MPIJob
+    launcher, which has none, does not); the objects go a week after the job ends."""
+    sized = job(kind, launcher, cpus="12", memory="48Gi")
+    docs = list(yaml.safe_load_all(k8s.render(sized)))
+    gpus = sized.shape.gpus_per_node
+    for c in containers(docs):
+        r, caps = c["resources"], c["securityContext"]["capabilities"]
+        assert r["requests"] == r["limits"] and c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert caps["drop"] == ["ALL"]
+        if c["name"] == "launcher":
+            assert r["limits"] == {"cpu": "1", "memory": "2Gi"} and caps["add"] == k8s.RANK_CAPABILITIES
+        else:
+            assert r["limits"] == {"cpu": "12", "memory": "48Gi", **({"nvidia.com/gpu": gpus} if gpus else {})}
+            assert caps["add"] == (k8s.SSHD_CAPABILITIES if c["name"] == "worker" else k8s.RANK_CAPABILITIES)
+    pods = list(_find(docs, lambda d: isinstance(d, dict) and "containers" in d and "restartPolicy" in d))
+    assert pods and all(p["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}} for p in pods)
+    for p in pods:
+        tolerates = p.get("tolerations") == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert tolerates == bool(gpus and p["containers"][0]["name"] != "launcher"), (kind, p["containers"][0]["name"])
+    assert "ttlSecondsAfterFinished: 604800" in k8s.render(sized)
+    default = containers(list(yaml.safe_load_all(k8s.render(job(kind, launcher)))))
+    ranks = job(kind, launcher).ranks_per_pod
+    assert {c["resources"]["limits"]["memory"] for c in default if c["name"] != "launcher"} == {f"{8 * ranks}Gi"}
+
+
+@pytest.mark.parametrize("changes, says", [(dict(cpus="lots"), "--cpus: 'lots' is not a CPU count"),
+                                           (dict(cpus="0"), "--cpus: '0' is not"),
+                                           (dict(memory="8GB"), "--memory: '8GB' is not a memory size"),
+                                           (dict(memory="1Mi"), "--memory: '1Mi' is not a memory size of 64Mi")])
+def test_a_size_kubernetes_would_not_read_is_bad_input(changes, says):
+    with pytest.raises(BadInput, match=says):
+        k8s.render(job("indexed-job", "horovod", **changes))
+
+
+def test_an_export_is_named_for_what_it_holds_and_its_secret_for_the_script():
+    """A changed job is another name (its Job's pod template cannot change in place), the same job the same name;
+    the Secret of its variables keeps the script's name for every export."""
+    one, same = k8s.export_name(job("indexed-job", "horovod")), k8s.export_name(job("indexed-job", "horovod"))
+    other = k8s.export_name(job("indexed-job", "horovod", args=("--epochs", "3")))
+    assert one.name == same.name != other.name and re.fullmatch(r"kit-train-[0-9a-f]{5}", one.name)
+    assert one.secret_name == other.secret_name == "kit-train-env"
+    assert "name: kit-train-env" in k8s.render(one) and f"name: {one.name}\n" in k8s.render(one)
 
 
 @pytest.mark.parametrize("changes, says", [

@@ -81,6 +81,11 @@ def export(
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="--to k8s: a variable for every rank, "
                                             "NAME=VALUE or NAME (repeatable); a secret one is read from a Secret."),
     env_file: Optional[List[Path]] = typer.Option(None, help="--to k8s: variables from a file of NAME=VALUE lines."),
+    cpus: Optional[str] = typer.Option(None, metavar="CPUS", help="--to k8s: each pod's CPUs, requested and its "
+                                       "limit (8, 0.5, 500m; default: 2 for each rank it runs)."),
+    memory: Optional[str] = typer.Option(None, metavar="SIZE", help="--to k8s: each pod's memory, requested and its "
+                                         "limit (32Gi, 500Mi; default: 8Gi for each rank it runs; /dev/shm may take "
+                                         "half)."),
     partition: Optional[str] = typer.Option(None, help="--to slurm: the partition."),
     account: Optional[str] = typer.Option(None, help="--to slurm: the account."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
@@ -105,14 +110,14 @@ def export(
            "--account": account, "--time": time_limit}
     k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
                 "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "-e": env,
-                "--env-file": env_file}
+                "--env-file": env_file, "--cpus": cpus, "--memory": memory}
     if to is Target.k8s:
         if given := [name for name in ("--partition", "--account", "--time") if job[name] is not None]:
             raise BadInput(f"{', '.join(given)}: Slurm's", hint="drop it for --to k8s")
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                      gpus_per_node, slurm=False),
                     image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc,
-                    image_pull_secret, output, config, tuple(env_file or ()))
+                    image_pull_secret, output, config, tuple(env_file or ()), cpus, memory)
         return
     if given := [name for name, value in k8s_only.items() if value]:
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
@@ -219,13 +224,15 @@ def _write_out(text: str, output: Optional[Path]) -> Optional[Path]:
 
 def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
                 image: Optional[str], variables, namespace, workspace_pvc, pull_secret, output: Optional[Path],
-                config: Optional[Path], secrets: tuple[Path, ...] = ()) -> None:
+                config: Optional[Path], secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
+                memory: Optional[str] = None) -> None:
     if script is None:
         raise BadInput("--to k8s needs the training script", hint="kit export --to k8s train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     k8s.check_kind(kind)
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
-                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()), secrets)
+                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()), secrets, cpus, memory)
+    job = k8s.export_name(job)
     if path := _write_out(k8s.render(job), output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",
                       highlight=False)

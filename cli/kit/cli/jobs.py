@@ -96,6 +96,10 @@ def run(
                                                 "the job's folder (SCRIPT is its path there)."),
     image_pull_secret: Optional[str] = typer.Option(None, metavar="NAME", help="k8s: the Secret the pods pull the "
                                                     "image with, where the registry asks for a login."),
+    cpus: Optional[str] = typer.Option(None, metavar="CPUS", help="k8s: each pod's CPUs, requested and its limit "
+                                       "(8, 0.5, 500m; default: 2 for each rank it runs)."),
+    memory: Optional[str] = typer.Option(None, metavar="SIZE", help="k8s: each pod's memory, requested and its "
+                                         "limit (32Gi, 500Mi; default: 8Gi for each rank it runs)."),
     partition: Optional[str] = typer.Option(None, help="slurm: the partition (default: slurm.partition, else "
                                             "Slurm's default)."),
     account: Optional[str] = typer.Option(None, help="slurm: the account (default: slurm.account)."),
@@ -124,7 +128,8 @@ def run(
     if on not in ("cluster", "slurm", "k8s"):
         raise BadInput(f"--on: '{on}' is not where kit runs jobs", hint="use cluster (the default), slurm or k8s")
     k8s_flags = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace, "--image": image,
-                 "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret}
+                 "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "--cpus": cpus,
+                 "--memory": memory}
     if on != "k8s" and (given := [flag for flag, value in k8s_flags.items() if value is not None]):
         raise BadInput(f"{', '.join(given)}: for --on k8s", hint="add --on k8s, or drop it")
     if on in ("slurm", "k8s"):
@@ -145,7 +150,7 @@ def run(
             _run_on_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                          gpus_per_node, slurm=False),
                         image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
-                        workspace_pvc, image_pull_secret, detach, tuple(env_file or ()))
+                        workspace_pvc, image_pull_secret, detach, tuple(env_file or ()), cpus, memory)
             return
         settings = slurm_cli.configured_slurm(cfg_file, partition, account, time_limit)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
@@ -197,14 +202,16 @@ SCHEDULERS = {"slurm": "Slurm", "k8s": "Kubernetes"}
 
 def _run_on_k8s(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: Optional[str],
                 variables, namespace: Optional[str], workspace_pvc: Optional[str], pull_secret: Optional[str],
-                detach: bool, secrets: tuple[Path, ...] = ()) -> None:
+                detach: bool, secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
+                memory: Optional[str] = None) -> None:
     k8s.check_kind(kind)
     if image is None:
         raise BadInput("--on k8s needs the image the pods pull", hint="push kit's image with `kit push "
                        "REGISTRY/REPO:TAG` and give it with --image (or set cluster.image_tag in kit.yaml)")
     job_id = jobs.new_job_id()
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image, variables, namespace, workspace_pvc,
-                           pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]), secrets)
+                           pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]), secrets, cpus,
+                           memory)
     k8s_cli.run_on_k8s(job, job_id, detach)  # (make_job checked the job before kubectl is asked anything)
 
 

@@ -50,11 +50,12 @@ def _inside(link: Path, folder: Path) -> bool:
 
 def make_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: str,
              variables: tuple[tuple[str, str], ...], namespace: Optional[str], workspace_pvc: Optional[str],
-             pull_secret: Optional[str], name: str, secrets: tuple[Path, ...] = ()) -> k8s.K8sJob:
+             pull_secret: Optional[str], name: str, secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
+             memory: Optional[str] = None) -> k8s.K8sJob:
     """With a PVC, SCRIPT is its path on the volume and nothing here is read; else the script's folder is the job's
     (as kit run takes it: the folder the path names, its links resolved), but the --env-file files (`secrets`)."""
     job = k8s.K8sJob(name, kind, launcher, script.as_posix(), tuple(args), shape, image, {}, variables, namespace,
-                     workspace_pvc, pull_secret)
+                     workspace_pvc, pull_secret, cpus, memory)
     if workspace_pvc is None:
         if not script.is_file():
             raise BadInput(f"{script}: no such file", hint="give the training script's path (or, with "
