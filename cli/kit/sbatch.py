@@ -28,8 +28,10 @@ MAX_TASKS = 256
 # block's first for Horovod's rendezvous or torchrun's store, TF's workers from there up (one a task of the node, so at
 # most JOB_PORT_BLOCK a node). Two jobs' blocks overlap only when their ids are JOB_PORT_BLOCKS apart. `kit prepare
 # --slurm`'s firewall closes JOB_PORTS to every address but the cluster's, and its Prolog, while a job runs, its block
-# to every node but the job's and to every other user on them.
-JOB_PORT_BASE, JOB_PORT_BLOCK, JOB_PORT_BLOCKS = 20000, 16, 1266
+# to every node but the job's and to every other user on them. Below 32768, where Linux's ephemeral ports start
+# (`kit prepare --slurm` checks each host's range): no program's port 0 lands in a job's block, where that job's rules
+# would drop its peers.
+JOB_PORT_BASE, JOB_PORT_BLOCK, JOB_PORT_BLOCKS = 20000, 16, 798
 JOB_PORTS = f"{JOB_PORT_BASE}:{JOB_PORT_BASE + JOB_PORT_BLOCK * JOB_PORT_BLOCKS - 1}"
 
 

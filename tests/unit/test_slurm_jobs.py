@@ -238,20 +238,22 @@ def test_nodes_and_ports_come_from_what_slurm_says(tmp_path):
     r = subprocess.run(["bash", "-c", block + 'echo "$KIT_NODES|$KIT_PORT"'], capture_output=True, text=True,
                        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]",
                             "SLURM_JOB_ID": "123457"})
-    assert r.stdout.strip() == "n1=10.1.0.11 n2=10.1.0.12 |30480", r.stderr  # 20000 + 123457 % 1266 * 16
+    assert r.stdout.strip() == "n1=10.1.0.11 n2=10.1.0.12 |29040", r.stderr  # 20000 + 123457 % 798 * 16
     assert slurmtask.job_nodes("n1=10.1.0.11 n2=10.1.0.12 ") == NODES
 
 
 def test_jobs_port_blocks_never_overlap_and_hold_every_tf_worker_of_a_node():
-    """Each job's ports are a block of 16 of its own (ids 1266 apart share one), inside the range kit's firewall
-    closes; a Slurm TF job has at most 16 workers a node, one port each. Kubernetes pods have addresses of their own."""
+    """Each job's ports are a block of 16 of its own (ids 798 apart share one), inside the range kit's firewall
+    closes and below Linux's ephemeral ports (32768 on): no program's port 0 lands in a job's block, whose rules would
+    drop its peers. A Slurm TF job has at most 16 workers a node, one port each. Kubernetes pods have addresses of
+    their own."""
     first = {i: sbatch.JOB_PORT_BASE + i % sbatch.JOB_PORT_BLOCKS * sbatch.JOB_PORT_BLOCK for i in range(5000)}
     taken: dict[int, int] = {}
     for job, port in first.items():
         for p in range(port, port + sbatch.JOB_PORT_BLOCK):
             assert taken.setdefault(p, job % sbatch.JOB_PORT_BLOCKS) == job % sbatch.JOB_PORT_BLOCKS
     low, high = map(int, sbatch.JOB_PORTS.split(":"))
-    assert (low, high) == (min(taken), max(taken)) == (20000, 40255)
+    assert (low, high) == (min(taken), max(taken)) == (20000, 32767)
     assert sbatch.shape("tf", 2, None, 16, None).tasks_per_node == 16
     with pytest.raises(BadInput, match="17 TensorFlow workers a node"):
         sbatch.shape("tf", 2, None, 17, None)

@@ -29,9 +29,9 @@ def test_the_inventory_asks_for_slurm_only_with_the_clusters_munge_key(tmp_path)
     key = tmp_path / "munge.key"
     slurm = inventory(hosts, addresses, ClusterConfig(name="lab"), gpu=False, munge_key=key)
     assert slurm["all"]["vars"] == {**plain["all"]["vars"], "kit_slurm": True, "kit_munge_key": str(key),
-                                    "kit_job_ports": "20000:40255",  # closed to all but the cluster
+                                    "kit_job_ports": "20000:32767",  # closed to all but the cluster
                                     "kit_job_port_base": 20000, "kit_job_port_block": 16,  # a job's: to its nodes
-                                    "kit_job_port_blocks": 1266}
+                                    "kit_job_port_blocks": 798}
     assert slurm["all"]["children"] == plain["all"]["children"]
 
 
