@@ -1,7 +1,7 @@
 """One task of a kit job under Slurm: srun starts it on the nodes, in the job's folder, with the job's Python.
 
-The sbatch script (kit.sbatch) writes this file's source into the job's folder as .kit/kit_task.py and the rank
-launcher (kit.commands.horovod) beside it as .kit/kit_rank.py; no kit is installed on the nodes, so this file uses
+The sbatch script (kit.sbatch) writes this file's source into the job's folder as .kit/job-ID/kit_task.py and the
+rank launcher (kit.commands.horovod) beside it as kit_rank.py; no kit is installed on the nodes, so this file uses
 the standard library alone (and Horovod's runner, in the task that serves Horovod's rendezvous). No SSH between
 nodes: Slurm starts every task, and each derives its part from what Slurm says about the job:
 

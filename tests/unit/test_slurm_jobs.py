@@ -4,6 +4,7 @@ job, what each task derives from Slurm's variables (kit.slurmtask), the job's fo
 
 import io
 import json
+import inspect
 import os
 import shutil
 import subprocess
@@ -65,7 +66,7 @@ def test_the_pyxis_script_runs_every_task_in_the_enroot_image():
 
 def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
     text = sbatch.render(golden_job("tf", "none"))
-    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u .kit/kit_task.py " \
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u \"$KIT_DIR/kit_task.py\" " \
            "tf train.py --epochs 2 --name 'it'\"'\"'s mine'" in text
     task = text.split("<<'KIT_TASK'\n", 1)[1].split("KIT_TASK\n", 1)[0]
     assert task == Path(slurmtask.__file__).read_text()
@@ -74,9 +75,24 @@ def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
 def test_a_job_with_variables_names_only_their_file_and_removes_it():
     job = golden_job("horovod", "none")
     text = sbatch.render(job)
-    assert f"ends+=(.kit/env/{JOB_ID})" in text and "trap 'rm -f \"${ends[@]}\"' EXIT" in text
+    assert f"ends+=(.kit/env/{JOB_ID})" in text and "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
     assert "export KIT_ENV=1" in text
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
+
+
+def test_jobs_submitted_from_one_folder_share_none_of_kits_files(tmp_path):
+    """Each job writes kit's files for its tasks in .kit/job-ID and removes that folder at its end: a second job from
+    the same folder neither rewrites the files the first one's tasks are reading nor loses its own when the first ends
+    (before, both wrote .kit/kit_task.py)."""
+    text = sbatch.render(golden_job("horovod", "none"))
+    block = text[text.index("KIT_DIR=.kit/job-"):text.index("# The job's nodes")]
+    bash = lambda job, keep: subprocess.run(["bash", "-euc", block + ("trap - EXIT\n" if keep else "")],
+                                            cwd=tmp_path, env={"SLURM_JOB_ID": job, "PATH": os.environ["PATH"]})
+    assert bash("2", keep=True).returncode == 0  # (job 2 still runs)
+    assert bash("1", keep=False).returncode == 0  # job 1 ends
+    assert sorted(os.listdir(tmp_path / ".kit")) == ["job-2"]
+    assert (tmp_path / ".kit/job-2/kit_task.py").read_text() == inspect.getsource(slurmtask)
+    assert sorted(os.listdir(tmp_path / ".kit/job-2")) == ["kit_net.py", "kit_rank.py", "kit_task.py"]
 
 
 def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_path):
@@ -513,7 +529,7 @@ def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in r.stdout
-    assert "python3 -u .kit/kit_task.py horovod train.py --epochs 2 || code=$?" in r.stdout
+    assert "python3 -u \"$KIT_DIR/kit_task.py\" horovod train.py --epochs 2 || code=$?" in r.stdout
     assert "export KIT_JOB=slurm-$SLURM_JOB_ID" in r.stdout and "sbatch THIS_FILE" in r.stdout
     written = run_kit("export", "--to", "slurm", "--launcher", "tf", "-o", "job.sbatch", "train.py", cwd=tmp_path)
     assert written.returncode == 0 and "sbatch job.sbatch" in (tmp_path / "job.sbatch").read_text()
@@ -533,7 +549,7 @@ def test_export_takes_np_as_horovodrun_spells_it_and_refuses_kit_runs_h_after_th
         "and --ntasks-per-node N",
         "fix: if -H is the script's, give the script's arguments after --: kit export [OPTIONS] train.py -- -H a:2,b:2"])
     r = run_kit("export", "--to", "slurm", "train.py", "--", "-H", "a:2,b:2", cwd=tmp_path)
-    assert r.returncode == 0 and "kit_task.py horovod train.py -H a:2,b:2 || code=$?" in r.stdout, r.stderr
+    assert r.returncode == 0 and "kit_task.py\" horovod train.py -H a:2,b:2 || code=$?" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize("args, says", [
