@@ -43,7 +43,7 @@ def test_driver_535_is_refused_by_up_and_by_the_doctor_naming_each_host_and_the_
     """...and the fix works as printed: the kit.yaml it gives makes the next `kit up` plan the CUDA 12.8 image
     (before, its `kit build --cuda 12.8` built an image that kit up, which reads kit.yaml alone, did not take)."""
     before = host_state(lab)
-    with lab.nvidia(lab.hosts, OLD):
+    with lab.nvidia(lab.hosts, OLD, runtime=True):  # (a toolkit there: the fixed plan goes on past that check)
         for h in lab.hosts:  # what the hosts' own sessions see, as kit does over SSH
             assert lab.ssh(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout == f"{OLD}\n" * 4
         up = run_kit("up", "--hosts", "hosts.txt", "--dry-run", cwd=folder, env=lab.env, timeout=300)
