@@ -140,6 +140,19 @@ def tf_config(env, nodes):
                       separators=(",", ":"))
 
 
+def worker_gpus(env, nodes):
+    """A TensorFlow worker's GPUs: its share of the node's (CUDA_VISIBLE_DEVICES, as Slurm gives the job's step), by
+    its local id, as the SSH cluster and a TFJob give each worker its own; {} where there is nothing to share (no GPU,
+    or one worker a node). Each worker would otherwise take every GPU of its node, and the workers would collide."""
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    per_node = int(env["SLURM_NTASKS"]) // len(nodes)
+    if per_node < 2 or not visible:
+        return {}
+    share = max(len(visible) // per_node, 1)
+    local = int(env.get("SLURM_LOCALID", "0")) % per_node
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible[local * share % len(visible):][:share])}
+
+
 def rendezvous(env, nodes, every=0.2):
     """Serve Horovod's Gloo rendezvous for the job's ranks, on the first node's address on the training network
     (KIT_RENDEZVOUS_ADDR, else KIT_NODES' first) and the job's port, and on no other: it takes unauthenticated GET,
@@ -238,6 +251,7 @@ def main(argv, env):
         run.update(horovod_env(env, nodes), HOROVOD_GLOO_IFACE=nic)
     elif mode == "tf":
         run["TF_CONFIG"] = tf_config(env, nodes)
+        run.update(worker_gpus(env, nodes))
     argv = torchrun_argv(env, nodes, address, command) if mode == "torchrun" else [sys.executable, "-u", RANK, *command]
     os.execve(argv[0], argv, run)
 

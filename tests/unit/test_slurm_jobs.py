@@ -276,6 +276,16 @@ def test_jobs_port_blocks_never_overlap_and_hold_every_tf_worker_of_a_node():
     assert sbatch.shape("tf", 2, None, 17, None, slurm=False).tasks_per_node == 17
 
 
+@pytest.mark.parametrize("visible, local, per_node, mine", [
+    ("0,1,2,3", "2", 4, "2"), ("0,1,2,3", "1", 2, "2,3"), ("4,5,6,7", "0", 4, "4"), ("0,1", "3", 4, "1"),
+    ("0,1,2,3", "0", 1, None), ("", "1", 4, None)])
+def test_each_tf_worker_of_a_node_gets_its_own_gpus(visible, local, per_node, mine):
+    """--gpus-per-node 4 with 4 TF workers a node: worker 2 of the node gets GPU 2 alone (as a TFJob's pod and the SSH
+    cluster's workers), not every worker all four; with fewer GPUs than workers they share round the GPUs."""
+    env = dict(ENV, SLURM_NTASKS=str(2 * per_node), SLURM_LOCALID=local, CUDA_VISIBLE_DEVICES=visible)
+    assert slurmtask.worker_gpus(env, NODES).get("CUDA_VISIBLE_DEVICES") == mine
+
+
 def test_horovod_ranks_get_what_horovodrun_would_give_them():
     env = dict(ENV, SLURM_PROCID="3", SLURM_NODEID="1")
     assert slurmtask.horovod_env(env, NODES) == {
