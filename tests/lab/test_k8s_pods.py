@@ -394,7 +394,8 @@ def export(folder: Path, image: str, launcher: str, script: str, *flags: str, ki
     variables, and the secret value."""
     folder.mkdir()
     rank_var, size_var = ("HOROVOD_RANK", "HOROVOD_SIZE") if launcher == "horovod" else ("RANK", "WORLD_SIZE")
-    (folder / "train.py").write_text(script.format(secret=SECRET_NAME, rank_var=rank_var, size_var=size_var))
+    script_name = "train.py"
+    (folder / script_name).write_text(script.format(secret=SECRET_NAME, rank_var=rank_var, size_var=size_var))
     (folder / "data.bin").write_bytes(bytes(range(256)))  # not UTF-8: the ConfigMap's binaryData
     value = secrets.token_hex(16)
     r = run_kit("export", "--to", "k8s", "--kind", kind, "--launcher", launcher, "--image", image,
@@ -405,8 +406,9 @@ def export(folder: Path, image: str, launcher: str, script: str, *flags: str, ki
     assert [o["kind"] for o in objects] == {"indexed-job": ["ConfigMap", "NetworkPolicy", "Service", "Job"],
                                             "mpijob": ["ConfigMap", "NetworkPolicy", "MPIJob"]}[kind]
     assert "data.bin" in str(objects[-1]) and objects[0]["binaryData"]
-    name = objects[-1]["metadata"]["name"]
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-env"},
+    made = re.search(r"kubectl create secret generic (\S+) ", r.stderr)  # the Secret as kit says to make it
+    assert made and made[1] == f"kit-{Path(script_name).stem}-env", r.stderr
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": made[1]},
               "data": {SECRET_NAME: base64.b64encode(value.encode()).decode()}}
     return objects, secret, value
 
