@@ -132,6 +132,9 @@ def render(job: SbatchJob) -> str:
         submitted=job.submitted, filename=job.filename, job_name=job.name, nodes=job.shape.nodes,
         tasks_per_node=job.shape.tasks_per_node, gpus_per_node=job.shape.gpus_per_node,
         partition=job.slurm.partition, account=job.slurm.account, time=job.slurm.time,
+        cpus_per_task=job.slurm.cpus_per_task, mem=job.slurm.mem, mem_per_gpu=job.slurm.mem_per_gpu,
+        # (srun reads no --cpus-per-task of sbatch's since Slurm 22.05: each step is told)
+        srun_cpus=f"--cpus-per-task={job.slurm.cpus_per_task} " if job.slurm.cpus_per_task else "",
         task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
         net_source=network_script.script(),
         job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,

@@ -12,6 +12,7 @@ _LOGIN = re.compile(r"^(?:[a-z_][a-z0-9_-]{0,31}@)?[A-Za-z0-9](?:[A-Za-z0-9.-]{0
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SLURM_TIME = re.compile(r"^(?:\d{1,4}-)?\d{1,5}(?::\d{1,2}){0,2}$")
 _SLURM_PATH = re.compile(r"^[A-Za-z0-9_./+-]+$")
+_SLURM_MEMORY = re.compile(r"^[1-9][0-9]{0,8}[KMGT]?$")  # as sbatch --mem reads it: 64G, 500M, 4096 (MB)
 
 # The fix shown for a bad value of each setting (kit.config.HINTS has every section's).
 HINTS: dict[str, str] = {
@@ -27,6 +28,10 @@ HINTS: dict[str, str] = {
     "python_path": "use the nodes' Python that has torch and the launcher, e.g. /shared/envs/kit/bin/python",
     "container_image": "use the path on shared storage of the image file every node reads: the .sqsh of "
                        "`kit export --to enroot` (pyxis) or the .sif that apptainer build made",
+    "cpus_per_task": "use a number of CPUs from 1 to 4096 for each task, or leave it out for the node's CPUs shared "
+                     "among its tasks (and its GPUs)",
+    "mem": "use a memory size for each node as sbatch reads it: 64G, 500M (a number alone is MB)",
+    "mem_per_gpu": "use a memory size for each GPU as sbatch reads it: 16G, 500M (a number alone is MB)",
     "subnet": "use the network the ranks talk over, e.g. 10.1.0.0/16, or leave it out for the one that holds "
               "every node's address",
 }
@@ -47,6 +52,9 @@ class SlurmConfig(BaseModel):
     python_path: str = "python3"   # runtime none: the Python on the nodes with torch and the launcher's package
     container_image: str | None = None  # pyxis: the .sqsh; apptainer: the .sif (on shared storage)
     subnet: str | None = None      # the ranks' network; default: the one that holds every node's address
+    cpus_per_task: int | None = None   # default (kit run): each node's CPUs, its share for the job's GPUs, a task
+    mem: str | None = None         # each node's memory for the job (sbatch --mem); default: Slurm's
+    mem_per_gpu: str | None = None  # or each GPU's (sbatch --mem-per-gpu)
 
     @field_validator("login")
     @classmethod
@@ -77,6 +85,20 @@ class SlurmConfig(BaseModel):
             raise ValueError(f"{v!r} is not a path of letters, digits and _ . / + -")
         return v
 
+    @field_validator("cpus_per_task")
+    @classmethod
+    def _cpus(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 4096:
+            raise ValueError(f"{v} is not from 1 to 4096")
+        return v
+
+    @field_validator("mem", "mem_per_gpu")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_MEMORY.fullmatch(str(v)):
+            raise ValueError(f"'{v}' is not a memory size such as 64G or 500M")
+        return v if v is None else str(v)
+
     @field_validator("subnet")
     @classmethod
     def _subnet(cls, v: str | None) -> str | None:
@@ -91,4 +113,6 @@ class SlurmConfig(BaseModel):
     def _image(self) -> "SlurmConfig":
         if self.runtime != "none" and not self.container_image:
             raise ValueError(f"runtime {self.runtime} needs container_image (the image file every node reads)")
+        if self.mem and self.mem_per_gpu:
+            raise ValueError("mem and mem_per_gpu both say the job's memory: give one")
         return self

@@ -195,6 +195,31 @@ def check_environment(runner: Runner, slurm: SlurmConfig, launcher: str) -> None
               "sees; it sets slurm.python_path), or use runtime pyxis or apptainer with kit's image")
 
 
+def parse_share(text: str, tasks_per_node: int, gpus_per_node: int | None) -> int | None:
+    """`sinfo -h -N -o '%c %G'` (each node's CPUs and generic resources) -> the CPUs a task gets by default: each
+    node's CPUs (its share for the job's GPUs, where the node has GPUs: 2 of 8 GPUs, a quarter), divided among the
+    job's tasks on it; the fewest any node gives. None when sinfo named no node. Pure."""
+    shares = []
+    for line in text.splitlines():
+        words = line.split(None, 1)
+        if not words or not words[0].isdigit():
+            continue
+        cpus = int(words[0])
+        gpus = sum(int(m[1]) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", words[1] if len(words) > 1 else ""))
+        if gpus_per_node and gpus:
+            cpus = cpus * min(gpus_per_node, gpus) // gpus
+        shares.append(max(cpus // max(tasks_per_node, 1), 1))
+    return min(shares) if shares else None
+
+
+def node_share(runner: Runner, slurm: SlurmConfig, shape) -> int | None:
+    """The job's --cpus-per-task where neither kit.yaml nor the command line gives one, from Slurm's node facts (the
+    partition's nodes); None (Slurm's own default, a CPU a task) when sinfo does not answer."""
+    partition = f"-p {shlex.quote(slurm.partition)} " if slurm.partition else ""
+    r = runner.run(f"sinfo -h -N {partition}-o '%c %G'", timeout=REMOTE_TIMEOUT_S)
+    return parse_share(r.stdout, shape.tasks_per_node, shape.gpus_per_node) if r.ok else None
+
+
 def submit(runner: Runner, remote: str, unset: list[str]) -> str:
     """sbatch in the job's folder; the Slurm job id. sbatch gives the job the environment it runs in: the job's own
     variables (`unset`, which a user may have in this shell's) are taken out of it, so Slurm never records them."""

@@ -4,6 +4,7 @@ job, what each task derives from Slurm's variables (kit.slurmtask), the job's fo
 
 import io
 import json
+import dataclasses
 import inspect
 import os
 import shutil
@@ -78,6 +79,32 @@ def test_a_job_with_variables_names_only_their_file_and_removes_it():
     assert f"ends+=(.kit/env/{JOB_ID})" in text and "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
     assert "export KIT_ENV=1" in text
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
+
+
+@pytest.mark.parametrize("sinfo, tasks, gpus, share", [
+    ("2 (null)\n2 (null)\n", 1, None, 2),
+    ("64 gpu:8\n64 gpu:8\n", 2, 2, 8),                   # 2 of 8 GPUs: a quarter of 64 CPUs, for 2 tasks
+    ("64 gpu:a100:8(S:0-1)\n48 gpu:a100:8(S:0-1)\n", 1, 4, 24),  # the fewest any node gives
+    ("128 gpu:a100:4,gpu:v100:4\n", 8, 8, 16),
+    ("4 (null)\n", 8, None, 1),                           # never none
+    ("", 1, None, None), ("sinfo: error: no partition\n", 1, None, None)])
+def test_a_tasks_cpus_are_its_share_of_the_nodes_from_slurms_node_facts(sinfo, tasks, gpus, share):
+    assert slurmjobs.parse_share(sinfo, tasks, gpus) == share
+
+
+def test_cpus_and_memory_reach_the_script_and_every_step():
+    """--cpus-per-task goes to sbatch and to each srun (which, since Slurm 22.05, does not take sbatch's); --mem or
+    --mem-per-gpu to sbatch; what sbatch would not read is bad input."""
+    job = golden_job("horovod", "none")
+    job = dataclasses.replace(job, slurm=job.slurm.model_copy(update={"cpus_per_task": 8, "mem": "64G"}))
+    text = sbatch.render(job)
+    assert "#SBATCH --cpus-per-task=8\n#SBATCH --mem=64G\n" in text
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block --cpus-per-task=8 " in text
+    assert "--cpus-per-task" not in sbatch.render(golden_job("horovod", "none"))
+    for bad, says in ((dict(mem="64GB"), "not a memory size"), (dict(cpus_per_task=0), "not from 1 to 4096"),
+                      (dict(mem="8G", mem_per_gpu="2G"), "give one")):
+        with pytest.raises(ValueError, match=says):
+            SlurmConfig(**bad)
 
 
 def test_jobs_submitted_from_one_folder_share_none_of_kits_files(tmp_path):

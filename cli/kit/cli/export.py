@@ -89,6 +89,10 @@ def export(
     partition: Optional[str] = typer.Option(None, help="--to slurm: the partition."),
     account: Optional[str] = typer.Option(None, help="--to slurm: the account."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
+    cpus_per_task: Optional[int] = typer.Option(None, metavar="N", help="--to slurm: CPUs of each task (default: "
+                                                "slurm.cpus_per_task, else Slurm's)."),
+    mem: Optional[str] = typer.Option(None, metavar="SIZE", help="--to slurm: memory of each node (64G)."),
+    mem_per_gpu: Optional[str] = typer.Option(None, metavar="SIZE", help="--to slurm: memory of each GPU, instead."),
 ) -> None:
     """Write kit's image as one file a Slurm site runs: a squashfs for enroot/pyxis, or a docker-archive for
     Apptainer (a second export of the same image to the same file does nothing); or, with --to venv -o DIR, the
@@ -107,12 +111,14 @@ def export(
     """
     job = {"SCRIPT": script, "--launcher": None if launcher == "horovod" else launcher, "--nodes": nodes, "--np": np,
            "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node, "--partition": partition,
-           "--account": account, "--time": time_limit}
+           "--account": account, "--time": time_limit, "--cpus-per-task": cpus_per_task, "--mem": mem,
+           "--mem-per-gpu": mem_per_gpu}
     k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
                 "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "-e": env,
                 "--env-file": env_file, "--cpus": cpus, "--memory": memory}
     if to is Target.k8s:
-        if given := [name for name in ("--partition", "--account", "--time") if job[name] is not None]:
+        if given := [name for name in ("--partition", "--account", "--time", "--cpus-per-task", "--mem",
+                                       "--mem-per-gpu") if job[name] is not None]:
             raise BadInput(f"{', '.join(given)}: Slurm's", hint="drop it for --to k8s")
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                      gpus_per_node, slurm=False),
@@ -123,7 +129,7 @@ def export(
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
     if to is Target.slurm:
         _export_slurm(script, args or [], launcher, nodes, np, ntasks_per_node, gpus_per_node, partition, account,
-                      time_limit, output, config)
+                      time_limit, output, config, cpus_per_task=cpus_per_task, mem=mem, mem_per_gpu=mem_per_gpu)
         return
     if given := [name for name, value in job.items() if value is not None]:
         raise BadInput(f"{', '.join(given)}: a job's, for --to slurm or k8s", hint=f"drop it to export the image "
@@ -149,13 +155,14 @@ def export(
 
 
 def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes, np, ntasks_per_node, gpus_per_node,
-                  partition, account, time_limit, output: Optional[Path], config: Optional[Path]) -> None:
+                  partition, account, time_limit, output: Optional[Path], config: Optional[Path],
+                  **resources) -> None:
     if script is None:
         raise BadInput("--to slurm needs the training script", hint="kit export --to slurm train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
     text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
-                                   time_limit, output.name if output else "THIS_FILE")
+                                   time_limit, output.name if output else "THIS_FILE", **resources)
     if path := _write_out(text, output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where "
                       f"{escape(script.as_posix())} leads to the script, on storage every node sees: "

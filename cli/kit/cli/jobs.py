@@ -103,6 +103,13 @@ def run(
     partition: Optional[str] = typer.Option(None, help="slurm: the partition (default: slurm.partition, else "
                                             "Slurm's default)."),
     account: Optional[str] = typer.Option(None, help="slurm: the account (default: slurm.account)."),
+    cpus_per_task: Optional[int] = typer.Option(None, metavar="N", help="slurm: CPUs of each task (default: each "
+                                                "node's, its share for the job's GPUs, among its tasks; or "
+                                                "slurm.cpus_per_task)."),
+    mem: Optional[str] = typer.Option(None, metavar="SIZE", help="slurm: memory of each node for the job, as sbatch "
+                                      "--mem reads it (64G; default: slurm.mem, else Slurm's)."),
+    mem_per_gpu: Optional[str] = typer.Option(None, metavar="SIZE", help="slurm: memory of each GPU, instead "
+                                              "(sbatch --mem-per-gpu)."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="slurm: the time limit, as sbatch --time reads "
                                              "it (default: slurm.time, else the partition's)."),
 ) -> None:
@@ -124,7 +131,8 @@ def run(
     """
     check_launcher(launcher)
     slurm_flags = {"--nodes": nodes, "--ntasks-per-node": ntasks_per_node, "--gpus-per-node": gpus_per_node,
-                   "--partition": partition, "--account": account, "--time": time_limit}
+                   "--partition": partition, "--account": account, "--time": time_limit,
+                   "--cpus-per-task": cpus_per_task, "--mem": mem, "--mem-per-gpu": mem_per_gpu}
     if on not in ("cluster", "slurm", "k8s"):
         raise BadInput(f"--on: '{on}' is not where kit runs jobs", hint="use cluster (the default), slurm or k8s")
     k8s_flags = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace, "--image": image,
@@ -141,6 +149,7 @@ def run(
                         "--start-timeout": None if start_timeout == 60 else start_timeout}
         if on == "k8s":
             cluster_only |= {"--partition": partition, "--account": account, "--time": time_limit,
+                             "--cpus-per-task": cpus_per_task, "--mem": mem, "--mem-per-gpu": mem_per_gpu,
                              "--workdir": workdir}
         if given := [flag for flag, value in cluster_only.items() if value is not None]:
             raise BadInput(f"{', '.join(given)}: not for --on {on}", hint=f"drop it: under {SCHEDULERS[on]}, --nodes, "
@@ -152,7 +161,8 @@ def run(
                         image or cfg.image_tag, jobenv.parse(env or [], env_file or [], os.environ), namespace,
                         workspace_pvc, image_pull_secret, detach, tuple(env_file or ()), cpus, memory)
             return
-        settings = slurm_cli.configured_slurm(cfg_file, partition, account, time_limit)
+        settings = slurm_cli.configured_slurm(cfg_file, partition, account, time_limit, cpus_per_task=cpus_per_task,
+                                              mem=mem, mem_per_gpu=mem_per_gpu)
         shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
         variables = jobenv.parse(env or [], env_file or [], os.environ)
         slurm_cli.run_on_slurm(settings, script, args or [], workdir, launcher, shape, variables, detach,

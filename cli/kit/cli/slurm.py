@@ -21,12 +21,14 @@ STOP_WAIT_S = 30
 
 
 def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
-                   time_limit: Optional[str]) -> SlurmConfig:
-    return section_config(cfg_file, "slurm", dict(partition=partition, account=account, time=time_limit))
+                   time_limit: Optional[str], **resources) -> SlurmConfig:
+    """kit.yaml's slurm section, the flags winning; resources: cpus_per_task, mem, mem_per_gpu."""
+    return section_config(cfg_file, "slurm", dict(partition=partition, account=account, time=time_limit,
+                                                  **resources))
 
 
 def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
-                     time_limit: Optional[str]) -> SlurmConfig:
+                     time_limit: Optional[str], **resources) -> SlurmConfig:
     """kit.yaml's slurm section, for a job kit submits: refused where there is none (kit would not know where
     sbatch runs, nor which Python the nodes have; kit export --to slurm needs none)."""
     if "slurm" not in cfg_file.sections:
@@ -37,7 +39,7 @@ def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Op
                             "none on that host itself); then `kit export --to venv -o /shared/envs/kit` makes the "
                             "nodes' Python there and records it (or set `runtime: pyxis` or `apptainer`, with kit's "
                             "image): the Slurm page of kit's docs says more")
-    return slurm_settings(cfg_file, partition, account, time_limit)
+    return slurm_settings(cfg_file, partition, account, time_limit, **resources)
 
 
 def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
@@ -49,11 +51,14 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
     rel = _script_in(script, folder)
     job_id = jobs.new_job_id()
     job = sbatch.SbatchJob(job_id, rel, tuple(args), launcher, shape, settings, bool(variables), submitted=True)
-    text = sbatch.render(job)
+    sbatch.render(job)  # (bad input, before anything is contacted)
     runner = slurmjobs.login_runner(settings, connect_timeout)
     where = settings.login or "this machine"
     try:
         slurmjobs.check_environment(runner, settings, launcher)
+        if settings.cpus_per_task is None and (share := slurmjobs.node_share(runner, settings, shape)):
+            job = dataclasses.replace(job, slurm=settings.model_copy(update={"cpus_per_task": share}))
+        text = sbatch.render(job)
         remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
         slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
         record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time())
@@ -84,10 +89,11 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
 
 
 def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
-                  partition: Optional[str], account: Optional[str], time_limit: Optional[str], filename: str) -> str:
+                  partition: Optional[str], account: Optional[str], time_limit: Optional[str], filename: str,
+                  **resources) -> str:
     """The sbatch script `kit run --on slurm` would submit, for a user who submits by hand: kit.yaml's slurm section
     where there is one, else the defaults (runtime none). Contacts nothing."""
-    settings = slurm_settings(cfg_file, partition, account, time_limit)
+    settings = slurm_settings(cfg_file, partition, account, time_limit, **resources)
     return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings,
                                           filename=filename))
 
