@@ -91,6 +91,7 @@ class SbatchJob:
     variables: bool = False      # the job has variables (-e, --env-file): in ENV_DIR/<job_id>, never in the script
     submitted: bool = False      # kit run submits it (else: kit export wrote it for the user)
     filename: str = SCRIPT_NAME  # the script's own file name, as its first lines say to submit it
+    env_file: str | None = None  # kit export's: the variables' file in ENV_DIR that each job copies (variables True)
 
     @property
     def name(self) -> str:
@@ -137,7 +138,8 @@ def render(job: SbatchJob) -> str:
         srun_cpus=f"--cpus-per-task={job.slurm.cpus_per_task} " if job.slurm.cpus_per_task else "",
         task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
         net_source=network_script.script(),
-        job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, launcher=job.launcher,
+        job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, env_file=job.env_file,
+        launcher=job.launcher,
         nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,
         python=python, command=" ".join(shlex.quote(a) for a in (job.script, *job.args)), port_base=JOB_PORT_BASE,
         port_block=JOB_PORT_BLOCK, port_blocks=JOB_PORT_BLOCKS)

@@ -76,7 +76,7 @@ def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
 def test_a_job_with_variables_names_only_their_file_and_removes_it():
     job = golden_job("horovod", "none")
     text = sbatch.render(job)
-    assert f"ends+=(.kit/env/{JOB_ID})" in text and "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
+    assert f'ends+=(".kit/env/{JOB_ID}")' in text and "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
     assert "export KIT_ENV=1" in text
     assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
 
@@ -589,10 +589,38 @@ def test_export_takes_np_as_horovodrun_spells_it_and_refuses_kit_runs_h_after_th
     assert r.returncode == 0 and "kit_task.py\" horovod train.py -H a:2,b:2 || code=$?" in r.stdout, r.stderr
 
 
+def test_export_takes_the_jobs_variables_as_kit_run_does_never_in_the_script(tmp_path):
+    """-e and --env-file for a script submitted by hand: the values in .kit/env here (0600, in a 0700 folder), never
+    in the script; each job copies them to its own file, which its ranks read and which goes at its end, so the
+    script can be submitted again; --no-requeue as for kit run --on slurm."""
+    from helpers import run_kit
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "secrets.env").write_text("API_KEY=from-the-file\n")
+    r = run_kit("export", "--to", "slurm", "-e", "TOKEN=s3cret", "--env-file", "secrets.env", "-o", "job.sbatch",
+                "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "job.sbatch").read_text()
+    assert "s3cret" not in text + r.stdout + r.stderr and "from-the-file" not in text and "#SBATCH --no-requeue" in text
+    (name,) = os.listdir(tmp_path / ".kit/env")
+    assert (tmp_path / ".kit/env").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / ".kit/env" / name).stat().st_mode & 0o777 == 0o600
+    assert json.loads((tmp_path / ".kit/env" / name).read_text()) == {"API_KEY": "from-the-file", "TOKEN": "s3cret"}
+    assert f"are in .kit/env/{name} here (mode 0600)" in r.stderr
+    block = text[text.index('install -m 600'):text.index('export KIT_ENV=1')]
+    for job in ("7", "8"):  # each submission's own copy, from the one kit wrote
+        assert subprocess.run(["bash", "-euc", block], cwd=tmp_path, env={"SLURM_JOB_ID": job,
+                                                                           "PATH": os.environ["PATH"]}).returncode == 0
+    assert sorted(os.listdir(tmp_path / ".kit/env")) == sorted([name, "slurm-7", "slurm-8"])
+    assert (tmp_path / ".kit/env/slurm-8").read_text() == (tmp_path / ".kit/env" / name).read_text()
+    assert (tmp_path / ".kit/env/slurm-8").stat().st_mode & 0o777 == 0o600
+    checked = subprocess.run(["shellcheck", str(tmp_path / "job.sbatch")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout
+
+
 @pytest.mark.parametrize("args, says", [
     (["--to", "slurm"], "error: --to slurm needs the training script"),
     (["--to", "slurm", "--launcher", "mpi", "t.py"], "error: --launcher: 'mpi' is not a launcher"),
-    (["--to", "slurm", "-e", "X", "t.py"], "error: -e: for --to k8s"),
+    (["--to", "enroot", "-e", "X=1"], "error: -e: a job's, for --to slurm or k8s"),
     (["--to", "enroot", "--nodes", "2"], "error: --nodes: a job's, for --to slurm or k8s"),
     (["--to", "enroot", "--kind", "mpijob"], "error: --kind: for --to k8s"),
     (["--to", "k8s", "--partition", "p", "t.py"], "error: --partition: Slurm's"),

@@ -78,9 +78,11 @@ def export(
                                                 "script's folder in a ConfigMap."),
     image_pull_secret: Optional[str] = typer.Option(None, metavar="NAME", help="--to k8s: the Secret the pods pull "
                                                     "the image with, where the registry asks for a login."),
-    env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="--to k8s: a variable for every rank, "
-                                            "NAME=VALUE or NAME (repeatable); a secret one is read from a Secret."),
-    env_file: Optional[List[Path]] = typer.Option(None, help="--to k8s: variables from a file of NAME=VALUE lines."),
+    env: Optional[List[str]] = typer.Option(None, "--env", "-e", help="--to slurm or k8s: a variable for every rank, "
+                                            "NAME=VALUE or NAME (repeatable): k8s reads a secret one from a Secret, "
+                                            "slurm from a 0600 file in .kit/env here, never the script."),
+    env_file: Optional[List[Path]] = typer.Option(None, help="--to slurm or k8s: variables from a file of NAME=VALUE "
+                                                  "lines."),
     cpus: Optional[str] = typer.Option(None, metavar="CPUS", help="--to k8s: each pod's CPUs, requested and its "
                                        "limit (8, 0.5, 500m; default: 2 for each rank it runs)."),
     memory: Optional[str] = typer.Option(None, metavar="SIZE", help="--to k8s: each pod's memory, requested and its "
@@ -114,8 +116,8 @@ def export(
            "--account": account, "--time": time_limit, "--cpus-per-task": cpus_per_task, "--mem": mem,
            "--mem-per-gpu": mem_per_gpu}
     k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
-                "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "-e": env,
-                "--env-file": env_file, "--cpus": cpus, "--memory": memory}
+                "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "--cpus": cpus,
+                "--memory": memory}
     if to is Target.k8s:
         if given := [name for name in ("--partition", "--account", "--time", "--cpus-per-task", "--mem",
                                        "--mem-per-gpu") if job[name] is not None]:
@@ -129,8 +131,12 @@ def export(
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
     if to is Target.slurm:
         _export_slurm(script, args or [], launcher, nodes, np, ntasks_per_node, gpus_per_node, partition, account,
-                      time_limit, output, config, cpus_per_task=cpus_per_task, mem=mem, mem_per_gpu=mem_per_gpu)
+                      time_limit, output, config, jobenv.parse(env or [], env_file or [], os.environ),
+                      cpus_per_task=cpus_per_task, mem=mem, mem_per_gpu=mem_per_gpu)
         return
+    if given := [name for name, value in {"-e": env, "--env-file": env_file}.items() if value]:
+        raise BadInput(f"{', '.join(given)}: a job's, for --to slurm or k8s", hint=f"drop it to export the image "
+                       f"--to {to.value}")
     if given := [name for name, value in job.items() if value is not None]:
         raise BadInput(f"{', '.join(given)}: a job's, for --to slurm or k8s", hint=f"drop it to export the image "
                        f"--to {to.value}, or write the job's sbatch script (--to slurm) or manifests (--to k8s)")
@@ -156,13 +162,21 @@ def export(
 
 def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes, np, ntasks_per_node, gpus_per_node,
                   partition, account, time_limit, output: Optional[Path], config: Optional[Path],
-                  **resources) -> None:
+                  variables: tuple[tuple[str, str], ...] = (), **resources) -> None:
     if script is None:
         raise BadInput("--to slurm needs the training script", hint="kit export --to slurm train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
+    env_file = slurm_cli.variables_file(variables)[0] if variables else None
     text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
-                                   time_limit, output.name if output else "THIS_FILE", **resources)
+                                   time_limit, output.name if output else "THIS_FILE", env_file, **resources)
+    if output is not None:
+        writable(output.absolute())
+    if variables:  # (once the script is known good: bad input writes nothing)
+        slurm_cli.write_variables(variables, Path.cwd())
+        err_console.print(f"kit: the job's variables ({', '.join(name for name, _ in variables)}) are in "
+                          f"{sbatch.ENV_DIR}/{env_file} here (mode 0600), which the script reads: submit it from this "
+                          "folder", highlight=False, markup=False)
     if path := _write_out(text, output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where "
                       f"{escape(script.as_posix())} leads to the script, on storage every node sees: "

@@ -90,12 +90,37 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
 
 def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
                   partition: Optional[str], account: Optional[str], time_limit: Optional[str], filename: str,
-                  **resources) -> str:
+                  env_file: Optional[str] = None, **resources) -> str:
     """The sbatch script `kit run --on slurm` would submit, for a user who submits by hand: kit.yaml's slurm section
-    where there is one, else the defaults (runtime none). Contacts nothing."""
+    where there is one, else the defaults (runtime none). Contacts nothing. env_file: the variables' file kit export
+    wrote in sbatch.ENV_DIR (write_variables)."""
     settings = slurm_settings(cfg_file, partition, account, time_limit, **resources)
     return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings,
-                                          filename=filename))
+                                          variables=env_file is not None, filename=filename, env_file=env_file))
+
+
+def variables_file(variables: tuple[tuple[str, str], ...]) -> tuple[str, bytes]:
+    """kit export --to slurm's -e and --env-file: (the file's name in sbatch.ENV_DIR, from what it holds: another
+    export of other values is another file; its content, JSON as each rank reads it)."""
+    import hashlib
+    import json
+    data = json.dumps(dict(variables), sort_keys=True).encode()
+    return "export-" + hashlib.sha256(data).hexdigest()[:12], data
+
+
+def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str:
+    """The variables' file in the folder's sbatch.ENV_DIR (mode 0600 in a 0700 folder), never in the script; its
+    name."""
+    import os
+    name, data = variables_file(variables)
+    env_dir = folder / sbatch.ENV_DIR
+    env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env_dir.chmod(0o700)
+    fd = os.open(env_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)
+    return name
 
 
 def _script_in(script: Path, folder: Path) -> str:
