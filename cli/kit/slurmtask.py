@@ -253,7 +253,15 @@ def main(argv, env):
         run["TF_CONFIG"] = tf_config(env, nodes)
         run.update(worker_gpus(env, nodes))
     argv = torchrun_argv(env, nodes, address, command) if mode == "torchrun" else [sys.executable, "-u", RANK, *command]
-    os.execve(argv[0], argv, run)
+    become(argv, run)
+
+
+def become(argv, env):
+    """This task becomes argv. Slurm's warning before the time limit (sbatch --signal=USR1@120) reaches every process
+    of the job: ignored from here on (an ignored signal stays so across exec and fork), in torchrun's agent and each
+    rank, unless the script handles it itself; its default would end them."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.execve(argv[0], argv, env)
 
 
 if __name__ == "__main__":

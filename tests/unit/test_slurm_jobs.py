@@ -631,6 +631,38 @@ def test_export_refuses_what_is_not_a_job_of_its_target(tmp_path, args, says):
     assert r.returncode == 2 and r.stderr.startswith(says), r.stderr
 
 
+WARNED = """import os, signal, subprocess, sys
+print("inherited", signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN, flush=True)
+os.kill(os.getpid(), signal.SIGUSR1)  # a script that does not handle it goes on
+print("alive", flush=True)
+child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGUSR1) == "
+                        "signal.SIG_IGN)"], capture_output=True, text=True).stdout.strip()
+print("child ignores", child, flush=True)  # what it starts (torchrun's workers) ignores it too
+signal.signal(signal.SIGUSR1, lambda *a: print("checkpoint", flush=True))  # a script that handles it gets it
+os.kill(os.getpid(), signal.SIGUSR1)
+"""
+
+
+def test_slurms_warning_before_the_time_limit_is_the_scripts_to_handle_and_a_requeued_job_resumes(tmp_path):
+    """sbatch --signal=USR1@120 sends SIGUSR1 to every process of the job two minutes before its time limit: the task
+    becomes the rank (or torchrun) with it ignored, so a script without a handler goes on (its default would end it)
+    and one with a handler gets it to save a checkpoint; what it starts ignores it too."""
+    text = sbatch.render(golden_job("torchrun", "none"))
+    assert "#SBATCH --signal=USR1@120\n" in text
+    restart = text[text.index("export KIT_RESTART="):].split("\n", 1)[0]  # a requeued job resumes, as on the cluster
+    for count, seen in ((None, "0"), ("2", "2")):
+        env = {"PATH": os.environ["PATH"], **({"SLURM_RESTART_COUNT": count} if count else {})}
+        shown = subprocess.run(["bash", "-euc", restart + '; echo "$KIT_RESTART"'], env=env, capture_output=True,
+                               text=True)
+        assert shown.stdout == seen + "\n", shown.stderr
+    (tmp_path / "warned.py").write_text(WARNED)
+    task = (f"import sys; sys.path.insert(0, {str(Path(slurmtask.__file__).parent)!r}); import slurmtask; "
+            f"slurmtask.become([sys.executable, {str(tmp_path / 'warned.py')!r}], dict(__import__('os').environ))")
+    r = subprocess.run([sys.executable, "-c", task], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split("\n")[:4] == [
+        "inherited True", "alive", "child ignores True", "checkpoint"], r.stdout + r.stderr
+
+
 def test_a_horovod_rank_on_a_node_whose_name_does_not_resolve_says_so(monkeypatch):
     monkeypatch.setattr(slurmtask.socket, "gethostname", lambda: "kit-no-such-node.invalid")
     with pytest.raises(SystemExit, match="kit-no-such-node.invalid, does not resolve here; Horovod's Gloo needs it"):
