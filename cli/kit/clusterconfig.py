@@ -35,6 +35,8 @@ HINTS: dict[str, str] = {
     "mounts": "write each as HOST_PATH:CONTAINER_PATH[:ro|:rw] (read-only unless :rw) with absolute paths of letters, "
               "digits and . _ - /, e.g. [/data/imagenet:/data/imagenet]; neither a system folder, kit's folders nor "
               "the workspace",
+    "share_hosts_with_slurm": "use true or false (true: kit up on nodes of the Slurm cluster kit prepared, where "
+                              "every user of both trusts the others)",
 }
 _NFS_SERVER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:/[A-Za-z0-9._/-]*$")
 _WORKSPACE = re.compile(r"^/[A-Za-z0-9._/-]+$")
@@ -109,6 +111,7 @@ class ClusterConfig(BaseModel):
     nfs_server: str | None = None  # storage nfs: an existing export (server:/path); default: the primary exports
     mounts: tuple[str, ...] = ()   # host folders in every container: HOST:CONTAINER[:ro|:rw], kept as HOST:CONTAINER:ro
     network: str | None = None     # the training network: a subnet, or ssh (hosts.txt's); None: kit measures (kit.network)
+    share_hosts_with_slurm: bool = False  # up on nodes of the Slurm kit prepared: their users all trust each other
 
     @field_validator("name")
     @classmethod

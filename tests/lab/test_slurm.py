@@ -88,6 +88,21 @@ def test_doctor_shows_the_slurm_section_all_ok(slurm):
 SLURM_CHECKS = ("slurmctld", "slurm node", "munge")
 
 
+def test_a_docker_cluster_on_the_slurm_nodes_is_refused_unless_kit_yaml_allows_it(slurm, project, tmp_path):
+    """Its jobs are root in the hosts' network, and the Slurm jobs' ports are kept by uid: kit up stops before it
+    changes anything, naming each host and the setting that allows it."""
+    folder = tmp_path / "docker-cluster"
+    folder.mkdir()
+    (folder / "kit.yaml").write_text((project / "kit.yaml").read_text())
+    slurm.lab.hosts_file(folder / "hosts.txt")
+    r = run_kit("up", "--hosts", "hosts.txt", "--dry-run", cwd=folder, env=slurm.lab.env, timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    for h in slurm.hosts:
+        assert f"  {h.address}: this host is a node of the Slurm cluster kit prepared" in r.stderr, r.stderr
+    assert "fix: give the Docker cluster and Slurm hosts of their own, or set cluster.share_hosts_with_slurm: " \
+           "true" in r.stderr
+
+
 def test_doctor_names_the_host_whose_slurmd_stopped_and_a_second_prepare_changes_that_alone(slurm):
     """kit prepare --slurm a second time: on the host whose slurmd was stopped it starts it again (its one change);
     everything else it finds done (no change on the other hosts, no daemon restarted)."""

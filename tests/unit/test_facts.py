@@ -56,6 +56,22 @@ def test_a_host_whose_docker_keeps_images_in_containerd_is_refused_with_the_sett
                               "sha256:" + "a" * 64, 1 << 30, False, "10.0.0.1", Owner("me", "me")) == []
 
 
+def test_a_node_of_kits_slurm_is_refused_unless_kit_yaml_says_its_users_trust_each_other():
+    """A Slurm job's ports are kept to its user by the socket's uid, which a job of the Docker cluster, root in the
+    host's network, can take on: kit up does not put the two on the same hosts unless kit.yaml says so. A local
+    cluster has a network of its own."""
+    f = replace(parse_facts(0, "@@kit docker\n29.1.3\n@@kit slurmjobports\nyes\n@@kit end\n"), free_bytes=100 << 30)
+    assert f.slurm_job_ports and not parse_facts(0, "@@kit slurmjobports\n@@kit end\n").slurm_job_ports
+    node = Node(Host("gpu7"), None, Place("c", "/ws"), facts=f)
+    args = ("sha256:" + "a" * 64, 1 << 30, False, "10.0.0.1", Owner("me", "me"))
+    found = preflight.problems(node, ClusterConfig(), *args)
+    assert found == [preflight.SHARED_WITH_SLURM] and "share_hosts_with_slurm: true" in preflight.hint_for(found)
+    assert preflight.problems(node, ClusterConfig(share_hosts_with_slurm=True), *args) == []
+    private = Place("c", "/ws", network="kit-c", address="10.213.0.2", subnet="10.213.0.0/24")
+    assert preflight.problems(replace(node, place=private), ClusterConfig(), *args) == []
+    assert "test -e /etc/slurm/kit-job-ports-prolog" in facts_command("img", Place("c", "/ws"), "/ws", "c")
+
+
 def test_this_machines_docker_in_containerd_s_image_store_is_refused_before_a_build(tmp_path, monkeypatch):
     """kit.build.connect through the docker SDK to an engine that answers as Docker 29 does on a new install."""
     sock = tmp_path / "docker.sock"

@@ -69,6 +69,7 @@ class HostFacts:
     python3: bool = False                 # runs kit's image relay
     containerd_store: bool = False        # Docker keeps images in containerd's image store (29's default)
     sources: dict[str, str] = field(default_factory=dict)  # cluster.mounts' host paths: "folder" or "other" (or none)
+    slurm_job_ports: bool = False         # a node of the Slurm cluster kit prepared (its job ports' Prolog is here)
 
     def foreign(self, cluster: str, owner: Owner) -> Owner | None:
         """Another owner of a cluster of this name on this host (its container, network or kit's folder), if any.
@@ -132,6 +133,7 @@ def facts_command(image: str, place: Place, workspace: str, cluster: str, source
         "2>/dev/null",
         f"echo '{MARK}limits'; ulimit -Hl; grep '^CapBnd:' /proc/self/status",
         f"echo '{MARK}hostname'; hostname",
+        f"echo '{MARK}slurmjobports'; test -e /etc/slurm/kit-job-ports-prolog && echo yes",
         f"echo '{MARK}network'; docker network inspect --format '{{{{json .Labels}}}} "
         f"{{{{range .IPAM.Config}}}}{{{{.Subnet}}}} {{{{end}}}}' {q(place.network)} 2>/dev/null" if place.private else "",
         *storage.facts_script(cluster, workspace),
@@ -226,6 +228,7 @@ def parse_facts(uid: int, text: str) -> HostFacts:
         python3=bool(s.get("python3")),
         containerd_store=_containerd_store(s.get("driverstatus", "")),
         sources={path: kind for kind, _, path in (l.partition(" ") for l in lines(s.get("sources", ""))) if path},
+        slurm_job_ports=s.get("slurmjobports") == "yes",
     )
 
 

@@ -71,6 +71,8 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
         found.append(f"cluster.gpus asks for {cfg.gpus} GPUs but nvidia-smi lists {f.gpus}")
     if gpu and "nvidia" not in f.runtimes:
         found.append("the NVIDIA container runtime is not configured in Docker")
+    if f.slurm_job_ports and not node.place.private and not cfg.share_hosts_with_slurm:
+        found.append(SHARED_WITH_SLURM)
     if f.network is not None and f.network.cluster != cfg.name:
         found.append(f"a Docker network named {node.place.network} exists that kit did not make for cluster "
                      f"{cfg.name}")
@@ -78,6 +80,11 @@ def problems(node: Node, cfg: ClusterConfig, image_id: str, image_bytes: int, gp
 
 
 MISSING_SOURCE = "cluster.mounts:"  # how each problem of a mount's host path begins
+# A node of the Slurm cluster `kit prepare --slurm` made: its Prolog keeps each Slurm job's ports to the job's user by
+# the uid of the connecting socket, and a job of this cluster is root in the host's network (its containers' sshd
+# needs SETUID), able to take on any uid.
+SHARED_WITH_SLURM = ("this host is a node of the Slurm cluster kit prepared: a job of this cluster runs as root in "
+                     "the host's network and could reach Slurm jobs' ports as their users")
 
 
 def mount_problems(cfg: ClusterConfig, sources: dict[str, str]) -> list[str]:
@@ -103,6 +110,9 @@ def slots(node: Node, cfg: ClusterConfig, gpu: bool) -> int:
 def hint_for(found: list[str]) -> str:
     if CONTAINERD_STORE in found:
         return CONTAINERD_HINT
+    if SHARED_WITH_SLURM in found:
+        return ("give the Docker cluster and Slurm hosts of their own, or set cluster.share_hosts_with_slurm: true in "
+                "kit.yaml where every user of both trusts the others")
     if any(p.startswith(MISSING_SOURCE) for p in found):
         return ("make the folder on that host (or mount its share there), or remove the entry from cluster.mounts in "
                 "kit.yaml, then run kit up again")
