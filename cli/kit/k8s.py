@@ -31,6 +31,8 @@ import yaml
 from kit import podtask, slurmtask
 from kit.commands.horovod import rank_launcher
 from kit.errors import BadInput
+from kit.k8ssizes import (CPUS_PER_RANK, MEMORY_PER_RANK_GI, RANK_CAPABILITIES, SSHD_CAPABILITIES, TTL_S,
+                          check_sizes, memory_bytes)
 from kit.jobenv import shows_value
 from kit.push import is_image_reference
 from kit.sbatch import IMAGE_PYTHON, Shape
@@ -49,17 +51,6 @@ CONFIGMAP_BYTES = 900 * 1024    # a ConfigMap holds 1 MiB in all (kubectl apply 
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 PVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 LABEL = "app.kubernetes.io/instance"
-TTL_S = 7 * 24 * 3600           # a finished job's objects (and its pods' logs) are deleted a week after it ended
-CPUS_PER_RANK, MEMORY_PER_RANK_GI = 2, 8   # each pod's default request and limit: this much for each rank it runs
-CPUS = re.compile(r"(\d+(\.\d{1,3})?|\d+m)")              # --cpus: 4, 0.5, 500m
-MEMORY = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?")      # --memory: Kubernetes quantities, bytes without a unit
-UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,
-         "Ti": 1 << 40}
-# What a rank's container keeps of root's capabilities (all others are dropped): its own files' owner and mode, on a
-# workspace volume another user may own. An MPIJob's worker runs sshd besides: on port 22, switching to the
-# launcher's login, in its privilege-separation chroot, with PAM's audit records.
-RANK_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID"]
-SSHD_CAPABILITIES = [*RANK_CAPABILITIES, "SETUID", "SETGID", "SYS_CHROOT", "NET_BIND_SERVICE", "AUDIT_WRITE", "KILL"]
 # What kit's pod task, the Job controller or an operator sets in a pod: a user's value would replace theirs.
 POD_SET = {"JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "TF_CONFIG"}
 POD_SET_PREFIXES = ("KIT_", "PET_", "SLURM_", "K_MPI_", "OMPI_MCA_")
@@ -110,11 +101,6 @@ def secret_name(name: str) -> str:
     return f"{name}-env"
 
 
-def memory_bytes(quantity: str) -> int:
-    m = MEMORY.fullmatch(quantity)
-    return int(m[1]) * UNITS[m[2]]
-
-
 def export_name(job: K8sJob) -> K8sJob:
     """kit export's objects are named for what they hold: kit-<script>-<hash of the manifests>. A changed job is
     another name, so applying it never meets the previous one's Job, whose pod template Kubernetes does not let
@@ -159,11 +145,7 @@ def check(job: K8sJob) -> None:
             raise BadInput(f"{flag}: {value!r} is not a Kubernetes name",
                            hint=f"lower-case letters, digits and -{'' if pattern is NAME else ' and .'}, starting "
                                 f"with a letter or digit, at most {top}")
-    if job.cpus is not None and not (CPUS.fullmatch(job.cpus) and job.cpus not in ("0", "0m")):
-        raise BadInput(f"--cpus: {job.cpus!r} is not a CPU count", hint="give each pod's CPUs: 8, 0.5 or 500m")
-    if job.memory is not None and not (MEMORY.fullmatch(job.memory) and memory_bytes(job.memory) >= 64 << 20):
-        raise BadInput(f"--memory: {job.memory!r} is not a memory size of 64Mi or more",
-                       hint="give each pod's memory as Kubernetes writes it: 32Gi, 500Mi")
+    check_sizes(job.cpus, job.memory)
     if not is_image_reference(job.image):
         raise BadInput(f"--image: {job.image!r} is not an image reference",
                        hint="give REGISTRY/REPO:TAG, the image `kit push` put in your registry")
