@@ -135,11 +135,12 @@ def test_an_image_that_is_not_here_is_named_and_nothing_is_written(project, work
 
 
 CHECK = """import os, sys, torch, torch.distributed as dist
-import horovod.torch as hvd
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 print(f"ddp {dist.get_rank()} {t.item()} {sys.executable} {os.environ.get('LD_LIBRARY_PATH')}", flush=True)
+dist.barrier()
+dist.destroy_process_group()  # (else Gloo's threads may outlive the interpreter: std::terminate at exit)
 """
 
 HVD_CHECK = """import sys, torch, horovod.torch as hvd
