@@ -111,15 +111,12 @@ def variables_file(variables: tuple[tuple[str, str], ...]) -> tuple[str, bytes]:
 def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str:
     """The variables' file in the folder's sbatch.ENV_DIR (mode 0600 in a 0700 folder), never in the script; its
     name."""
-    import os
+    from kit.identity import write_secret
     name, data = variables_file(variables)
     env_dir = folder / sbatch.ENV_DIR
     env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    env_dir.chmod(0o700)
-    fd = os.open(env_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(data)
+    env_dir.chmod(0o700)  # (one that was there already, too)
+    write_secret(env_dir / name, data)
     return name
 
 
