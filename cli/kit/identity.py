@@ -86,11 +86,18 @@ def new_munge_key() -> bytes:
 
 def write_secret(path: Path, data: bytes) -> None:
     """Create or replace a file that only its owner can read, without a moment of wider modes."""
+    write_file(path, data, 0o600)
+
+
+def write_file(path: Path, data: bytes, mode: int) -> None:
+    """Create or replace a file whole (by rename: a reader sees the old or the new), with `mode`; a new parent folder
+    is its owner's alone."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600, a name of its own
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

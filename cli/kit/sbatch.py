@@ -1,12 +1,15 @@
 """The sbatch script of a kit job under Slurm: settings in, text out. Pure.
 
-It is what `kit export --to slurm` prints and what `kit run --on slurm` submits: kit's task (kit.slurmtask) and rank
-launcher are written into the job's folder by the script itself, so a script submitted by hand needs no kit on the
-cluster. Every value that reaches it is allow-listed (kit.config.SlurmConfig) or quoted.
+It is what `kit export --to slurm` prints and what `kit run --on slurm` submits. kit's three files for the tasks (the
+task, kit.slurmtask; the network survey; the rank launcher) go beside it as files (helpers()), in a folder named by
+their content (HELPERS_DIR-<sha256>), which the script checks before it starts a task: the script stays short enough
+to read, a script submitted by hand needs no kit on the cluster, and jobs from one folder (of one kit or of two)
+never rewrite each other's. Every value that reaches the script is allow-listed (kit.config.SlurmConfig) or quoted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import shlex
 from dataclasses import dataclass
@@ -120,6 +123,32 @@ def describe(job: SbatchJob) -> str:
     return f"{what} on {s.nodes} node(s), {each}, {s.ranks} in all"
 
 
+HELPERS_DIR = ".kit/lib"  # + "-" and the first 16 hex digits of their sha256, relative to the job's folder
+
+
+def helpers() -> dict[str, bytes]:
+    """kit's files for a Slurm job's tasks, by name: the task (kit.slurmtask, which finds the others beside itself),
+    the network survey, and the rank launcher (which reads the job's variables from ENV_DIR)."""
+    return {"kit_task.py": inspect.getsource(slurmtask).encode(), "kit_net.py": network_script.script().encode(),
+            "kit_rank.py": rank_launcher(env_dir=ENV_DIR).encode()}
+
+
+def helpers_dir(files: dict[str, bytes]) -> str:
+    """Their folder, named by what they hold: another kit's are another folder, so a folder once written never
+    changes."""
+    whole = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        whole.update(f"{name}\0{len(data)}\0".encode() + data)
+    return f"{HELPERS_DIR}-{whole.hexdigest()[:16]}"
+
+
+def helper_files() -> dict[str, bytes]:
+    """The files to put beside the script, by their path from the job's folder."""
+    files = helpers()
+    folder = helpers_dir(files)
+    return {f"{folder}/{name}": data for name, data in files.items()}
+
+
 EXPORTED_JOB_ID = "slurm-$SLURM_JOB_ID"  # a script submitted by hand: the job's id is Slurm's
 
 
@@ -128,6 +157,7 @@ def render(job: SbatchJob) -> str:
         raise BadInput(f"{job.script!r}: a script's path with a control character (a line break?)",
                        hint="rename the script")
     srun_runtime, python = runtime_parts(job.slurm, bool(job.shape.gpus_per_node))
+    files = helpers()
     return render_template(
         "sbatch.j2", q=shlex.quote, script=job.script, what=describe(job), runtime=job.slurm.runtime,
         submitted=job.submitted, filename=job.filename, job_name=job.name, nodes=job.shape.nodes,
@@ -136,8 +166,7 @@ def render(job: SbatchJob) -> str:
         cpus_per_task=job.slurm.cpus_per_task, mem=job.slurm.mem, mem_per_gpu=job.slurm.mem_per_gpu,
         # (srun reads no --cpus-per-task of sbatch's since Slurm 22.05: each step is told)
         srun_cpus=f"--cpus-per-task={job.slurm.cpus_per_task} " if job.slurm.cpus_per_task else "",
-        task_source=inspect.getsource(slurmtask), rank_source=rank_launcher(env_dir=ENV_DIR),
-        net_source=network_script.script(),
+        helpers_dir=helpers_dir(files), sums=[(hashlib.sha256(data).hexdigest(), name) for name, data in files.items()],
         job_id=job.job_id, subnet=job.slurm.subnet, variables=job.variables, env_file=job.env_file,
         launcher=job.launcher,
         nproc_per_node=job.shape.nproc_per_node, torchrun_prefix=TORCHRUN_PREFIX, srun_runtime=srun_runtime,

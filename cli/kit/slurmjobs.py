@@ -26,7 +26,7 @@ from kit.errors import KitError
 from kit.inventory import Host
 from kit.runners.base import Runner
 from kit.slurmoutput import Failure, Reader
-from kit.sbatch import ENV_DIR, SCRIPT_NAME
+from kit.sbatch import ENV_DIR, SCRIPT_NAME, helper_files
 from kit.steps.workspace import Ignore, scan
 from kit.transfer import tar_member
 
@@ -168,9 +168,9 @@ def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]], secrets: tu
 
 def stage(runner: Runner, folder: Path, remote: str, script: str, variables: dict[str, str], job_id: str,
           secrets: tuple[Path, ...] = ()) -> None:
-    """Copy the job's folder (but its --env-file files, `secrets`), its sbatch script and its variables (0600, in a
-    0700 folder) to `remote`."""
-    extra = {SCRIPT_NAME: (script.encode(), 0o644)}
+    """Copy the job's folder (but its --env-file files, `secrets`), its sbatch script, kit's files for its tasks and
+    its variables (0600, in a 0700 folder) to `remote`."""
+    extra = {SCRIPT_NAME: (script.encode(), 0o644)} | {path: (data, 0o644) for path, data in helper_files().items()}
     if variables:
         extra[f"{ENV_DIR}/{job_id}"] = (json.dumps(variables).encode(), 0o600)
     q = shlex.quote(remote)

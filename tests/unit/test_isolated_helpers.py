@@ -133,7 +133,7 @@ def _slurm_task(workspace: Path) -> None:
     (workspace / "train.py").write_text("import os\nprint('worker', os.environ['TF_CONFIG'], flush=True)\n")
     script = sbatch.render(sbatch.SbatchJob("job-1", "train.py", (), "tf", sbatch.shape("tf", 1, None, None, None),
                                             SlurmConfig(python_path="/shared/envs/kit/bin/python")))
-    start = re.search(r'srun [^\n]*?(\S+ -u[^\n]*?) "\$KIT_DIR/kit_task\.py" tf ', script)
+    start = re.search(r'srun [^\n]*?(\S+ -u[^\n]*?) "\$KIT_LIB/kit_task\.py" tf ', script)
     argv = ["python", *start[1].split()[1:], ".kit/kit_task.py", "tf", "train.py"]
     r = _run(argv, workspace, PYTHONPATH=".", KIT_NODES="n1=127.0.0.1", KIT_PORT="24242", KIT_SUBNET="127.0.0.0/8",
              KIT_NET_KEY=".kit/net-key-1",

@@ -5,7 +5,7 @@ job, what each task derives from Slurm's variables (kit.slurmtask), the job's fo
 import io
 import json
 import dataclasses
-import inspect
+import hashlib
 import os
 import shutil
 import subprocess
@@ -65,12 +65,45 @@ def test_the_pyxis_script_runs_every_task_in_the_enroot_image():
         assert line in text.splitlines()
 
 
-def test_the_script_carries_the_job_code_of_kit_and_arguments_quoted():
+def test_the_script_runs_kits_task_from_the_files_beside_it_and_the_arguments_quoted():
+    """kit's files are beside the script, not in it (a 1400-line script was none to read): in a folder named by what
+    they hold, each file's sum in the script."""
     text = sbatch.render(golden_job("tf", "none"))
-    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u \"$KIT_DIR/kit_task.py\" " \
+    assert "srun --kill-on-bad-exit=1 --label --distribution=block /shared/envs/kit/bin/python -u \"$KIT_LIB/kit_task.py\" " \
            "tf train.py --epochs 2 --name 'it'\"'\"'s mine'" in text
-    task = text.split("<<'KIT_TASK'\n", 1)[1].split("KIT_TASK\n", 1)[0]
-    assert task == Path(slurmtask.__file__).read_text()
+    files = sbatch.helper_files()
+    (folder,) = {path.rsplit("/", 1)[0] for path in files}
+    assert files[f"{folder}/kit_task.py"] == Path(slurmtask.__file__).read_bytes()
+    assert f"KIT_LIB={folder}\n" in text and len(text.splitlines()) < 80
+    for path, data in files.items():
+        assert f"{hashlib.sha256(data).hexdigest()}  {path}\n" in text
+
+
+def test_an_exported_script_checks_kits_files_before_any_task_starts(tmp_path):
+    """kit export writes kit's files beside the script (where it runs); the script stops, exit 2 with the fix, where
+    they are missing (submitted from another folder) or changed, and goes on where they are as written."""
+    from helpers import run_kit
+    r = run_kit("export", "--to", "slurm", "-o", "job.sbatch", "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (folder,) = {path.rsplit("/", 1)[0] for path in sbatch.helper_files()}
+    assert f"kit's files for its tasks in {folder}, here: the script reads them, so submit it from this folder" \
+        in r.stderr
+    text = (tmp_path / "job.sbatch").read_text()
+    check = text[text.index("KIT_LIB="):text.index("# The job's own files")]
+    bash = lambda cwd: subprocess.run(["bash", "-euc", check], cwd=cwd, capture_output=True, text=True)
+    assert bash(tmp_path).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    missing = bash(elsewhere)
+    assert missing.returncode == 2 and missing.stderr.splitlines()[-1] == (
+        f"kit: {folder} here is not as kit wrote it: submit this script from the folder where kit export --to slurm "
+        "wrote it, or run kit export there again")
+    task = tmp_path / folder / "kit_task.py"
+    task.write_text(task.read_text() + "import os; os.system('true')\n")
+    assert bash(tmp_path).returncode == 2
+    again = run_kit("export", "--to", "slurm", "-o", "job.sbatch", "train.py", cwd=tmp_path)  # writes it again
+    assert again.returncode == 0 and bash(tmp_path).returncode == 0
+    assert oct(task.stat().st_mode & 0o777) == "0o644"
 
 
 def test_a_job_with_variables_names_only_their_file_and_removes_it():
@@ -108,18 +141,20 @@ def test_cpus_and_memory_reach_the_script_and_every_step():
 
 
 def test_jobs_submitted_from_one_folder_share_none_of_kits_files(tmp_path):
-    """Each job writes kit's files for its tasks in .kit/job-ID and removes that folder at its end: a second job from
-    the same folder neither rewrites the files the first one's tasks are reading nor loses its own when the first ends
-    (before, both wrote .kit/kit_task.py)."""
+    """Each job keeps its own files (the survey's key, the ranks' progress) in .kit/job-ID and removes that folder at
+    its end: a second job from the same folder loses none of its own when the first ends. kit's files for the tasks
+    are beside the script, in a folder named by what they hold, which no job writes or removes (before, each job
+    wrote them into .kit/, over the files another job's tasks were reading)."""
     text = sbatch.render(golden_job("horovod", "none"))
     block = text[text.index("KIT_DIR=.kit/job-"):text.index("# The job's nodes")]
-    bash = lambda job, keep: subprocess.run(["bash", "-euc", block + ("trap - EXIT\n" if keep else "")],
+    assert "cat >" not in text and "KIT_LIB" not in block
+    bash = lambda job, keep: subprocess.run(["bash", "-euc", block + "touch \"$KIT_DIR/net-key\"\n" +
+                                             ("trap - EXIT\n" if keep else "")],
                                             cwd=tmp_path, env={"SLURM_JOB_ID": job, "PATH": os.environ["PATH"]})
     assert bash("2", keep=True).returncode == 0  # (job 2 still runs)
     assert bash("1", keep=False).returncode == 0  # job 1 ends
     assert sorted(os.listdir(tmp_path / ".kit")) == ["job-2"]
-    assert (tmp_path / ".kit/job-2/kit_task.py").read_text() == inspect.getsource(slurmtask)
-    assert sorted(os.listdir(tmp_path / ".kit/job-2")) == ["kit_net.py", "kit_rank.py", "kit_task.py"]
+    assert os.listdir(tmp_path / ".kit/job-2") == ["net-key"]
 
 
 def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_path):
@@ -566,11 +601,12 @@ def test_export_writes_the_script_in_a_folder_without_kit_yaml(tmp_path):
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in r.stdout
-    assert "python3 -u \"$KIT_DIR/kit_task.py\" horovod train.py --epochs 2 || code=$?" in r.stdout
+    assert "python3 -u \"$KIT_LIB/kit_task.py\" horovod train.py --epochs 2 || code=$?" in r.stdout
     assert "export KIT_JOB=slurm-$SLURM_JOB_ID" in r.stdout and "sbatch THIS_FILE" in r.stdout
     written = run_kit("export", "--to", "slurm", "--launcher", "tf", "-o", "job.sbatch", "train.py", cwd=tmp_path)
     assert written.returncode == 0 and "sbatch job.sbatch" in (tmp_path / "job.sbatch").read_text()
-    assert list(tmp_path.iterdir()) == [tmp_path / "job.sbatch"]  # nothing else made, here or anywhere
+    assert sorted(os.listdir(tmp_path)) == [".kit", "job.sbatch"]  # nothing else made, here or anywhere
+    assert [p.name for p in (tmp_path / ".kit").iterdir()] == [p.rsplit("/", 2)[1] for p in sbatch.helper_files()][:1]
 
 
 def test_export_takes_np_as_horovodrun_spells_it_and_refuses_kit_runs_h_after_the_script(tmp_path):
@@ -605,7 +641,7 @@ def test_export_takes_the_jobs_variables_as_kit_run_does_never_in_the_script(tmp
     assert (tmp_path / ".kit/env").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / ".kit/env" / name).stat().st_mode & 0o777 == 0o600
     assert json.loads((tmp_path / ".kit/env" / name).read_text()) == {"API_KEY": "from-the-file", "TOKEN": "s3cret"}
-    assert f"are in .kit/env/{name} here (mode 0600)" in r.stderr
+    assert f"the job's variables (API_KEY, TOKEN) in .kit/env/{name} (mode 0600) and kit's files" in r.stderr
     block = text[text.index('install -m 600'):text.index('export KIT_ENV=1')]
     for job in ("7", "8"):  # each submission's own copy, from the one kit wrote
         assert subprocess.run(["bash", "-euc", block], cwd=tmp_path, env={"SLURM_JOB_ID": job,

@@ -172,11 +172,14 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
                                    time_limit, output.name if output else "THIS_FILE", env_file, **resources)
     if output is not None:
         writable(output.absolute())
-    if variables:  # (once the script is known good: bad input writes nothing)
+    # (once the script is known good: bad input writes nothing)
+    wrote = [f"kit's files for its tasks in {slurm_cli.write_helpers(Path.cwd())}"]
+    if variables:
         slurm_cli.write_variables(variables, Path.cwd())
-        err_console.print(f"kit: the job's variables ({', '.join(name for name, _ in variables)}) are in "
-                          f"{sbatch.ENV_DIR}/{env_file} here (mode 0600), which the script reads: submit it from this "
-                          "folder", highlight=False, markup=False)
+        wrote.insert(0, f"the job's variables ({', '.join(name for name, _ in variables)}) in {sbatch.ENV_DIR}/"
+                        f"{env_file} (mode 0600)")
+    err_console.print(f"kit: {' and '.join(wrote)}, here: the script reads them, so submit it from this folder",
+                      highlight=False, markup=False)
     if path := _write_out(text, output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: submit it from the folder where "
                       f"{escape(script.as_posix())} leads to the script, on storage every node sees: "

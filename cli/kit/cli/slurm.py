@@ -120,6 +120,17 @@ def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str
     return name
 
 
+def write_helpers(folder: Path) -> str:
+    """kit's files for the tasks of an exported script, in the folder's sbatch.HELPERS_DIR-... (written where they
+    are not there as kit made them); that folder."""
+    from kit.identity import write_file
+    for rel, data in sbatch.helper_files().items():
+        path = folder / rel
+        if not path.is_file() or path.read_bytes() != data:
+            write_file(path, data, 0o644)
+    return sbatch.helpers_dir(sbatch.helpers())
+
+
 def _script_in(script: Path, folder: Path) -> str:
     path = script.resolve()
     if not path.is_file():
