@@ -1,10 +1,15 @@
 """Bad input to `kit up`: exit 2, one line naming file:line or the flag, the expected form,
 and nothing changed on any lab host (nothing is even contacted)."""
 
+import contextlib
+import os
 import re
+import signal
+import subprocess
 
 import pytest
 
+from harness import wait_for
 from helpers import run_kit
 
 pytestmark = pytest.mark.lab
@@ -140,3 +145,63 @@ def test_bad_job_input_on_a_recorded_cluster_exits_2_and_contacts_no_host(projec
     finally:
         import shutil
         shutil.rmtree(folder)
+
+
+@contextlib.contextmanager
+def sshd_on(h, port: int):
+    """The host's own sshd (its host key, the lab user's key) also on another port: a server whose sshd listens off
+    22, as ~/.ssh/config's Port says."""
+    config = h.run / f"sshd_config-{port}"
+    config.write_text((h.run / "sshd_config").read_text().replace("Port 22\n", f"Port {port}\n")
+                      .replace(f"PidFile {h.run}/sshd.pid", f"PidFile {h.run}/sshd-{port}.pid"))
+    proc = subprocess.Popen([*h.nsenter, "/usr/sbin/sshd", "-f", str(config), "-D", "-e"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(f"{h.name}'s sshd on port {port}", lambda: h.listening(port), timeout=30)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        config.unlink()
+
+
+def test_a_host_reached_through_an_ssh_config_alias_and_port_is_named_as_ssh_needs_it(lab, tmp_path):
+    """hosts.txt names an alias of the user's ~/.ssh/config, whose HostName is a lab host and whose Port is its sshd's
+    (2222): kit doctor names the alias and port, never "the jump host on the way" (there is none), and the fix is the
+    ssh command that reaches it; with its key pinned, the host is reached; with another key, the fix names the
+    known_hosts entry as ssh-keygen needs it. hosts.txt's own `port=` gets `ssh -p`."""
+    h = lab.hosts[0]
+    config, known = lab.home / ".ssh/config", lab.home / ".ssh/known_hosts"
+    assert not config.exists()  # (the quickstart's is removed with its module)
+    pinned = known.read_text()
+    key = " ".join((h.run / "host_key.pub").read_text().split()[:2])
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    hosts = tmp_path / "hosts.txt"
+
+    def doctor() -> str:
+        r = run_kit("doctor", "--hosts", "hosts.txt", cwd=tmp_path, env=lab.env, timeout=300)
+        out = " ".join((r.stdout + r.stderr).split())
+        assert "Traceback" not in out and "jump host" not in out, out
+        return out
+
+    with sshd_on(h, 2222):
+        config.write_text(f"Host lab-alias\n  HostName {h.address}\n  Port 2222\n  User root\n")
+        try:
+            hosts.write_text("lab-alias\n")
+            out = doctor()
+            assert f"the SSH host key of {h.address} (the HostName of lab-alias), port 2222, is not in your " \
+                   "known_hosts" in out and "fix: run `ssh lab-alias` once" in out, out
+            known.write_text(pinned + f"[{h.address}]:2222 {key}\n")
+            out = doctor()
+            assert "known_hosts" not in out and "cannot" not in out, out  # reached, as ssh lab-alias reaches it
+            known.write_text(pinned + f"[{h.address}]:2222 {other.with_suffix('.pub').read_text()}")
+            out = doctor()
+            assert f"the SSH host key of {h.address} (the HostName of lab-alias), port 2222, does not match" in out
+            assert f"`ssh-keygen -R '[{h.address}]:2222'` and `ssh lab-alias` once" in out, out
+            known.write_text(pinned)
+            hosts.write_text(f"root@{h.address} port=2222\n")
+            assert f"fix: run `ssh -p 2222 root@{h.address}` once" in doctor()
+        finally:
+            config.unlink()
+            known.write_text(pinned)

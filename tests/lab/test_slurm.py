@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -15,9 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness import wait_for
-from helpers import run_kit
+from helpers import REPO, run_kit
 from kit import benchfigures
 from kit import sbatch
 from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, job_port_rules, lab_users, live, node_pythons, pid_files, recap,
@@ -64,6 +66,9 @@ def test_prepare_makes_the_three_lab_hosts_idle_slurm_nodes(slurm):
     key = slurm.lab.home / ".kit" / CLUSTER / "slurm" / "munge.key"
     assert key.stat().st_mode & 0o777 == 0o600 and MUNGE_KEY.read_bytes() == key.read_bytes()
     assert MUNGE_KEY.stat().st_mode & 0o777 == 0o400
+    # README's next steps (kit export --to venv, kit run --on slurm) go to the primary with no line to write first
+    assert f"slurm.login is now {primary.address}, the primary" in " ".join(r.stdout.split()), r.stdout[-2000:]
+    assert yaml.safe_load((slurm.project / "kit.yaml").read_text())["slurm"] == {"login": primary.address}
 
 
 def test_a_job_step_runs_on_every_node(slurm):
@@ -166,6 +171,42 @@ LAUNCHES = {
 }
 
 
+def readme_slurm_steps() -> list[str]:
+    """The commands of README's Slurm block, their comments left out."""
+    section = (REPO / "README.md").read_text().split("## When the lab becomes a Slurm cluster", 1)[1]
+    block = re.search(r"\n\n((?:    kit .*\n)+)", section)[1]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines()]
+
+
+def test_readmes_slurm_steps_reach_a_running_job_as_it_writes_them(slurm, envs, tmp_path):
+    """A new user's path, command for command: `kit prepare --slurm` (the fixture's, in the project folder: its
+    kit.yaml, with the slurm.login prepare wrote, is copied with the example), the nodes' Python exported (/shared is
+    the lab's shared filesystem, where the same image's was exported: nothing to do), the job, kit jobs. No kit.yaml
+    line written by hand between them."""
+    prepare, export, run, listed = readme_slurm_steps()
+    assert prepare.split()[1:] == list(PREPARE) and "hosts are prepared" in slurm.prepared.stdout
+    folder = tmp_path / "project"
+    (folder / "examples").mkdir(parents=True)
+    shutil.copy(slurm.project / "kit.yaml", folder / "kit.yaml")
+    shutil.copy(EXAMPLES / "cifar10_cnn_horovod.py", folder / "examples")
+    play = lambda step, **kw: run_kit(*shlex.split(step)[1:], cwd=folder, env=slurm.lab.env, **kw)
+    assert export.startswith("kit export --to venv -o /shared/envs/kit")
+    r = play(export.replace("/shared/envs/kit", str(Path(envs["horovod"]).parents[1])), timeout=600)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    r = play(run, timeout=600)
+    there = re.search(r"; its folder there: (/\S+)$", r.stdout, re.M)
+    try:
+        assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+        job = re.search(rf"^kit: job (\S+) is Slurm job \d+ on {slurm.primary.address}: Horovod \(Gloo\) on 3 node",
+                        r.stdout, re.M)
+        assert job and re.search(r"^\[\S+ rank 0\] epoch 2: loss [\d.]+ accuracy", r.stdout, re.M), r.stdout[-3000:]
+        rows = {row["id"]: row for row in map(json.loads, play(listed + " --json").stdout.splitlines())}
+        assert rows[job[1]]["state"] == "succeeded"
+    finally:  # (the job's folder in the login user's home: this machine's user's, on the lab)
+        if there:
+            shutil.rmtree(there[1], ignore_errors=True)
+
+
 @pytest.mark.parametrize("launcher", LAUNCHES)
 def test_each_launcher_trains_across_three_nodes(slurm, envs, users, tmp_path, launcher):
     flags, script, args, loss = LAUNCHES[launcher]
@@ -216,6 +257,29 @@ def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm,
     assert f"JobId={slurm_id}" in seen and "#SBATCH --nodes=2" in seen
     assert SECRET not in seen and SECRET not in r.stdout + r.stderr
     assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
+
+
+CHECKPOINTED = """import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(time.monotonic()))  # docs/schedulers.md's handler, short
+print("start", os.environ["KIT_RESTART"], flush=True)
+end = time.monotonic() + 150
+while not got and time.monotonic() < end:
+    time.sleep(0.5)
+print("checkpoint saved" if got else "no warning", flush=True)
+sys.exit(0 if got else 4)
+"""
+
+
+def test_every_rank_is_warned_before_the_time_limit_and_can_save_a_checkpoint(slurm, envs, users, tmp_path):
+    """--time 2 with the script's #SBATCH --signal=USR1@120: Slurm's SIGUSR1 reaches each rank (under kit's task,
+    which ignores it itself) well before the limit; a script that handles it saves its checkpoint and ends well."""
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
+    (folder / "checkpointed.py").write_text(CHECKPOINTED)
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "2", "--time", "2", "checkpointed.py", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert sorted(re.findall(r"^\[\S+ rank (\d)\] checkpoint saved$", r.stdout, re.M)) == ["0", "1"], r.stdout[-3000:]
+    assert len(re.findall(r"^\[\S+ rank \d\] start 0$", r.stdout, re.M)) == 2  # KIT_RESTART: the first start
 
 
 CONNECT = """import socket, sys

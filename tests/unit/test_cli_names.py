@@ -176,6 +176,36 @@ def test_prepare_dry_run_is_ansibles_check_mode(in_tmp, monkeypatch, flag):
     assert "--check" not in help_of("prepare")  # the former name, kept but not shown
 
 
+@pytest.mark.parametrize("hosts, kit_yaml, recorded, says", [
+    ("alice@10.0.0.1\n10.0.0.2\n", None, "alice@10.0.0.1", "slurm.login is now alice@10.0.0.1, the primary"),
+    ("10.0.0.1\nlocalhost primary\n", "cluster:\n  name: lab\n", "localhost",
+     "slurm.login is now localhost, the primary"),
+    ("10.0.0.1\n", "slurm:\n  login: bob@login.example\n", "bob@login.example", None),  # the user's own: kept
+    ("10.0.0.1 port=2222\n", None, None, "add `slurm: {login: ALIAS}` to ./kit.yaml, ALIAS a Host of your "
+                                          "~/.ssh/config with HostName 10.0.0.1 and Port 2222"),
+])
+def test_prepare_slurm_records_the_primary_as_the_login_host_kit_submits_from(in_tmp, monkeypatch, hosts, kit_yaml,
+                                                                              recorded, says):
+    """After kit prepare --slurm, README's next steps (kit export --to venv, kit run --on slurm) go to the primary,
+    where slurmctld runs, with no kit.yaml line to write first; a login kit.yaml names is kept; --dry-run writes none."""
+    from kit.config import read_config
+    (in_tmp / "hosts.txt").write_text(hosts)
+    if kit_yaml:
+        (in_tmp / "kit.yaml").write_text(kit_yaml)
+    monkeypatch.setattr(cli_cluster, "reach_all", lambda inventory, timeout: None)  # (not contacted)
+    monkeypatch.setattr(cli_cluster, "run_playbook", lambda argv, env: 0)
+    r = CliRunner().invoke(app, ["prepare", "--hosts", "hosts.txt", "--slurm", "--dry-run"], prog_name="kit")
+    assert r.exit_code == 0 and (in_tmp / "kit.yaml").exists() == bool(kit_yaml), r.output
+    r = CliRunner().invoke(app, ["prepare", "--hosts", "hosts.txt", "--slurm"], prog_name="kit")
+    assert r.exit_code == 0, r.output
+    assert (says in " ".join(r.output.split())) if says else "slurm.login" not in r.output, r.output
+    login = (read_config(in_tmp / "kit.yaml").sections.get("slurm") or {}).get("login") \
+        if (in_tmp / "kit.yaml").exists() else None
+    assert login == recorded
+    if kit_yaml:
+        assert (in_tmp / "kit.yaml").read_text().startswith(kit_yaml)  # no other line changed
+
+
 def test_prepare_names_each_host_it_cannot_reach_in_a_line_and_starts_no_ansible(in_tmp):
     """Two hosts whose SSH port is closed (loopback): one line each, with the fix, as kit up says it; Ansible's
     own output (its play, UNREACHABLE! and recap) is not shown, as it is not run."""

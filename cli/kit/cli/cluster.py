@@ -198,6 +198,30 @@ def prepare(
         raise KitError(f"ansible-playbook failed (exit {code}) on the hosts named in its recap above",
                        hint="fix what its failed tasks say, then run kit prepare again (it skips what is done)")
     console.print("[green]✓[/] " + ("check mode: nothing was changed" if check else "hosts are prepared"))
+    if slurm and not check:
+        record_login(cfg_file, next(h for h in inventory if h.primary))
+
+
+def record_login(cfg_file: ConfigFile, primary: Host) -> None:
+    """After kit prepare --slurm: kit.yaml's slurm.login, where it names none, is the primary (slurmctld's host) as
+    hosts.txt reaches it: kit run --on slurm submits there, and kit export --to venv writes the nodes' Python there."""
+    from kit.config import set_setting
+    if (cfg_file.sections.get("slurm") or {}).get("login"):
+        return
+    login = f"{primary.user}@{primary.name}" if primary.user else primary.name
+    where = cfg_file.path or "./kit.yaml"
+    if primary.port not in (None, 22):  # (login is host or user@host: its port comes from ~/.ssh/config)
+        console.print(f"kit: to submit jobs from here, add `slurm: {{login: ALIAS}}` to {where}, ALIAS a Host of your "
+                      f"~/.ssh/config with HostName {primary.name} and Port {primary.port}", highlight=False,
+                      markup=False)
+        return
+    try:
+        path = set_setting(cfg_file, "slurm", "login", login)
+    except BadInput as e:  # (a flow-style slurm section, or a name slurm.login does not take)
+        console.print(f"kit: to submit jobs from here, {e.hint}", highlight=False, markup=False)
+        return
+    console.print(f"kit: {path}'s slurm.login is now {login}, the primary: kit run --on slurm submits there, and kit "
+                  "export --to venv -o DIR writes the nodes' Python there", highlight=False, markup=False)
 
 
 def reach_all(inventory: list[Host], timeout: int) -> None:
