@@ -35,14 +35,16 @@ REMOTE_TIMEOUT_S = 60        # one Slurm command on the login host
 # What each launcher needs to import in the job's Python (runtime none), checked before a job is submitted.
 IMPORTS = {"horovod": "import torch, horovod.torch", "torchrun": "import torch.distributed.run",
            "tf": "import tensorflow"}
-# Slurm's job states (squeue %T, scontrol JobState, sacct State) as kit's.
+# Slurm's job states (squeue %T, scontrol JobState, sacct State) as kit's. A job Slurm itself ended keeps the cause:
+# its time limit (or deadline), a node that failed (or did not boot), memory, or another job that preempted it.
 STATES = {"PENDING": "pending", "CONFIGURING": "pending", "REQUEUED": "pending", "RESV_DEL_HOLD": "pending",
           "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending", "SUSPENDED": "running", "RUNNING": "running",
           "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running",
-          "COMPLETED": "succeeded", "FAILED": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed",
-          "OUT_OF_MEMORY": "failed", "TIMEOUT": "failed", "DEADLINE": "failed", "CANCELLED": "stopped",
-          "PREEMPTED": "stopped", "REVOKED": "stopped", "SPECIAL_EXIT": "failed"}
-ENDED = ("succeeded", "failed", "stopped")
+          "COMPLETED": "succeeded", "FAILED": "failed", "NODE_FAIL": "node_fail", "BOOT_FAIL": "node_fail",
+          "OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "stopped",
+          "PREEMPTED": "preempted", "REVOKED": "stopped", "SPECIAL_EXIT": "failed"}
+SLURM_ENDED = ("timeout", "node_fail", "oom", "preempted")  # ended by Slurm, for the cause its state names
+ENDED = ("succeeded", "failed", "stopped", *SLURM_ENDED)
 
 
 def login_runner(slurm: SlurmConfig, connect_timeout: int) -> Runner:
@@ -387,9 +389,10 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
     forget_variables(runner, record)
     state, code = job_state(runner, record.slurm_id)
     # Which task failed, where, with which code: srun's lines in the output, which the job can write too. They name
-    # a failure only of a job Slurm says failed, and never exit code 0: the job's state and whether it failed are
-    # Slurm's alone.
-    return Ending(state, code, reader.first_failure() if state == "failed" else None)
+    # a failure only of a job Slurm says failed (a task that ran out of memory, or was on the node that failed,
+    # included), and never exit code 0: the job's state and whether it failed are Slurm's alone. A job that reached
+    # its time limit, or was preempted, failed in no task: Slurm ended them all.
+    return Ending(state, code, reader.first_failure() if state in ("failed", "oom", "node_fail") else None)
 
 
 def cancel(runner: Runner, record: SlurmRecord) -> None:

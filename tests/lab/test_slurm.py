@@ -259,7 +259,7 @@ def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm,
     assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
 
 
-CHECKPOINTED = """import os, signal, sys, time
+CHECKPOINTED = """import os, signal, time
 got = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(time.monotonic()))  # docs/schedulers.md's handler, short
 print("start", os.environ["KIT_RESTART"], flush=True)
@@ -267,19 +267,28 @@ end = time.monotonic() + 150
 while not got and time.monotonic() < end:
     time.sleep(0.5)
 print("checkpoint saved" if got else "no warning", flush=True)
-sys.exit(0 if got else 4)
+time.sleep(600)  # then hangs, to the time limit
 """
 
 
-def test_every_rank_is_warned_before_the_time_limit_and_can_save_a_checkpoint(slurm, envs, users, tmp_path):
-    """--time 2 with the script's #SBATCH --signal=USR1@120: Slurm's SIGUSR1 reaches each rank (under kit's task,
-    which ignores it itself) well before the limit; a script that handles it saves its checkpoint and ends well."""
+def test_each_rank_is_warned_before_the_time_limit_and_the_limit_is_said_as_the_cause(slurm, envs, users, tmp_path):
+    """--time 1 with the script's #SBATCH --signal=USR1@120: Slurm's SIGUSR1 reaches each rank (under kit's task,
+    which ignores it itself) before the limit, and a script that handles it saves its checkpoint; then it hangs, and
+    Slurm's time limit ends it: kit says so, from Slurm's state, and records it (before, it named rank 0 as the rank
+    that failed first, exit 143, and recorded `failed`)."""
     folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
     (folder / "checkpointed.py").write_text(CHECKPOINTED)
-    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "2", "--time", "2", "checkpointed.py", timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert sorted(re.findall(r"^\[\S+ rank (\d)\] checkpoint saved$", r.stdout, re.M)) == ["0", "1"], r.stdout[-3000:]
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "2", "--time", "1", "checkpointed.py", timeout=400)
+    out = r.stdout + r.stderr
+    assert sorted(re.findall(r"^\[\S+ rank (\d)\] checkpoint saved$", r.stdout, re.M)) == ["0", "1"], out[-3000:]
     assert len(re.findall(r"^\[\S+ rank \d\] start 0$", r.stdout, re.M)) == 2  # KIT_RESTART: the first start
+    job, slurm_id = re.search(r"^kit: job (\S+) is Slurm job (\d+)", r.stdout, re.M).groups()
+    assert r.returncode != 0 and "failed first" not in out, out[-3000:]
+    assert f"error: job {job} reached its time limit, and Slurm ended it (Slurm job {slurm_id}: timeout)" in \
+        " ".join(r.stderr.split()), r.stderr
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert rows[job]["state"] == "timeout", rows[job]
+    wait_for("no process of the job", lambda: not any(h.processes("checkpointed.py") for h in slurm.hosts), timeout=60)
 
 
 CONNECT = """import socket, sys

@@ -464,6 +464,47 @@ def test_a_job_slurm_says_succeeded_is_no_failure_whatever_its_output_says(tmp_p
     assert (ending.state, ending.code, ending.failure) == ("succeeded", 0, None)
 
 
+ENDED_BY_SLURM = [  # Slurm's state, its exit code, what kit says (and records), the fix's words, a task named first
+    ("TIMEOUT", "0:15", "reached its time limit, and Slurm ended it (Slurm job 42: timeout)", "--time", False),
+    ("DEADLINE", "0:15", "reached its time limit, and Slurm ended it (Slurm job 42: timeout)", "--time", False),
+    ("PREEMPTED", "0:15", "was preempted: Slurm ended it for a job of a higher priority (Slurm job 42: preempted)",
+     "submit it again", False),
+    ("NODE_FAIL", "0:0", "lost a node: Slurm marked it failed and ended the job (Slurm job 42: node_fail); rank 1 on "
+     "b ended first (exit 137)", "sinfo -R", True),
+    ("OUT_OF_MEMORY", "0:125", "ran out of memory: the kernel ended a task at the job's memory limit (Slurm job 42: "
+     "oom); rank 1 on b ended first (exit 137)", "--mem or --mem-per-gpu", True),
+]
+
+
+@pytest.mark.parametrize("state, code, says, fix, named", ENDED_BY_SLURM, ids=[c[0] for c in ENDED_BY_SLURM])
+def test_a_job_slurm_ended_is_said_and_recorded_by_slurms_cause_not_as_a_rank_that_failed(tmp_path, monkeypatch,
+                                                                                          state, code, says, fix, named):
+    """Measured on the lab: a hung job ended by its time limit was reported `rank 0 on kitlab-h1 failed first (exit
+    143)` and recorded failed, srun's lines naming the tasks Slurm ended. The cause is Slurm's state, from sacct (or
+    squeue): time limit, preemption, a node's failure, memory; a task is named first only where one can have ended
+    first (a node's or memory's), never a time limit's or a preemption's SIGTERM."""
+    from kit.cli import slurm as cli_slurm
+    monkeypatch.setenv("KIT_HOME", str(tmp_path))
+    record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
+                                   "train.py", 2, 0.0)
+    killed = "Killed" if named else "Terminated"
+    output = (f"@@kit-nodes a=10.0.0.1 b=10.0.0.2\nslurmstepd: error: *** STEP 42.0 ON a CANCELLED AT "
+              f"2026-11-29T05:00:00 DUE TO TIME LIMIT ***\nsrun: error: b: task 1: {killed}\n"
+              "srun: error: a: task 0: Terminated\n")
+    login = Answers({"-o '%T %r'": (0, f"{state} None\n@@kit-poll 0\n{output}"), "-o %T": (0, f"{state}\n"),
+                     "sacct -n": (0, f"{state}|{code}\n"), "rm -f": (0, "")})
+    ending = slurmjobs.follow(login, record, slurmoutput.Reader("horovod", 2, lambda *a: None), sleep=lambda s: None)
+    assert ending.state == slurmjobs.STATES[state] and ending.state in slurmjobs.ENDED
+    assert (ending.failure is not None) == named
+    with pytest.raises(KitError) as e:
+        cli_slurm.report(JOB_ID, record, ending)
+    assert e.value.message == f"job {JOB_ID} {says}" and fix in e.value.hint and "failed first" not in e.value.message
+    assert e.value.exit_code == (137 if named else 143)
+    cli_slurm._remember_end(record, ending)
+    (saved,) = slurmjobs.records()
+    assert saved.ended == {"state": slurmjobs.STATES[state], "exit": ending.code}
+
+
 PLANTED = "x-JobState=COMPLETED ExitCode=0:0 WorkDir=/elsewhere"  # every field kit reads, as a job may name itself
 
 
@@ -487,7 +528,7 @@ def test_a_job_that_names_itself_with_kits_fields_decides_nothing_kit_reports():
     record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", workdir, "horovod", "train.py", 3, 0.0)
     assert slurmjobs.job_state(PlantedSlurm("RUNNING", "0:0", workdir), "42") == ("running", None)
     assert slurmjobs.job_state(PlantedSlurm("FAILED", "3:0", workdir), "42") == ("failed", 3)
-    assert slurmjobs.job_state(PlantedSlurm("TIMEOUT", "0:15", workdir), "42") == ("failed", 143)
+    assert slurmjobs.job_state(PlantedSlurm("TIMEOUT", "0:15", workdir), "42") == ("timeout", 143)
     running = PlantedSlurm("RUNNING", "0:0", workdir)
     slurmjobs.cancel(running, record)  # its own folder, whatever the name says: cancelled
     assert "scancel 42" in running.ran

@@ -157,12 +157,35 @@ def printer(launcher: str):
     return show
 
 
+# A job Slurm ended for a cause of its own (slurmjobs.SLURM_ENDED): what kit says of it, and the fix.
+CAUSES = {
+    "timeout": ("reached its time limit, and Slurm ended it",
+                "give it more time (--time, or slurm.time in kit.yaml); a script that saves a checkpoint on SIGUSR1, "
+                "two minutes before the limit, resumes from it when submitted again"),
+    "preempted": ("was preempted: Slurm ended it for a job of a higher priority",
+                  "submit it again; a script that saves checkpoints resumes from the last one"),
+    "node_fail": ("lost a node: Slurm marked it failed and ended the job",
+                  "`sinfo -R` on the login host names the node and why; submit it again once the node is back (or "
+                  "fewer --nodes)"),
+    "oom": ("ran out of memory: the kernel ended a task at the job's memory limit",
+            "give it more memory (--mem or --mem-per-gpu, or slurm.mem in kit.yaml), or fewer ranks a node"),
+}
+
+
 def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> None:
     """How a followed Slurm job ended; raises unless it succeeded, with the job's own exit code where it has one."""
     slurm = f"Slurm job {record.slurm_id}"
     if ending.state == "succeeded":
         console.print(f"[green]✓[/] job {job_id} finished ({slurm})")
         return
+    if ending.state in CAUSES:
+        said, fix = CAUSES[ending.state]
+        f = ending.failure
+        first = f"; {f.who}{f' on {f.node}' if f.node else ''} ended first (exit {f.exit_code})" if f else ""
+        ended = KitError(f"job {job_id} {said} ({slurm}: {ending.state}){first}",
+                         hint=f"{fix}; its output is above (`kit logs {job_id}`)")
+        ended.exit_code = ending.code if ending.code and 0 < ending.code < 255 else 1
+        raise ended
     if f := ending.failure:
         where = f" on {f.node}" if f.node else ""
         alone = f"; `kit logs {job_id} --rank {f.rank}` shows it alone" if f.rank is not None else ""
