@@ -138,7 +138,8 @@ CHECK = """import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(f"ddp {dist.get_rank()} {t.item()} {sys.executable} {os.environ.get('LD_LIBRARY_PATH')}", flush=True)
+# one write of the whole line: the two ranks share torchrun's stdout, and print's text and newline are two writes
+os.write(1, f"ddp {dist.get_rank()} {t.item()} {sys.executable} {os.environ.get('LD_LIBRARY_PATH')}\\n".encode())
 dist.barrier()
 dist.destroy_process_group()  # (else Gloo's threads may outlive the interpreter: std::terminate at exit)
 """
