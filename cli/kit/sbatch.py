@@ -9,6 +9,7 @@ never rewrite each other's. Every value that reaches the script is allow-listed 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import shlex
@@ -126,9 +127,10 @@ def describe(job: SbatchJob) -> str:
 HELPERS_DIR = ".kit/lib"  # + "-" and the first 16 hex digits of their sha256, relative to the job's folder
 
 
+@functools.cache  # (their sources do not change while kit runs: render, stage and export each ask)
 def helpers() -> dict[str, bytes]:
     """kit's files for a Slurm job's tasks, by name: the task (kit.slurmtask, which finds the others beside itself),
-    the network survey, and the rank launcher (which reads the job's variables from ENV_DIR)."""
+    the network survey, and the rank launcher (which reads the job's variables from ENV_DIR). Not to be changed."""
     return {"kit_task.py": inspect.getsource(slurmtask).encode(), "kit_net.py": network_script.script().encode(),
             "kit_rank.py": rank_launcher(env_dir=ENV_DIR).encode()}
 
