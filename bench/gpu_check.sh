@@ -99,10 +99,10 @@ for line in sys.stdin:
         print(f"  {backend:8} {transport:5} ranks {n} {size:>11} B {seconds * 1e6:10.1f} us{figures}")'
 }
 say "kit bench allreduce's job, Horovod (NCCL):"
-horovodrun -np "$gpus" -H "localhost:$gpus" "$PY" "$here/cli/kit/benchjobs/allreduce.py" horovod --seconds 0.5 \
+horovodrun -np "$gpus" -H "localhost:$gpus" "$PY" "$here/cli/kit/bench/jobs/allreduce.py" horovod --seconds 0.5 \
     | bandwidths
 say "kit bench allreduce's job, torch.distributed (nccl):"
-"$PY" -m torch.distributed.run --standalone --nproc-per-node "$gpus" "$here/cli/kit/benchjobs/allreduce.py" torch \
+"$PY" -m torch.distributed.run --standalone --nproc-per-node "$gpus" "$here/cli/kit/bench/jobs/allreduce.py" torch \
     --seconds 0.5 | bandwidths
 cd "$work"
 say "the CIFAR-10 example (Horovod, generated data of CIFAR's shape where no batches are here):"

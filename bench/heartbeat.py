@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "cli"))
-from kit.commands.horovod import RANK_LAUNCHER  # noqa: E402
+from kit.jobs.commands.horovod import RANK_LAUNCHER  # noqa: E402
 
 WORK = {
     "python bytecode": "x = 0\nfor i in range(20_000_000):\n    x += i * i % 7\n",

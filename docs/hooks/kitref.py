@@ -2,14 +2,14 @@
 
 A page asks for a generated part with a marker line, `<!-- kit-reference: NAME -->`:
 
-- `kit.yaml`: every section of kit.config.SECTIONS, every field of its pydantic model (and of models nested in
+- `kit.yaml`: every section of kit.config.settings.SECTIONS, every field of its pydantic model (and of models nested in
   it), with its type, its default (per flavor where the flavor changes it), the flag that sets it, the comment
   beside it in config.py and its HINTS text;
 - `commands`: every command of kit's Typer app (its click commands, walked as `kit --help` shows them) with its
   usage, its help and every option and argument, as its `--help` prints them;
 - `doctor-checks`: every check of `kit doctor`, read from the `Finding(...)` calls in kit's source: what it says
   when it is ok, and each warning and failure with its fix;
-- `reserved-env`: the variables a job may not set with `kit run -e` or `--env-file` (kit.jobenv), and why.
+- `reserved-env`: the variables a job may not set with `kit run -e` or `--env-file` (kit.jobs.env), and why.
 
 Nothing generated is committed: a flag, key or check that someone adds is in the next build, with no edit here.
 """
@@ -76,7 +76,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 # ---------------------------------------------------------------- kit.yaml
 
 def config_reference() -> str:
-    from kit import config
+    from kit.config import settings as config
 
     parts = []
     for section, model in config.SECTIONS.items():
@@ -511,8 +511,8 @@ def doctor_reference() -> str:
 # ---------------------------------------------------------------- what a job may not set
 
 def reserved_env_reference() -> str:
-    """The names `kit run -e` and `--env-file` refuse, and why (kit.jobenv)."""
-    from kit import jobenv
+    """The names `kit run -e` and `--env-file` refuse, and why (kit.jobs.env)."""
+    from kit.jobs import env as jobenv
 
     rows = [[code(name), text(why)] for name, why in jobenv.RESERVED.items()]
     rows.append([code(jobenv.LAUNCHER_SET.pattern), "the launcher sets it for each rank (names that match this "

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers import closed_port, run_kit, silent_listener
-from kit.identity import state_root
-from kit.verify import parse_allreduce, parse_check_build
+from kit.cluster.identity import state_root
+from kit.image.verify import parse_allreduce, parse_check_build
 
 pytestmark = pytest.mark.lab
 BUILD_TIMEOUT_S = 40 * 60
@@ -258,9 +258,11 @@ def project_of(filename: str) -> str:
 @pytest.fixture
 def private_index(client, tmp_path):
     """What the default image and `six` need, resolved with this machine's pip, behind a password on loopback."""
-    from kit import baseimage, pipconfig, wheels
-    from kit.build import image_target
-    from kit.config import ConfigFile, build_config
+    from kit.image import base as baseimage
+    from kit.image import pipconfig
+    from kit.image import wheels
+    from kit.image.build import image_target
+    from kit.config.settings import ConfigFile, build_config
 
     config = build_config(ConfigFile(), {"pip_packages": ("six",)})
     target = image_target(client, baseimage.ensure(client, config.base_image).ref, config.python)
@@ -347,8 +349,8 @@ def test_the_gpu_images_horovod_is_built_by_cmake_4_and_gcc_13_or_newer(gpu_buil
     """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x) built the image's Horovod: its torch
     library names the GCC that compiled it, and the builder installs CMake only from the build's wheelhouse (pip
     --no-index), where the one CMake wheel is 4 or newer, with which Horovod's CMake files must work."""
-    from kit.build import resolve_sources
-    from kit.config import ConfigFile, build_config
+    from kit.image.build import resolve_sources
+    from kit.config.settings import ConfigFile, build_config
     config = build_config(ConfigFile(), {"flavor": "gpu", "cuda_archs": ("90",)})
     wheelhouse = resolve_sources(client, config, tmp_path / "work").wheelhouse
     cmakes = sorted({w.name.split("-")[1] for fs in wheelhouse.files.values() for w in fs if w.name.startswith("cmake-")})

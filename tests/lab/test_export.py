@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import closed_port, run_kit
-from kit.verify import parse_allreduce
+from kit.image.verify import parse_allreduce
 
 pytestmark = pytest.mark.lab
 

@@ -156,7 +156,7 @@ def test_up_builds_the_missing_image_as_kit_build_does_and_stops_with_its_error(
 def test_up_of_a_local_cluster_builds_the_missing_image_then_brings_the_cluster_up(lab, client, tmp_path):
     """This machine has no GPU: cpu; the default image with six on top is built by `kit up` (as this machine's user
     builds: its pins keep every layer below six's), then the cluster of one container comes up on it."""
-    from kit.identity import state_root
+    from kit.cluster.identity import state_root
     name = "kitlab-upbuild"
     (tmp_path / "kit.yaml").write_text(f"build:\n  pip_packages: [six]\ncluster:\n  name: {name}\n")
     key = re.search(r"^  key +([0-9a-f]+)", run_kit("build", "--dry-run", cwd=tmp_path).stdout, re.M)[1]

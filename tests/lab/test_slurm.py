@@ -20,8 +20,8 @@ import yaml
 
 from harness import wait_for
 from helpers import REPO, run_kit
-from kit import benchfigures
-from kit import sbatch
+from kit.bench import figures as benchfigures
+from kit.backends.slurm import sbatch
 from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, job_port_rules, lab_users, live, node_pythons, pid_files, recap,
                       slurm_cluster, stop, user_project)
 
@@ -136,7 +136,7 @@ def test_doctor_names_the_host_whose_slurmd_stopped_and_a_second_prepare_changes
 # Two users submit over SSH to the primary, the login host; the nodes' Python is kit's images' venv (slurmlab.py).
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-ALLREDUCE = Path(__file__).resolve().parents[2] / "cli" / "kit" / "benchjobs" / "allreduce.py"
+ALLREDUCE = Path(__file__).resolve().parents[2] / "cli" / "kit" / "bench" / "jobs" / "allreduce.py"
 JOBS = Path(__file__).resolve().parent / "jobs"
 SECRET = "kitlab-slurm-Sup3rSecret-value"
 

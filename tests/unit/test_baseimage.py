@@ -6,8 +6,8 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from kit import baseimage
-from kit.baseimage import AptSource, Distro, Mirror
+from kit.image import base as baseimage
+from kit.image.base import AptSource, Distro, Mirror
 from kit.errors import BadInput, KitError
 
 # /etc/apt/sources.list.d/debian.sources of a Debian 12 machine (deb822), with a third-party source beside it.

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from kit import benchfigures as bf
-from kit.benchfigures import Allreduce, TrainRun
+from kit.bench import figures as bf
+from kit.bench.figures import Allreduce, TrainRun
 from kit.cli.bench import _host_counts
 from kit.errors import BadInput
 

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from kit.build import BuildLog
+from kit.image.build import BuildLog
 
 DATA = Path(__file__).parent / "data"
 

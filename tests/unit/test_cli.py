@@ -104,8 +104,8 @@ def test_launcher_options_are_checked_before_anything_is_contacted(in_tmp):
 
 def test_a_launcher_the_clusters_image_cannot_run_is_refused_before_any_host_is_contacted(in_tmp):
     """A recorded cluster of the tf-cpu image on an address nothing answers on: refusing needs no host."""
-    from kit import state as st
-    from kit.config import ClusterConfig
+    from kit.cluster import state as st
+    from kit.config.settings import ClusterConfig
 
     home = in_tmp / "home"
     (home / "kit").mkdir(parents=True)

@@ -11,13 +11,14 @@ import typer.main
 from typer.testing import CliRunner
 
 from helpers import run_kit
-from kit import jobcontrol, jobrecords
-from kit import state as st
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import records as jobrecords
+from kit.cluster import state as st
 from kit.app import app
 from kit.cli import cluster as cli_cluster
 from kit.cli.common import WORKFLOW, KitGroup
 from kit.cli.joblogs import _LogLines
-from kit.config import ClusterConfig
+from kit.config.settings import ClusterConfig
 from kit.errors import BadInput
 
 IDS = ["20261122-005727-b862", "20261122-010002-0c1d", "20261123-094501-b862", "20261123-101500-77aa"]
@@ -188,7 +189,7 @@ def test_prepare_slurm_records_the_primary_as_the_login_host_kit_submits_from(in
                                                                               recorded, says):
     """After kit prepare --slurm, README's next steps (kit export --to venv, kit run --on slurm) go to the primary,
     where slurmctld runs, with no kit.yaml line to write first; a login kit.yaml names is kept; --dry-run writes none."""
-    from kit.config import read_config
+    from kit.config.settings import read_config
     (in_tmp / "hosts.txt").write_text(hosts)
     if kit_yaml:
         (in_tmp / "kit.yaml").write_text(kit_yaml)

@@ -4,14 +4,14 @@ import re
 from dataclasses import replace
 from ipaddress import IPv4Network
 
-from kit.cluster import removal_commands
-from kit.commands.docker import ContainerSpec, network_create_argv, run_argv
-from kit.config import ClusterConfig
-from kit.identity import known_hosts_lines
-from kit.local import local_cluster
-from kit.state import ClusterState, HostState
-from kit.steps.facts import ContainerFacts, HostFacts, NetworkFacts
-from kit.steps.keys import write_command
+from kit.cluster.lifecycle import removal_commands
+from kit.jobs.commands.docker import ContainerSpec, network_create_argv, run_argv
+from kit.config.settings import ClusterConfig
+from kit.cluster.identity import known_hosts_lines
+from kit.cluster.local import local_cluster
+from kit.cluster.state import ClusterState, HostState
+from kit.cluster.steps.facts import ContainerFacts, HostFacts, NetworkFacts
+from kit.cluster.steps.keys import write_command
 
 
 def spec(**cluster) -> ContainerSpec:
@@ -144,9 +144,9 @@ def test_down_leaves_what_it_did_not_make():
 
 
 def test_slots_come_from_hosts_txt_then_gpus_then_one():
-    from kit.inventory import Host
-    from kit.steps.node import Node
-    from kit.steps.preflight import slots
+    from kit.config.hosts import Host
+    from kit.cluster.steps.node import Node
+    from kit.cluster.steps.preflight import slots
 
     def node(host_slots, gpus):
         n = Node(Host("a", slots=host_slots), runner=None, place=PLACE)

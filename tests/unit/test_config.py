@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.config import ConfigFile, build_config, cluster_config, read_config
+from kit.config.settings import ConfigFile, build_config, cluster_config, read_config
 from kit.errors import BadInput
-from kit.flavors import FLAVOR_DEFAULTS
+from kit.image.flavors import FLAVOR_DEFAULTS
 
 
 def cfg_file(tmp_path: Path, text: str) -> ConfigFile:

@@ -100,8 +100,8 @@ def test_pages_include_what_they_name_from_the_repository(site):
 def _config_models() -> dict[str, list[str]]:
     """Section (or nested path) -> its keys, from the syntax trees of config.py and its models' modules: SECTIONS'
     classes, their annotated fields, and the fields of models that a field's annotation names."""
-    tree = ast.parse((REPO / "cli/kit/config.py").read_text())
-    models = [ast.parse((REPO / f"cli/kit/{m}.py").read_text()) for m in ("buildconfig", "clusterconfig", "slurmconfig")]
+    tree = ast.parse((REPO / "cli/kit/config/settings.py").read_text())
+    models = [ast.parse((REPO / f"cli/kit/config/{m}.py").read_text()) for m in ("build", "cluster", "slurm")]
     classes = {n.name: n for t in (tree, *models) for n in t.body if isinstance(n, ast.ClassDef)}
     sections = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == "SECTIONS" for t in n.targets))
@@ -131,7 +131,7 @@ def test_every_kit_yaml_key_is_in_the_reference(site):
 
 def test_every_hint_of_config_is_in_the_reference(site):
     """The fix kit prints for a bad value of each key is the form the reference shows."""
-    from kit.config import HINTS
+    from kit.config.settings import HINTS
 
     shown = text_of(page(site, "reference/kit-yaml"))
     missing = {k: h for k, h in HINTS.items() if h.replace("`", "") not in shown}
@@ -189,7 +189,7 @@ def test_every_command_and_every_flag_is_in_the_reference(site):
 # ---------------------------------------------------------------- troubleshooting: every doctor check
 
 def test_every_doctor_check_is_in_troubleshooting(site):
-    source = "".join((REPO / f"cli/kit/{name}.py").read_text() for name in ("doctor", "doctor_judge", "doctor_network"))
+    source = "".join((REPO / f"cli/kit/doctor/{name}.py").read_text() for name in ("check", "judge", "network"))
     named = set(re.findall(r'Finding\(\s*[\w.\[\]]+,\s*"([^"]+)"', source))
     named |= set(re.findall(r'_disk\(\s*[\w.]+,\s*"([^"]+)"', source))  # its helper: the check's name is its 2nd
     assert {"ssh", "docker disk", "shm", "ssh mesh", "gpu"} <= named

@@ -3,14 +3,14 @@ hosts, with real faults, are in tests/lab/test_health.py."""
 
 import subprocess
 
-from kit import doctor as dr
-from kit import doctor_judge as jd
-from kit import doctor_read as rd
-from kit import state as st
-from kit.config import ClusterConfig
-from kit.identity import Owner
-from kit.place import Place
-from kit.steps.facts import ContainerFacts, HostFacts
+from kit.doctor import check as dr
+from kit.doctor import judge as jd
+from kit.doctor import read as rd
+from kit.cluster import state as st
+from kit.config.settings import ClusterConfig
+from kit.cluster.identity import Owner
+from kit.cluster.place import Place
+from kit.cluster.steps.facts import ContainerFacts, HostFacts
 
 NICS = """\
 docker0 1500 10000
@@ -65,7 +65,7 @@ def test_the_listeners_are_read_with_their_processes_here():
     """Two real listeners on this machine, one on loopback and one on every IPv6 interface, found with their pids."""
     import os
     import socket
-    from kit.place import Place
+    from kit.cluster.place import Place
     local, wide = socket.socket(), socket.socket(socket.AF_INET6)
     local.bind(("127.0.0.1", 0))
     wide.bind(("::", 0))
@@ -215,8 +215,8 @@ def test_a_two_host_clock_difference_is_judged_whole():
 
 
 def test_another_owners_cluster_of_the_name_fails_and_is_not_read_as_ours(monkeypatch):
-    from kit.inventory import Host
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.steps.node import Node
     theirs = ContainerFacts("running", ID, "", "lab", Owner("u2", "bob"))
     r = reading("a", facts=dict(container=theirs), container_pidns="pid:[2]", shm_bytes=8 << 30, clock_offset=0.0,
                 listeners=[rd.Listener("10.0.0.1", 12345, 9, "sshd", "pid:[2]")])

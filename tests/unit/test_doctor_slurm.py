@@ -3,10 +3,10 @@ and munge 0.5.15), and the findings judged from it."""
 
 import subprocess
 
-from kit.doctor_judge import FAIL, OK, WARN
-from kit.doctor_slurm import (HOST_SCRIPT, PREPARE, SlurmNode, judge_controller, judge_munge, judge_node,
+from kit.doctor.judge import FAIL, OK, WARN
+from kit.doctor.slurm import (HOST_SCRIPT, PREPARE, SlurmNode, judge_controller, judge_munge, judge_node,
                               parse_ping, parse_sinfo, parse_unmunge, primary_script)
-from kit.steps.facts import sections
+from kit.cluster.steps.facts import sections
 
 PING_UP = "Slurmctld(primary) at kitlab-h1 is UP\n"
 PING_DOWN = """Slurmctld(primary) at kitlab-h1 is DOWN
@@ -156,10 +156,10 @@ MUNGE:AAA3:
 
 
 def scripted_cluster(**third):
-    from kit.doctor_read import Reading
-    from kit.inventory import Host
-    from kit.steps.facts import HostFacts
-    from kit.steps.node import Node
+    from kit.doctor.read import Reading
+    from kit.config.hosts import Host
+    from kit.cluster.steps.facts import HostFacts
+    from kit.cluster.steps.node import Node
     runners = [Scripted("10.231.77.11", "kitlab-h1", PRIMARY_OUT), Scripted("10.231.77.12", "kitlab-h2"),
                Scripted("10.231.77.13", "kitlab-h3", **third)]
     nodes = [Node(Host(r.name, primary=i == 0), r, None) for i, r in enumerate(runners)]
@@ -169,7 +169,7 @@ def scripted_cluster(**third):
 
 
 def test_the_section_gives_each_host_a_credential_of_its_own_and_finds_its_node_by_hostname():
-    from kit.doctor_slurm import examine
+    from kit.doctor.slurm import examine
     runners, nodes, readings = scripted_cluster()
     found = [(f.host, f.check, f.level) for f in examine(nodes, readings, configured=False)]
     assert found == [("10.231.77.11", "slurmctld", OK)] + [
@@ -178,7 +178,7 @@ def test_the_section_gives_each_host_a_credential_of_its_own_and_finds_its_node_
 
 
 def test_the_section_names_the_host_whose_key_differs_and_the_one_whose_slurmd_is_gone():
-    from kit.doctor_slurm import examine
+    from kit.doctor.slurm import examine
     runners, nodes, readings = scripted_cluster(decodes="unmunge: Error: Invalid credential")
     readings[1].facts = readings[1].facts.__class__(uid=0, docker_version="27.1", listening=frozenset({22}))
     bad = {(f.host, f.check): f.text for f in examine(nodes, readings, configured=False) if f.level == FAIL}
@@ -187,7 +187,7 @@ def test_the_section_names_the_host_whose_key_differs_and_the_one_whose_slurmd_i
 
 
 def test_no_slurm_conf_on_the_primary_is_no_section_unless_kit_yaml_has_one():
-    from kit.doctor_slurm import examine
+    from kit.doctor.slurm import examine
     runners, nodes, readings = scripted_cluster()
     runners[0].primary_out = "@@kit conf\n@@kit end\n"
     assert examine(nodes, readings, configured=False) == []

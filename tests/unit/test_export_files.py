@@ -8,7 +8,7 @@ import docker.errors
 import pytest
 
 from helpers import run_kit
-from kit import export as ex
+from kit.image import export as ex
 from kit.errors import BadInput
 
 # The inspect attributes of kit's cpu image (docker image inspect, abridged to what enroot reads).

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from kit.build import connect
-from kit.config import ClusterConfig
+from kit.image.build import connect
+from kit.config.settings import ClusterConfig
 from kit.errors import KitError
-from kit.identity import Owner
-from kit.inventory import Host
-from kit.place import Place
-from kit.steps import preflight
-from kit.steps.facts import (CONTAINERD_HINT, CONTAINERD_STORE, ContainerFacts, facts_command, listening_ports,
+from kit.cluster.identity import Owner
+from kit.config.hosts import Host
+from kit.cluster.place import Place
+from kit.cluster.steps import preflight
+from kit.cluster.steps.facts import (CONTAINERD_HINT, CONTAINERD_STORE, ContainerFacts, facts_command, listening_ports,
                              parse_facts)
-from kit.steps.node import Node
+from kit.cluster.steps.node import Node
 
 DATA = Path(__file__).parent / "data"
 
@@ -73,7 +73,7 @@ def test_a_node_of_kits_slurm_is_refused_unless_kit_yaml_says_its_users_trust_ea
 
 
 def test_this_machines_docker_in_containerd_s_image_store_is_refused_before_a_build(tmp_path, monkeypatch):
-    """kit.build.connect through the docker SDK to an engine that answers as Docker 29 does on a new install."""
+    """kit.image.build.connect through the docker SDK to an engine that answers as Docker 29 does on a new install."""
     sock = tmp_path / "docker.sock"
 
     class Engine(http.server.BaseHTTPRequestHandler):
@@ -169,12 +169,12 @@ def test_facts_cut_short_are_an_error_naming_the_host_not_a_guess():
     """Half a facts script (a timeout, a killed shell) must not read as a host with nothing of the cluster."""
     import pytest
 
-    from kit.config import ClusterConfig
+    from kit.config.settings import ClusterConfig
     from kit.errors import KitError
-    from kit.inventory import Host
+    from kit.config.hosts import Host
     from kit.runners.base import Result
-    from kit.steps.node import Node
-    from kit.steps.preflight import gather
+    from kit.cluster.steps.node import Node
+    from kit.cluster.steps.preflight import gather
 
     class CutShort:
         host, sudo = "h2", False
@@ -193,8 +193,8 @@ def test_facts_cut_short_are_an_error_naming_the_host_not_a_guess():
 
 
 def test_a_cluster_of_the_same_name_is_anothers_by_its_owner_not_its_name():
-    from kit.identity import Owner
-    from kit.steps.facts import ContainerFacts, HostFacts, NetworkFacts
+    from kit.cluster.identity import Owner
+    from kit.cluster.steps.facts import ContainerFacts, HostFacts, NetworkFacts
     me, alice = Owner("a" * 32, "me@ws"), Owner("b" * 32, "alice@ws-3")
     base = HostFacts(uid=0, docker_version="24.0")
     assert base.foreign("lab", me) is None

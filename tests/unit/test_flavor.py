@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, nvidia_smi_stand_in, run_kit
-from kit import gpus
-from kit.config import ConfigFile, build_config, cuda_line, requested_flavor
+from kit.image import gpus
+from kit.config.settings import ConfigFile, build_config, cuda_line, requested_flavor
 from kit.errors import BadInput
-from kit.flavors import CUDA_LINES, min_driver
-from kit.prepare import ansible_playbook
-from kit.recipe import make_recipe, render_dockerfile
-from kit.steps.facts import MARK, facts_command, parse_facts
-from kit.place import Place
+from kit.image.flavors import CUDA_LINES, min_driver
+from kit.cluster.prepare import ansible_playbook
+from kit.image.recipe import make_recipe, render_dockerfile
+from kit.cluster.steps.facts import MARK, facts_command, parse_facts
+from kit.cluster.place import Place
 
 # Captured on an H200 host (driver 580.159.04, CUDA 13.0).
 SMI_L = "GPU 0: NVIDIA H200 (UUID: GPU-8f25e925-f097-b52c-532c-8ee7f0ee3c80)"
@@ -107,7 +107,7 @@ def test_the_flavor_asked_for_and_where(tmp_path):
     assert requested_flavor(ConfigFile(), "gpu") == ("gpu", "--flavor")
     path = tmp_path / "kit.yaml"
     path.write_text("build:\n  flavor: tf\n")
-    from kit.config import read_config
+    from kit.config.settings import read_config
     assert requested_flavor(read_config(path)) == ("tf", f"{path}:2: build.flavor")
     with pytest.raises(BadInput, match=r"--flavor: 'tpu' is not allowed") as e:
         requested_flavor(ConfigFile(), "tpu")
@@ -269,20 +269,20 @@ def test_kit_build_with_unreadable_hosts_names_them_and_builds_nothing(in_tmp):
 # ---------------------------------------------------------------- kit up's preflight and kit doctor judge alike
 
 def gpu_host(name: str, driver: str, count: int = 4):
-    from kit.inventory import Host
-    from kit.steps.facts import HostFacts
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.steps.facts import HostFacts
+    from kit.cluster.steps.node import Node
     facts = HostFacts(uid=0, docker_version="27.1.1", free_bytes=50 << 30, gpus=count, drivers=(driver,) * count,
                       runtimes=frozenset({"runc", "nvidia"}))
     return Node(Host(name), None, Place("kit-lab", "/var/lib/kit/lab"), facts=facts)
 
 
 def test_preflight_and_the_doctor_refuse_driver_535_for_cuda_13_the_same_way():
-    from kit import doctor_judge as jd
-    from kit import doctor_read as rd
-    from kit.config import ClusterConfig
+    from kit.doctor import judge as jd
+    from kit.doctor import read as rd
+    from kit.config.settings import ClusterConfig
     from kit.errors import HostsFailed
-    from kit.steps import preflight
+    from kit.cluster.steps import preflight
     nodes = [gpu_host("a", "535.183.01"), gpu_host("b", "580.159.04"), gpu_host("c", "535.183.01")]
     with pytest.raises(HostsFailed) as e:
         preflight.check_drivers(nodes, "gpu", "13.0")
@@ -298,8 +298,8 @@ def test_preflight_and_the_doctor_refuse_driver_535_for_cuda_13_the_same_way():
 
 
 def test_the_doctor_decides_auto_as_up_does_and_fails_mixed_hosts_on_each():
-    from kit import doctor_judge as jd
-    from kit import doctor_read as rd
+    from kit.doctor import judge as jd
+    from kit.doctor import read as rd
     readings = [rd.Reading(n.name, facts=n.facts) for n in (gpu_host("a", "580.1"), gpu_host("b", "580.1", count=0))]
     flavor, found = jd.decide_flavor("auto", "build.flavor (default auto)", readings)
     assert [(f.host, f.check, f.level) for f in found] == [("a", "flavor", "fail"), ("b", "flavor", "fail")]
@@ -311,7 +311,7 @@ def test_the_doctor_decides_auto_as_up_does_and_fails_mixed_hosts_on_each():
 def test_the_gpu_facts_script_as_it_ran_on_an_h200_host():
     """tests/unit/data/h200_gpu_facts.txt: gpus.SCRIPT's output on an H200 host (driver 580.159.04), captured."""
     text = (Path(__file__).parent / "data" / "h200_gpu_facts.txt").read_text()
-    from kit.steps.facts import sections
+    from kit.cluster.steps.facts import sections
     found = gpus.parse(sections(text))
     assert (found.listed, found.drivers, found.pci, found.count) == (1, ("580.159.04",), 1, 1)
     assert gpus.driver_problem(found.drivers, "gpu", cuda_line("gpu", None)) is None

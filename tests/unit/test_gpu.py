@@ -5,8 +5,8 @@ import pytest
 
 from kit.cli.build import cuda_rows
 from kit.errors import VerifyFailed
-from kit.steps import check
-from kit.verify import CudaFacts, GpuCheck, ImageReport, check_gpus, gpu_check_plan, parse_allreduce
+from kit.cluster.steps import check
+from kit.image.verify import CudaFacts, GpuCheck, ImageReport, check_gpus, gpu_check_plan, parse_allreduce
 
 # What two ranks of `allreduce_check.py --cuda` print on an H100 host (format of images/allreduce_check.py).
 CUDA_RANKS = """\

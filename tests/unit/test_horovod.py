@@ -7,13 +7,13 @@ import subprocess
 
 import pytest
 
-from kit import state as st
-from kit.commands.horovod import (Failures, HorovodOptions, check_np, exit_report, horovodrun_argv, rank_command,
+from kit.cluster import state as st
+from kit.jobs.commands.horovod import (Failures, HorovodOptions, check_np, exit_report, horovodrun_argv, rank_command,
                                   rank_launcher, split_rank)
-from kit.config import ClusterConfig
+from kit.config.settings import ClusterConfig
 from kit.network.choose import Decision, Member
 from kit.network.measure import record, route
-from kit.supervisor.launch import Slot, placement
+from kit.backends.cluster.supervisor.launch import Slot, placement
 from kit.errors import BadInput
 
 SLOTS = [Slot("gpu-1", "10.0.0.1", 2), Slot("gpu-2", "10.0.0.2", 1), Slot("gpu-3", "10.0.0.3", 1)]
@@ -151,9 +151,9 @@ def test_rank_launcher_reports_how_the_script_ended(tmp_path):
 
 
 def test_launch_gives_gloo_the_start_timeout_and_marks_the_job():
-    from kit.jobs import Job
-    from kit.place import Place
-    from kit.state import ClusterState, HostState
+    from kit.backends.cluster.run import Job
+    from kit.cluster.place import Place
+    from kit.cluster.state import ClusterState, HostState
 
     state = ClusterState("lab", "img:1", "sha256:abc", 12345, "/w",
                          hosts=[HostState("a", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True)])

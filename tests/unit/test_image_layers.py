@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from helpers import closed_port
 
-from kit import relay
+from kit.image import relay
 from kit.errors import KitError
-from kit.inventory import Host
-from kit.place import Place
+from kit.config.hosts import Host
+from kit.cluster.place import Place
 from kit.runners.local import LocalRunner
-from kit.steps.distribute import RELAY_SCRIPT, Sent, distribute
-from kit.steps.facts import HostFacts, parse_facts
-from kit.steps.image import Blob, Layers, LocalImage, present
-from kit.steps.node import Node
+from kit.cluster.steps.distribute import RELAY_SCRIPT, Sent, distribute
+from kit.cluster.steps.facts import HostFacts, parse_facts
+from kit.cluster.steps.image import Blob, Layers, LocalImage, present
+from kit.cluster.steps.node import Node
 
 A, B, C, D = (f"sha256:{c * 64}" for c in "abcd")
 

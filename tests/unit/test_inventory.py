@@ -3,7 +3,7 @@
 import pytest
 
 from kit.errors import BadInput
-from kit.inventory import FORMS, Host, parse_hosts
+from kit.config.hosts import FORMS, Host, parse_hosts
 
 
 def test_every_accepted_form():

@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from kit import netbench, sbatch, slurmtask, verify
-from kit.config import SlurmConfig
+from kit.bench import net as netbench
+from kit.backends.slurm import sbatch
+from kit.backends.slurm import task as slurmtask
+from kit.image import verify
+from kit.config.settings import SlurmConfig
 from kit.network import shipped as network_script
-from kit.commands.horovod import EXIT_MARK, rank_command, rank_launcher
-from kit.steps.check import FRAMEWORK_CHECK
-from kit.steps.distribute import RELAY_COMMAND
+from kit.jobs.commands.horovod import EXIT_MARK, rank_command, rank_launcher
+from kit.cluster.steps.check import FRAMEWORK_CHECK
+from kit.cluster.steps.distribute import RELAY_COMMAND
 
 PLANTED = ("json", "signal", "socket", "threading", "struct", "ipaddress", "fcntl", "select", "pkgutil", "platform",
            "hashlib", "hmac", "tarfile", "subprocess", "torch", "horovod", "tensorflow")

@@ -9,8 +9,10 @@ import sys
 import time
 from types import SimpleNamespace
 
-from kit import jobcontrol, jobrecords, jobs
-from kit.supervisor import heartbeats
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import records as jobrecords
+from kit.backends.cluster import run as jobs
+from kit.backends.cluster.supervisor import heartbeats
 
 
 def here(cmd: str | list[str]) -> list[str]:
@@ -146,7 +148,7 @@ def test_kits_python_helpers_ignore_modules_in_the_workspace(tmp_path):
 def test_a_link_an_earlier_job_left_for_the_variables_folder_sends_no_variables_through_it(tmp_path, monkeypatch):
     """A job is root in its container: it can put a link to the workspace where the next job's variables go. They
     are written into a folder made anew there (on the tmpfs), never through the link, here and on the other hosts."""
-    from kit.supervisor import starter
+    from kit.backends.cluster.supervisor import starter
     workspace, env_dir = tmp_path / "workspace", tmp_path / "run" / "env"
     workspace.mkdir()
     env_dir.parent.mkdir()

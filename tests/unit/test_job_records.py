@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from kit import jobcontrol, jobrecords, jobs
-from kit.jobrecords import RECORDS_SCRIPT, Record
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import records as jobrecords
+from kit.backends.cluster import run as jobs
+from kit.backends.cluster.records import RECORDS_SCRIPT, Record
 
 
 def record(**kw) -> Record:
@@ -163,9 +165,9 @@ class FollowHere:
 
 def followed(tmp_path, **files):
     """follow_to_end on a job of the hosts a (primary) and b whose folder holds these files, its output as shown."""
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.place import Place
+    from kit.cluster.steps.node import Node
     folder = tmp_path / "jobs"
     write(folder, **files)
     runner = FollowHere(folder, tmp_path)
@@ -212,12 +214,12 @@ def test_kits_own_line_of_every_hosts_manifest_after_the_end_is_read_whole(tmp_p
     assert len(after) > 2 * LINE_KEPT
     (tmp_path / "said").write_text(f"[0]<stdout>:step 1\n{jobcontrol.END_MARK} 0\n@@reaped\n\n@@after.json\n{after}\n")
     talk = LocalRunner("a").converse(f"cat {tmp_path / 'said'}", silence=30)
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.place import Place
+    from kit.cluster.steps.node import Node
     nodes = [Node(Host(h, primary=h == "a"), None, Place("kit-lab", "/var/lib/kit/lab"), address=address)
              for h, address in (("a", "10.0.0.1"), ("b", "10.0.0.2"))]
     starting = SimpleNamespace(said=talk.lines(), talk=talk)
     outcome = jobs.follow_to_end(nodes, "j1", ["a", "b"], lambda rank, host, text: None, starting)
-    from kit.steps.workspace import parse_manifest
+    from kit.cluster.steps.workspace import parse_manifest
     assert outcome.exit_code == 0 and outcome.after == {h: parse_manifest(manifest) for h in ("a", "b")}

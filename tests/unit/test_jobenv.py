@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from kit import jobenv
-from kit.commands.horovod import Slot, rank_launcher
+from kit.jobs import env as jobenv
+from kit.jobs.commands.horovod import Slot, rank_launcher
 from kit.errors import BadInput
-from kit.jobs import Job
-from kit.place import Place
-from kit.state import ClusterState, HostState
+from kit.backends.cluster.run import Job
+from kit.cluster.place import Place
+from kit.cluster.state import ClusterState, HostState
 
 
 def parse(flags=(), files=(), environ=None):
@@ -126,8 +126,8 @@ def test_values_go_on_no_command_line_only_into_each_containers_file():
 def test_the_supervisor_removes_the_variables_from_every_container_and_names_where_it_could_not(tmp_path, ssh_shim):
     """supervisor.tidy_env, run here: `ssh` runs the command here for 10.0.0.2 and fails for 10.0.0.3 (down); the
     primary's own copy is removed directly, the others' over the cluster SSH."""
-    from kit.supervisor.launch import Plan
-    from kit.supervisor.supervise import tidy_env
+    from kit.backends.cluster.supervisor.launch import Plan
+    from kit.backends.cluster.supervisor.supervise import tidy_env
     (ssh_shim / "down").write_text("10.0.0.3\n")
     env_dir = tmp_path / "env"
     env_dir.mkdir()

@@ -1,7 +1,7 @@
-"""kit's jobs as Kubernetes manifests (kit.k8s), the pure parts: every kind for every launcher it runs, against
+"""kit's jobs as Kubernetes manifests (kit.backends.k8s.manifests), the pure parts: every kind for every launcher it runs, against
 reviewed golden files and the objects' own schemas (core objects with kubernetes-validate --strict, the operators'
 kinds with their CRDs' schemas, TrainJob with Kubeflow Trainer's models: tests/unit/k8sschemas.py); secrets by
-reference only; what a pod's task (kit.podtask) does, run for real with local processes. tests/lab/test_k8s_pods.py
+reference only; what a pod's task (kit.backends.k8s.podtask) does, run for real with local processes. tests/lab/test_k8s_pods.py
 runs the pods of the manifests in containers of kit's image, as the kubelet would."""
 
 import inspect
@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit import k8s, podtask, sbatch, slurmtask
-from kit.commands.horovod import rank_launcher
+from kit.backends.k8s import manifests as k8s
+from kit.backends.k8s import podtask
+from kit.backends.slurm import sbatch
+from kit.backends.slurm import task as slurmtask
+from kit.jobs.commands.horovod import rank_launcher
 from kit.errors import BadInput
 
 DATA = Path(__file__).parent / "data" / "k8s-golden"
@@ -556,13 +559,13 @@ class Answers:
 
 
 def record():
-    from kit import k8sjobs
+    from kit.backends.k8s import jobs as k8sjobs
     return k8sjobs.K8sRecord("20261126-100000-ab12", "kit-train-ab12", "indexed-job", "lab", None, "horovod",
                              "train.py", 2, 0.0, ("configmap/kit-train-ab12-files",))
 
 
 def test_a_pod_that_cannot_pull_its_image_ends_the_follow_with_the_fix(monkeypatch):
-    from kit import k8sjobs
+    from kit.backends.k8s import jobs as k8sjobs
     from kit.errors import KitError
     pod = {"metadata": {"name": "kit-train-ab12-0-x7k2p"}, "status": {"phase": "Pending", "containerStatuses": [
         {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}}
@@ -576,7 +579,7 @@ def test_a_pod_that_cannot_pull_its_image_ends_the_follow_with_the_fix(monkeypat
 
 
 def test_a_hiccup_of_kubectl_is_waited_out_and_five_in_a_row_end_the_follow():
-    from kit import k8sjobs
+    from kit.backends.k8s import jobs as k8sjobs
     from kit.errors import KitError
     answers = iter([(1, "")] * 4 + [(0, json.dumps({"status": {"conditions": [{"type": "Complete",
                                                                                 "status": "True"}]}})),

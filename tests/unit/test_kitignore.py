@@ -5,9 +5,9 @@ import os
 import pytest
 
 from kit.errors import BadInput
-from kit.jobs import Synced
-from kit.steps import workspace
-from kit.steps.workspace import Ignore, scan
+from kit.backends.cluster.run import Synced
+from kit.cluster.steps import workspace
+from kit.cluster.steps.workspace import Ignore, scan
 
 
 def tree(root, *names):

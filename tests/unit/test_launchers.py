@@ -6,9 +6,9 @@ import os
 import subprocess
 import time
 
-from kit.commands.horovod import Failures, rank_command, split_rank
-from kit.commands.launchers import tf_config
-from kit.supervisor.launch import NodeCommand, Slot, fanout_script, torch_ranks, torchrun_argv
+from kit.jobs.commands.horovod import Failures, rank_command, split_rank
+from kit.jobs.commands.launchers import tf_config
+from kit.backends.cluster.supervisor.launch import NodeCommand, Slot, fanout_script, torch_ranks, torchrun_argv
 
 SLOTS = [Slot("a", "10.0.0.1", 2), Slot("b", "10.0.0.2", 1)]
 
@@ -88,7 +88,7 @@ def test_the_reaper_finds_a_jobs_children_that_dropped_its_environment():
     import subprocess
     import time
 
-    from kit.supervisor.launch import reap_script
+    from kit.backends.cluster.supervisor.launch import reap_script
     job = f"test-{secrets.token_hex(4)}"
     rank = subprocess.Popen(["env", f"KIT_JOB={job}", "sh", "-c", "env -i sleep 300 & sleep 300 & wait"],
                             start_new_session=True)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from kit.demo import Training
+from kit.jobs.demo import Training
 from kit.errors import BadInput
-from kit.local import POOLS, check_count, docker_subnets, free_subnet, routes
-from kit.steps.facts import NetworkFacts, parse_facts
+from kit.cluster.local import POOLS, check_count, docker_subnets, free_subnet, routes
+from kit.cluster.steps.facts import NetworkFacts, parse_facts
 
 DATA = Path(__file__).parent / "data"
 
@@ -72,9 +72,9 @@ def test_demo_summary_reads_rank_zero():
 # ---------------------------------------------------------------- where `kit up` brings a cluster up
 
 def _state(local: bool, given_slots: int | None = None):
-    from kit import state as st
-    from kit.config import ClusterConfig
-    from kit.place import Place
+    from kit.cluster import state as st
+    from kit.config.settings import ClusterConfig
+    from kit.cluster.place import Place
     hosts = [st.HostState(name=f"local-{i}" if local else f"gpu-{i}", address=f"10.0.0.{i}",
                           place=Place(f"kit-lab-{i}", "/var/lib/kit/lab") if local else ClusterConfig().host_place(),
                           user=None if local else "alice", port=None if local else 2222, slots=4,
@@ -84,7 +84,7 @@ def _state(local: bool, given_slots: int | None = None):
 
 
 def test_up_without_flags_goes_back_to_the_recorded_servers_as_hosts_txt_gave_them():
-    from kit.cluster import where_to_bring_up
+    from kit.cluster.lifecycle import where_to_bring_up
     where = where_to_bring_up(_state(local=False, given_slots=2), "lab", False, False, None, 3)
     assert where.count is None
     assert [(h.name, h.user, h.port, h.slots, h.primary, h.local) for h in where.recorded] == [
@@ -95,7 +95,7 @@ def test_up_without_flags_goes_back_to_the_recorded_servers_as_hosts_txt_gave_th
 
 
 def test_up_makes_a_local_cluster_only_where_none_is_recorded_on_servers():
-    from kit.cluster import where_to_bring_up
+    from kit.cluster.lifecycle import where_to_bring_up
     assert where_to_bring_up(None, "lab", False, False, None, 3).count == 3
     assert where_to_bring_up(None, "lab", False, True, 2, 3).count == 2
     assert where_to_bring_up(_state(local=True), "lab", False, False, None, 5).count == 3  # as many as it has
@@ -112,7 +112,7 @@ def test_up_makes_a_local_cluster_only_where_none_is_recorded_on_servers():
     (None, True, False, 2, "--nodes is for a cluster on this machine; --hosts lists servers"),
 ])
 def test_up_refuses_to_replace_one_kind_of_cluster_with_another(local, hosts_file, local_flag, nodes, says):
-    from kit.cluster import where_to_bring_up
+    from kit.cluster.lifecycle import where_to_bring_up
     state = None if local is None else _state(local)
     with pytest.raises(BadInput) as e:
         where_to_bring_up(state, "lab", hosts_file, local_flag, nodes, 3)
@@ -124,8 +124,8 @@ def test_a_later_up_keeps_the_settings_the_cluster_runs_with_unless_a_flag_or_ki
     8g, not the defaults (which would replace them all); a flag or kit.yaml's key is what changes them."""
     from dataclasses import replace
 
-    from kit.cluster import kept_settings
-    from kit.config import ClusterConfig
+    from kit.cluster.lifecycle import kept_settings
+    from kit.config.settings import ClusterConfig
     state = replace(_state(local=False), ssh_port=2222, shm_size="8g")
     assert kept_settings(state, ClusterConfig(), set()) == {"ssh_port": 2222, "workspace": "/w", "shm_size": "8g"}
     assert kept_settings(state, ClusterConfig(ssh_port=2300), {"ssh_port", "workspace"}) == {"shm_size": "8g"}
@@ -140,8 +140,8 @@ def test_a_later_up_keeps_the_settings_the_cluster_runs_with_unless_a_flag_or_ki
 def test_recorded_hosts_are_not_asked_again_who_logs_in():
     """`kit run`, `logs`, `exec` ... on a cluster up recorded: each host's sudo is as up found it (one round trip a
     host less before a job); a record without it (an older kit's) asks."""
-    from kit import state as st
-    from kit.steps.preflight import recorded_nodes
+    from kit.cluster import state as st
+    from kit.cluster.steps.preflight import recorded_nodes
     from kit.runners.base import Result
 
     class Asked:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from kit.lock import Busy, build_lock, cluster_lock
+from kit.cluster.lock import Busy, build_lock, cluster_lock
 
 
 def test_a_second_build_of_the_same_settings_waits_for_the_first_and_is_told_who_builds(in_tmp):

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from kit.commands.docker import ContainerSpec, run_argv
-from kit.clusterconfig import Mount
-from kit.config import ClusterConfig, cluster_config, read_config
+from kit.jobs.commands.docker import ContainerSpec, run_argv
+from kit.config.cluster import Mount
+from kit.config.settings import ClusterConfig, cluster_config, read_config
 from kit.errors import BadInput
-from kit.identity import Owner
-from kit.inventory import Host
-from kit.local import local_cluster
-from kit.steps import containers, preflight
-from kit.steps.facts import ContainerFacts, HostFacts, facts_command, parse_facts
-from kit.steps.node import Node
+from kit.cluster.identity import Owner
+from kit.config.hosts import Host
+from kit.cluster.local import local_cluster
+from kit.cluster.steps import containers, preflight
+from kit.cluster.steps.facts import ContainerFacts, HostFacts, facts_command, parse_facts
+from kit.cluster.steps.node import Node
 
 
 def mounts(tmp_path: Path, *entries: str, extra: str = "") -> ClusterConfig:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from kit import netbench
-from kit.netbench import Link
+from kit.bench import net as netbench
+from kit.bench.net import Link
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from kit.commands.docker import ContainerSpec
-from kit.config import ClusterConfig
-from kit.doctor_network import judge_candidates, judge_rdma, judge_survey
-from kit.doctor_read import Reading as DoctorReading
+from kit.jobs.commands.docker import ContainerSpec
+from kit.config.settings import ClusterConfig
+from kit.doctor.network import judge_candidates, judge_rdma, judge_survey
+from kit.doctor.read import Reading as DoctorReading
 from kit.errors import BadInput, KitError
 from kit.network import measure, shipped, survey
 from kit.network.choose import (ROUTED, SSH, Decision, Member, Refused, candidates, checked, decide, to_probe,
                                 unaddressed_rdma)
 from kit.network.links import SCRIPT, Address, Link, Port, Reading, parse
 from kit.network.rdma import rdma_devices
-from kit.steps.facts import HostFacts
+from kit.cluster.steps.facts import HostFacts
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
 
@@ -498,8 +498,8 @@ def test_doctor_names_the_host_a_fabric_misses_and_an_mtu_that_differs(tmp_path)
 # ---------------------------------------------------------------- the gpu image's RDMA libraries
 
 def test_gpu_images_carry_rdma_cores_libraries_in_their_last_stage_and_the_cpu_image_does_not():
-    from kit.config import ConfigFile, build_config
-    from kit.recipe import make_recipe
+    from kit.config.settings import ConfigFile, build_config
+    from kit.image.recipe import make_recipe
     packages = "libibverbs1 ibverbs-providers ibverbs-utils"
     for flavor in ("gpu", "tf-gpu"):
         dockerfile = make_recipe(build_config(ConfigFile(), {"flavor": flavor})).dockerfile
@@ -509,7 +509,7 @@ def test_gpu_images_carry_rdma_cores_libraries_in_their_last_stage_and_the_cpu_i
 
 
 def test_the_verification_loads_libibverbs_as_nccl_does_and_says_what_is_missing():
-    from kit.verify import RDMA_PY, rdma_problem
+    from kit.image.verify import RDMA_PY, rdma_problem
     here = json.loads(subprocess.run(["python3", "-I", "-c", RDMA_PY], capture_output=True, text=True,
                                      check=True).stdout)  # this machine has no libibverbs: the script says so
     assert set(here) == {"verbs", "devices", "providers"}
@@ -525,13 +525,13 @@ def test_the_verification_loads_libibverbs_as_nccl_does_and_says_what_is_missing
 class UpNode(FakeNode):
     def __init__(self, name: str, address: str, links: Reading) -> None:
         super().__init__(name, address, links)
-        from kit.inventory import Host
+        from kit.config.hosts import Host
         self.host = Host(name)
 
 
 def test_kit_up_surveys_only_where_there_is_a_choice_and_only_when_the_hosts_networks_changed(tmp_path, monkeypatch):
-    from kit import state as st
-    from kit.steps import network as step
+    from kit.cluster import state as st
+    from kit.cluster.steps import network as step
     place = ClusterConfig().host_place()
     st.save(tmp_path, st.ClusterState("lab", "img", "sha256:0", 12345, "/ws", [
         st.HostState(f"h{i}", f"10.1.0.1{i}", place) for i in (1, 2, 3)]))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_wheels import config, make_wheel
 
-from kit import wheels
+from kit.image import wheels
 from kit.errors import KitError
-from kit.pipconfig import PipSettings
-from kit.wheels import Target
+from kit.image.pipconfig import PipSettings
+from kit.image.wheels import Target
 
 TARGET = Target("3.11", "x86_64", (2, 36))
 ENV = {"PATH": "/usr/bin:/bin"}

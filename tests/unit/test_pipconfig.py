@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import pipconfig, redact
-from kit.pipconfig import PipSettings, for_download, parse_config_list
+from kit import redact
+from kit.image import pipconfig
+from kit.image.pipconfig import PipSettings, for_download, parse_config_list
 
 # Captured from `pip config list` on a machine with a user pip.conf, a global one and PIP_* variables.
 CONFIG_LIST = """\

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from kit.config import ClusterConfig
-from kit.inventory import parse_hosts
+from kit.config.settings import ClusterConfig
+from kit.config.hosts import parse_hosts
 from kit import shipped_folder
-from kit.prepare import ansible_playbook, inventory, playbook_argv, write_inventory
+from kit.cluster.prepare import ansible_playbook, inventory, playbook_argv, write_inventory
 
 HOSTS = parse_hosts("gpu-1\nalice@gpu-2 port=2222\n")
 ADDRESSES = {"gpu-1": "10.0.0.1", "gpu-2": "10.0.0.2"}

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import run_kit
 from kit.errors import BadInput, KitError
-from kit.push import Reference, parse_reference, push, push_error, read_stream, source_tag
+from kit.image.push import Reference, parse_reference, push, push_error, read_stream, source_tag
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -4,9 +4,9 @@ import re
 import subprocess
 from importlib.resources import files
 
-from kit.config import ConfigFile, build_config
-from kit import wheels
-from kit.recipe import make_recipe
+from kit.config.settings import ConfigFile, build_config
+from kit.image import wheels
+from kit.image.recipe import make_recipe
 
 
 def stages(dockerfile: str) -> dict[str, tuple[str, str]]:
@@ -174,7 +174,7 @@ def test_horovod_source_replaces_the_release():
 
 
 def resolved(folder):
-    """A wheelhouse as kit.wheels.resolve leaves it: the torch group's files."""
+    """A wheelhouse as kit.image.wheels.resolve leaves it: the torch group's files."""
     return wheels.Wheelhouse(folder, {"torch": sorted(folder.iterdir())})
 
 

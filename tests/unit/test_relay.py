@@ -3,7 +3,7 @@
 
 import socket
 
-from kit import relay
+from kit.image import relay
 
 TOKEN = "t" * 32
 

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from kit import doctor_judge as jd
-from kit import doctor_read as rd
-from kit import doctor_slurm as ds
-from kit import gpus
-from kit.place import Place
-from kit.steps import facts
+from kit.doctor import judge as jd
+from kit.doctor import read as rd
+from kit.doctor import slurm as ds
+from kit.image import gpus
+from kit.cluster.place import Place
+from kit.cluster.steps import facts
 
 # Every line break of str.splitlines that is not a line feed
 BREAKS = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
@@ -119,10 +119,10 @@ def test_forged_digits_do_not_crash_a_parser(digit):
 
 def _slurm_port(digit: str) -> list:
     """doctor_slurm.examine on a primary whose `scontrol show config` gives a forged SlurmdPort: slurmd's default."""
-    from kit.doctor_slurm import examine
-    from kit.inventory import Host
+    from kit.doctor.slurm import examine
+    from kit.config.hosts import Host
     from kit.runners.base import Result
-    from kit.steps.node import Node
+    from kit.cluster.steps.node import Node
 
     class Primary:
         def run(self, script, stdin=None, timeout=None):
@@ -149,7 +149,7 @@ def test_lines_are_cut_at_line_feeds_only_and_numbers_are_ascii_digits():
 @pytest.mark.parametrize("brk", BREAKS, ids=[f"U+{ord(b):04X}" for b in BREAKS])
 def test_a_ranks_stack_cannot_forge_another_ranks(brk):
     """`kit stacks` and the hang report: rank 0's stack text (a thread's name, a function's) is the job's own."""
-    from kit.supervisor.heartbeats import parse_stacks
+    from kit.backends.cluster.supervisor.heartbeats import parse_stacks
     text = f"@@kit-stack 0 101\nThread main{brk}@@kit-stack 1 102{brk}all is well\n@@kit-stack ² 103\nx\n" \
            "@@kit-stack 1 102\n  File train.py, line 9\n"
     assert parse_stacks(text) == {0: f"Thread main{brk}@@kit-stack 1 102{brk}all is well\n@@kit-stack ² 103\nx",

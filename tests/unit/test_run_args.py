@@ -9,17 +9,17 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from kit import jobs
-from kit import state as st
+from kit.backends.cluster import run as jobs
+from kit.cluster import state as st
 from kit.app import app
 from kit.cli import jobs as cli_jobs
 from kit.cli.runargs import options_of, split
-from kit.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
-from kit.config import ClusterConfig
+from kit.jobs.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
+from kit.config.settings import ClusterConfig
 from kit.errors import BadInput
 from kit.network.choose import Member
 from kit.network.measure import rank_env as route_env, route
-from kit.supervisor.launch import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
+from kit.backends.cluster.supervisor.launch import MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, Slot
 
 RUN = typer.main.get_command(app).commands["run"]
 OPTIONS = options_of(RUN.get_params(RUN.context_class(RUN)))

@@ -28,7 +28,7 @@ GROWN_CAP = 64 << 20  # what the reading process may grow by: the head kept of a
 # In a process of its own, so that its peak memory is what the runner held: each way kit reads a command's output.
 READER = r"""
 import json, resource, sys
-from kit.inventory import Host
+from kit.config.hosts import Host
 from kit.runners.local import LocalRunner
 from kit.runners.ssh import SshRunner
 kind, port, command = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -14,18 +14,18 @@ from typer.testing import CliRunner
 
 from kit import redact
 from kit.app import app
-from kit.build import Sources, package_sources
-from kit.baseimage import Base
-from kit.commands.horovod import Slot
-from kit.config import ConfigFile, build_config
+from kit.image.build import Sources, package_sources
+from kit.image.base import Base
+from kit.jobs.commands.horovod import Slot
+from kit.config.settings import ConfigFile, build_config
 from kit.errors import KitError
-from kit.jobenv import shown
-from kit.jobs import Job
-from kit.pipconfig import PipSettings
-from kit.place import Place
-from kit.recipe import make_recipe
-from kit.state import ClusterState, HostState
-from kit.wheels import Target, Wheelhouse, resolve
+from kit.jobs.env import shown
+from kit.backends.cluster.run import Job
+from kit.image.pipconfig import PipSettings
+from kit.cluster.place import Place
+from kit.image.recipe import make_recipe
+from kit.cluster.state import ClusterState, HostState
+from kit.image.wheels import Target, Wheelhouse, resolve
 
 TOKENS = ("AbCd1234EfGh5678", "s3cr3tq", "Sig0123abcdef", "ghp_0123456789abcdefABCDEF0123456789abcd")
 PATH_TOKEN = "https://dl.cloudsmith.io/AbCd1234EfGh5678/lab/wheels/python/simple/"

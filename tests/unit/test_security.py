@@ -34,7 +34,7 @@ def test_every_jump_host_is_checked_like_the_host_itself(tmp_path, monkeypatch):
     import paramiko
     from fabric import Connection
 
-    from kit.inventory import Host
+    from kit.config.hosts import Host
     from kit.runners.ssh import SshRunner
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "config").write_text("Host target\n    ProxyJump root@hop2,root@hop1\n")

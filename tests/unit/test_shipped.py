@@ -1,4 +1,4 @@
-"""The supervisor's script as kit ships it (kit.supervisor.shipped): kit.supervisor's modules made one
+"""The supervisor's script as kit ships it (kit.backends.cluster.supervisor.shipped): kit.backends.cluster.supervisor's modules made one
 standard-library-only source, run here as the primary's container runs it (`python -c SOURCE --start`)."""
 
 import ast
@@ -12,9 +12,9 @@ import tarfile
 
 import pytest
 
-from kit import jobs
-from kit.supervisor import shipped
-from kit.supervisor.starter import COPIED, MANIFEST_END
+from kit.backends.cluster import run as jobs
+from kit.backends.cluster.supervisor import shipped
+from kit.backends.cluster.supervisor.starter import COPIED, MANIFEST_END
 
 
 def test_the_shipped_supervisor_is_one_stdlib_script(tmp_path):

@@ -69,10 +69,10 @@ def test_print_sites_sanitise(monkeypatch):
     """Each place that prints remote text without a host: kit run's/logs'/attach's rank lines, a Slurm job's lines,
     an error's message and output tail (a host's stderr), kit doctor's findings, kit status's table and JSON, the
     progress column of kit up, kit prepare's ansible-playbook output."""
-    from kit import doctor as dr
+    from kit.doctor import check as dr
     from kit.cli import cluster, doctor, slurm
     from kit.cli.common import LiveProgress, console, err_console, progress_bar, _report
-    from kit.cluster import HostStatus
+    from kit.cluster.lifecycle import HostStatus
     from kit.errors import HostsFailed, KitError
 
     monkeypatch.setattr(console, "_width", 2000)  # kit status's table cells whole

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from helpers import REPO
-from kit import sbatch
-from kit.prepare import ansible_playbook
+from kit.backends.slurm import sbatch
+from kit.cluster.prepare import ansible_playbook
 
 ROLE = REPO / "ansible" / "roles" / "slurm"
 FACTS = {  # hosts as the inventory and Ansible's facts give them; a fabric beside hosts.txt's network, docker0 on each

@@ -1,5 +1,5 @@
 """kit under Slurm, the pure parts: the sbatch scripts (against reviewed golden files, and shellcheck), the shape of a
-job, what each task derives from Slurm's variables (kit.slurmtask), the job's folder as sent, and Slurm's output
+job, what each task derives from Slurm's variables (kit.backends.slurm.task), the job's folder as sent, and Slurm's output
 (captured from Debian 12's Slurm 22.05) read back. tests/lab/test_slurm.py runs all of it on a real Slurm."""
 
 import io
@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kit import sbatch, slurmjobs, slurmoutput, slurmtask
-from kit.config import SlurmConfig
+from kit.backends.slurm import sbatch
+from kit.backends.slurm import jobs as slurmjobs
+from kit.backends.slurm import output as slurmoutput
+from kit.backends.slurm import task as slurmtask
+from kit.config.settings import SlurmConfig
 from kit.errors import BadInput, KitError
 
 DATA = Path(__file__).parent / "data" / "slurm"

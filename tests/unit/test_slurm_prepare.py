@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from helpers import REPO
-from kit.config import ClusterConfig
+from kit.config.settings import ClusterConfig
 from kit.errors import KitError
-from kit.identity import Identity
-from kit.inventory import parse_hosts
-from kit.prepare import ansible_playbook, inventory
+from kit.cluster.identity import Identity
+from kit.config.hosts import parse_hosts
+from kit.cluster.prepare import ansible_playbook, inventory
 
 ROLE = REPO / "ansible" / "roles" / "slurm"
 

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from helpers import closed_port, silent_listener
-from kit import probe
-from kit.build import package_sources
-from kit.config import ConfigFile, build_config
+from kit.image import probe
+from kit.image.build import package_sources
+from kit.config.settings import ConfigFile, build_config
 from kit.errors import KitError
-from kit.pipconfig import PipSettings
+from kit.image.pipconfig import PipSettings
 
 NO_SETTINGS = PipSettings({})
 
@@ -164,6 +164,6 @@ def test_pips_own_default_index_that_does_not_answer_says_how_to_turn_it_off():
 
 
 def test_the_machines_proxy_reaches_the_build_as_dockers_own_build_arguments():
-    from kit.build import proxy_args
+    from kit.image.build import proxy_args
     env = {"https_proxy": "http://proxy.lab:3128", "NO_PROXY": "localhost", "PATH": "/bin", "HTTP_PROXY": ""}
     assert proxy_args(env) == {"NO_PROXY": "localhost", "https_proxy": "http://proxy.lab:3128"}

@@ -13,7 +13,7 @@ import pytest
 from helpers import closed_port, run_kit
 
 from kit.errors import KitError
-from kit.inventory import Host
+from kit.config.hosts import Host
 from kit.runners.ssh import SshRunner
 
 pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile

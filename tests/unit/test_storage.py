@@ -8,17 +8,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kit.cluster import removal_commands
-from kit.config import ClusterConfig
+from kit.cluster.lifecycle import removal_commands
+from kit.config.settings import ClusterConfig
 from kit.errors import BadInput
-from kit.inventory import Host
+from kit.config.hosts import Host
 from kit.runners.base import Result
-from kit.state import ClusterState, HostState
-from kit.steps import sharing, storage
-from kit.steps.facts import HostFacts, parse_facts
-from kit.steps.node import Node
-from kit.steps.storage import Storage
-from kit.steps.workspace import spread_plan, written
+from kit.cluster.state import ClusterState, HostState
+from kit.cluster.steps import sharing, storage
+from kit.cluster.steps.facts import HostFacts, parse_facts
+from kit.cluster.steps.node import Node
+from kit.cluster.steps.storage import Storage
+from kit.cluster.steps.workspace import spread_plan, written
 
 WS = "/var/lib/kit/lab/workspace"
 PRIMARY, WORKERS = "10.0.0.1", ["10.0.0.2", "10.0.0.3"]
@@ -159,7 +159,7 @@ def test_down_removes_the_workspace_it_made_under_a_dead_mount():
 
 
 def test_nfs_server_setting_is_checked():
-    from kit.config import ConfigFile, cluster_config
+    from kit.config.settings import ConfigFile, cluster_config
     with pytest.raises(BadInput, match="--nfs-server: is only read with storage: nfs"):
         cluster_config(ConfigFile(), {"nfs_server": "nas:/x"})
     with pytest.raises(BadInput, match="'nas' is not server:/path"):

@@ -1,4 +1,4 @@
-"""The job's supervisor (kit.supervisor), run here as the primary's container runs it: `python -c SOURCE PLAN`,
+"""The job's supervisor (kit.backends.cluster.supervisor), run here as the primary's container runs it: `python -c SOURCE PLAN`,
 apart from any kit, with the cluster SSH replaced by a local shell (the ssh_shim fixture; tests/lab runs it over
 the real cluster SSH, with real launchers). Its record, the follower reading it, restarts on the hosts that still
 answer, the hang watch, and the discovery script."""
@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from kit import jobcontrol, jobs
-from kit.commands.horovod import rank_command
-from kit.commands.launchers import tf_config
-from kit.supervisor import launch, starter
-from kit.supervisor.heartbeats import Beat, hang_report
-from kit.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NodeCommand, Plan, Slot,
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import run as jobs
+from kit.jobs.commands.horovod import rank_command
+from kit.jobs.commands.launchers import tf_config
+from kit.backends.cluster.supervisor import launch, starter
+from kit.backends.cluster.supervisor.heartbeats import Beat, hang_report
+from kit.backends.cluster.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NodeCommand, Plan, Slot,
                                    discovery_script, fill, parse_discovery)
-from kit.supervisor.starter import COPIED, MANIFEST_END
+from kit.backends.cluster.supervisor.starter import COPIED, MANIFEST_END
 
 pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile
 
@@ -192,7 +193,7 @@ def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
 
 
 def test_a_heartbeat_being_written_is_read_once(tmp_path):
-    from kit.supervisor.heartbeats import parse_beats, progress_script
+    from kit.backends.cluster.supervisor.heartbeats import parse_beats, progress_script
     folder = tmp_path / "j1"
     folder.mkdir()
     (folder / "0").write_text('{"rank": 0, "pid": 1, "moves": 3, "where": "t.py:1 in f"}')
@@ -216,7 +217,7 @@ def test_the_hang_report_names_the_odd_ones():
 
 
 def test_a_host_whose_heartbeats_were_not_read_is_no_progress():
-    from kit.supervisor.heartbeats import Watch
+    from kit.backends.cluster.supervisor.heartbeats import Watch
     watch = Watch(600)
     both = [Beat("a", 0, 5, "x"), Beat("b", 1, 7, "y")]
     watch.stalled(both)
@@ -319,11 +320,11 @@ def docker_shim(ssh_shim: Path) -> Path:
 def local_job(tmp_path: Path, scripts: list[str], **kw):
     """A tf-style job on the three stand-in hosts, its workspace tmp_path/ws (one folder: the hosts share this
     machine), kit's folders under tmp_path/kit, each host reached by a LocalRunner through the docker shim."""
-    from kit.inventory import Host
-    from kit.place import Place
+    from kit.config.hosts import Host
+    from kit.cluster.place import Place
     from kit.runners.local import LocalRunner
-    from kit.state import ClusterState, HostState
-    from kit.steps.node import Node
+    from kit.cluster.state import ClusterState, HostState
+    from kit.cluster.steps.node import Node
     workspace = tmp_path / "ws"
     workspace.mkdir()  # (kit up makes it on every host)
     plan = tf_plan(workspace, "-", scripts)
@@ -405,7 +406,7 @@ def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_sta
 UNPACK = """
 import io, os, sys, tarfile
 sys.path.insert(0, sys.argv[2])
-from kit.supervisor import starter
+from kit.backends.cluster.supervisor import starter
 ws = sys.argv[1]
 open(os.path.join(ws, "d"), "w").close()  # a file where the job's folder d goes: tar cannot write any file of it
 buf = io.BytesIO()
@@ -433,7 +434,7 @@ def test_the_starter_says_why_the_job_could_not_be_unpacked_however_much_tar_com
 
 
 def test_a_supervisor_that_does_not_start_is_said(tmp_path):
-    from kit.supervisor.starter import started
+    from kit.backends.cluster.supervisor.starter import started
     assert started(str(tmp_path), wait=0.3) == "it did not start within 0 s"
     (tmp_path / "supervisor").write_text("42\n")
     assert started(str(tmp_path), wait=0.3) == ""
@@ -510,7 +511,7 @@ def test_a_launchers_ssh_rides_the_supervisors_connection_and_never_opens_one():
     horovodrun's SSH rounds ride a connection kit keeps open, and none carries a job's mark beyond the job."""
     import re
 
-    from kit.recipe import render_template
+    from kit.image.recipe import render_template
     config = render_template("ssh_config.j2", cluster="lab", port=12345, hosts=[(["a"], "10.0.0.1")], all_names=["a"])
     path = next(o for o in launch.CONNECTION if o.startswith("ControlPath=")).split("=", 1)[1]
     assert re.search(rf"^\s+ControlPath {re.escape(path)}$", config, re.M)
@@ -552,9 +553,9 @@ def test_a_reap_that_failed_on_a_host_names_it_and_is_never_a_count_of_none():
     `nothing was left to kill` (a job's ranks went on there once, and kit said so); a host whose container no longer
     runs has nothing left of the job."""
     from kit.errors import HostsFailed
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.place import Place
+    from kit.cluster.steps.node import Node
     place = Place("kit-lab", "/var/lib/kit/lab")
     def nodes():
         return [Node(Host("a"), Answers("a", 0, "2\n", later=(0,)), place),
@@ -571,9 +572,9 @@ def test_a_reap_goes_round_again_while_a_round_stopped_something_and_within_a_bo
     """A process a job started on host b over SSH from a process on host a is that sshd's connection's child until
     the client on a is stopped, and only then adopted on b: b's first round may come too soon. So the reap goes
     round every host again while a round stopped something, a bounded number of times."""
-    from kit.inventory import Host
-    from kit.place import Place
-    from kit.steps.node import Node
+    from kit.config.hosts import Host
+    from kit.cluster.place import Place
+    from kit.cluster.steps.node import Node
     place = Place("kit-lab", "/var/lib/kit/lab")
     client, chained = Answers("a", 0, "1\n", later=(0,)), Answers("b", 0, "0\n", later=(1, 0))
     assert jobcontrol.reap([Node(Host("a"), client, place), Node(Host("b"), chained, place)], "j1") == {"a": 1, "b": 1}

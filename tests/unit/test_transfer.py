@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kit import cpargs, transfer, untar
+from kit.data import cpargs
+from kit.data import transfer
+from kit.data import untar
 from kit.errors import BadInput, KitError
-from kit.place import Place
+from kit.cluster.place import Place
 from kit.runners.local import LocalRunner
-from kit.state import HostState
-from kit.cpargs import Local, Remote
-from kit.untar import Target
+from kit.cluster.state import HostState
+from kit.data.cpargs import Local, Remote
+from kit.data.untar import Target
 
 WS = "/var/lib/kit/lab/workspace"
 HOSTS = [HostState("gpu-1", "10.0.0.1", Place("kit-lab", "/var/lib/kit/lab"), primary=True),

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import venvexport
-from kit.config import read_config, set_setting
+from kit.image import venv as venvexport
+from kit.config.settings import read_config, set_setting
 from kit.errors import BadInput, KitError
 from kit.runners.local import LocalRunner
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kit import wheels
-from kit.config import ConfigFile, build_config
+from kit.image import wheels
+from kit.config.settings import ConfigFile, build_config
 from kit.errors import KitError
-from kit.pipconfig import PipSettings
-from kit.wheels import Group, Target
+from kit.image.pipconfig import PipSettings
+from kit.image.wheels import Group, Target
 
 TARGET = Target("3.11", "x86_64", (2, 36))
 

@@ -7,7 +7,7 @@ import tracemalloc
 from pathlib import Path
 
 from kit.runners.local import LocalRunner
-from kit.steps import workspace
+from kit.cluster.steps import workspace
 
 
 def test_a_big_file_is_hashed_in_blocks_not_read_whole(tmp_path):

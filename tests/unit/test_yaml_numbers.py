@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.config import build_config, cluster_config, read_config
+from kit.config.settings import build_config, cluster_config, read_config
 from kit.errors import BadInput
 
 

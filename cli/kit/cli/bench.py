@@ -17,14 +17,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kit import benchfigures as bf
-from kit import jobs, netbench, shipped_folder
-from kit import state as st
+from kit.bench import figures as bf
+from kit import shipped_folder
+from kit.backends.cluster import run as jobs
+from kit.bench import net as netbench
+from kit.cluster import state as st
 from kit.network import measure
-from kit.steps.preflight import recorded_nodes
-from kit.commands.horovod import HorovodOptions, check_knobs
-from kit.config import ClusterConfig, framework
-from kit.demo import SCRIPT as CIFAR_SCRIPT, Training
+from kit.cluster.steps.preflight import recorded_nodes
+from kit.jobs.commands.horovod import HorovodOptions, check_knobs
+from kit.config.settings import ClusterConfig, framework
+from kit.jobs.demo import SCRIPT as CIFAR_SCRIPT, Training
 from kit.errors import BadInput, KitError
 from kit.cli.common import (CONFIG, NAME, app, connector, console, err_console, locked, need_state, recorded,
                             one_of, reports_errors)
@@ -173,7 +175,7 @@ def allreduce(
                         results.append(found)
                         status.update(f"allreduce, {found.label}: {bf.size_text(found.bytes)} "
                                       f"busbw {found.busbw_gbits:.2f} Gbit/s")
-                job = _bench_job(cfg, state, shipped_folder("kit.benchjobs") / "allreduce.py", [b, *args],
+                job = _bench_job(cfg, state, shipped_folder("kit.bench.jobs") / "allreduce.py", [b, *args],
                                  BACKENDS[b], HorovodOptions(fusion_threshold_mb, cycle_time_ms), out, take)
             if not any(r.backend == b for r in results):
                 raise KitError(f"the allreduce job of {b} ({job.id}) finished without printing a figure",

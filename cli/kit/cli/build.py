@@ -9,13 +9,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kit import pipconfig
-from kit.build import connect
-from kit.config import build_config, cluster_config, read_config
-from kit.recipe import EXPECTED_BUILD, Recipe, make_recipe
-from kit.verify import ImageReport, verify_image
+from kit.image import pipconfig
+from kit.image.build import connect
+from kit.config.settings import build_config, cluster_config, read_config
+from kit.image.recipe import EXPECTED_BUILD, Recipe, make_recipe
+from kit.image.verify import ImageReport, verify_image
 from kit.cli.common import app, console, one_of, reports_errors
-from kit.flavors import AUTO_FLAVORS, FLAVORS
+from kit.image.flavors import AUTO_FLAVORS, FLAVORS
 from kit.cli.flavor import build_flavor
 from kit.cli.imagebuild import ensure_image
 

@@ -15,24 +15,24 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kit import state as st
-from kit.build import connect
-from kit.cluster import (HostStatus, ImageChoice, Up, kept_settings, down as down_cluster, status as cluster_status,
+from kit.cluster import state as st
+from kit.image.build import connect
+from kit.cluster.lifecycle import (HostStatus, ImageChoice, Up, kept_settings, down as down_cluster, status as cluster_status,
                          what_may_remain, where_to_bring_up)
-from kit.config import ClusterConfig, ConfigFile, requested_flavor
-from kit.commands.docker import command, exec_argv
+from kit.config.settings import ClusterConfig, ConfigFile, requested_flavor
+from kit.jobs.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
-from kit.fanout import fan_out
-from kit.identity import Identity, new_munge_key, state_root, write_secret
-from kit.inventory import Host, read_hosts
-from kit.lock import cluster_lock
-from kit.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
-from kit import prepare as prepare_hosts
-from kit.steps.image import layers
-from kit.steps.network import EARLIER
-from kit.steps.node import Node
+from kit.cluster.fanout import fan_out
+from kit.cluster.identity import Identity, new_munge_key, state_root, write_secret
+from kit.config.hosts import Host, read_hosts
+from kit.cluster.lock import cluster_lock
+from kit.cluster.local import LOCAL_NODES, check_count, docker_subnets, free_subnet, local_cluster, network_name, routes
+from kit.cluster import prepare as prepare_hosts
+from kit.cluster.steps.image import layers
+from kit.cluster.steps.network import EARLIER
+from kit.cluster.steps.node import Node
 from kit.shown import visible
-from kit.steps.preflight import recorded_nodes
+from kit.cluster.steps.preflight import recorded_nodes
 from kit.cli.flavor import UpImage
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
                              need_state, progress_bar, recorded, recorded_clusters,
@@ -205,7 +205,7 @@ def prepare(
 def record_login(cfg_file: ConfigFile, primary: Host) -> None:
     """After kit prepare --slurm: kit.yaml's slurm.login, where it names none, is the primary (slurmctld's host) as
     hosts.txt reaches it: kit run --on slurm submits there, and kit export --to venv writes the nodes' Python there."""
-    from kit.config import set_setting
+    from kit.config.settings import set_setting
     if (cfg_file.sections.get("slurm") or {}).get("login"):
         return
     login = f"{primary.user}@{primary.name}" if primary.user else primary.name

@@ -18,12 +18,12 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
                            TransferSpeedColumn)
 from rich.text import Text
 
-from kit import state as st
+from kit.cluster import state as st
 from kit import redact
-from kit.config import ClusterConfig, ConfigFile, cluster_config, read_config
+from kit.config.settings import ClusterConfig, ConfigFile, cluster_config, read_config
 from kit.errors import BadInput, KitError
-from kit.identity import Identity
-from kit.lock import cluster_lock
+from kit.cluster.identity import Identity
+from kit.cluster.lock import cluster_lock
 from kit.runners.local import LocalRunner
 from kit.shown import visible
 
@@ -236,7 +236,7 @@ def cluster_settings(config: Optional[Path], flags: dict) -> tuple[ConfigFile, C
 
 @contextlib.contextmanager
 def locked(name: Optional[str], config: Optional[Path]):
-    """(cluster settings, identity, recorded state) read while holding the cluster's lock (kit.lock)."""
+    """(cluster settings, identity, recorded state) read while holding the cluster's lock (kit.cluster.lock)."""
     _, cfg = cluster_settings(config, dict(name=name))
     with cluster_lock(cfg.name):
         identity = Identity(cfg.name)

@@ -10,9 +10,10 @@ import typer
 from rich.markup import escape
 from rich.progress import DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from kit import cpargs, transfer
+from kit.data import cpargs
+from kit.data import transfer
 from kit.cli.common import CONFIG, NAME, app, connector, console, err_console, need_state, recorded, reports_errors
-from kit.steps.preflight import recorded_nodes
+from kit.cluster.steps.preflight import recorded_nodes
 
 SHOWN_LEFT_OUT = 10
 

@@ -11,21 +11,21 @@ import typer
 from rich.table import Table
 
 from kit import shipped_folder
-from kit import state as st
-from kit.build import connect
-from kit.cluster import down as down_cluster
-from kit.config import ClusterConfig, ConfigFile, build_config
-from kit import jobs
-from kit.commands.horovod import HorovodOptions
+from kit.cluster import state as st
+from kit.image.build import connect
+from kit.cluster.lifecycle import down as down_cluster
+from kit.config.settings import ClusterConfig, ConfigFile, build_config
+from kit.backends.cluster import run as jobs
+from kit.jobs.commands.horovod import HorovodOptions
 from kit.errors import BadInput
-from kit.identity import Identity
-from kit.recipe import make_recipe
-from kit.demo import SCRIPT as DEMO_SCRIPT, Training
-from kit.lock import cluster_lock
-from kit.local import LOCAL_NODES
+from kit.cluster.identity import Identity
+from kit.image.recipe import make_recipe
+from kit.jobs.demo import SCRIPT as DEMO_SCRIPT, Training
+from kit.cluster.lock import cluster_lock
+from kit.cluster.local import LOCAL_NODES
 from kit.cli.imagebuild import ensure_image
 from kit.cli.cluster import bring_up
-from kit.cluster import where_to_bring_up
+from kit.cluster.lifecycle import where_to_bring_up
 from kit.cli.flavor import build_flavor
 from kit.cli.common import CONFIG, LiveProgress, app, cluster_settings, connector, console, progress_bar, reports_errors
 from kit.cli.jobs import job_printer, run_job

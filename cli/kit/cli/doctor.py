@@ -8,13 +8,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kit import doctor as dr
-from kit import state as st
-from kit.cluster import state_cfg
-from kit.config import AUTO_FLAVORS, build_config, cuda_line, requested_flavor, uses_gpus
-from kit.identity import Identity
-from kit.inventory import read_hosts
-from kit.steps.node import Node
+from kit.doctor import check as dr
+from kit.cluster import state as st
+from kit.cluster.lifecycle import state_cfg
+from kit.config.settings import AUTO_FLAVORS, build_config, cuda_line, requested_flavor, uses_gpus
+from kit.cluster.identity import Identity
+from kit.config.hosts import read_hosts
+from kit.cluster.steps.node import Node
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, cluster_settings, connector, console, not_recorded, reports_errors
 

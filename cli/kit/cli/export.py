@@ -12,17 +12,18 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from kit.build import connect, find_built
-from kit.config import build_config, cluster_config, read_config
+from kit.image.build import connect, find_built
+from kit.config.settings import build_config, cluster_config, read_config
 from kit.errors import BadInput, KitError
-from kit import jobenv
-from kit.export import check_tools, default_output, export_docker_archive, export_enroot, find_image
-from kit.recipe import make_recipe
-from kit import k8s, sbatch
+from kit.jobs import env as jobenv
+from kit.image.export import check_tools, default_output, export_docker_archive, export_enroot, find_image
+from kit.image.recipe import make_recipe
+from kit.backends.k8s import manifests as k8s
+from kit.backends.slurm import sbatch
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.common import app, console, err_console, one_of, progress_bar, reports_errors
 from kit.cli.runargs import RunCommand
-from kit.commands.launchers import LAUNCHERS, check_launcher
+from kit.jobs.commands.launchers import LAUNCHERS, check_launcher
 from kit.cli.flavor import build_flavor
 
 
@@ -189,9 +190,10 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
 def _export_venv(output: Optional[Path], image: Optional[str], config: Optional[Path]) -> None:
     """The image's Python as a folder for a Slurm site's nodes (runtime none), on the login host (kit.yaml's
     slurm.login) or here; recorded as slurm.python_path in kit.yaml."""
-    from kit import slurmjobs, venvexport
-    from kit.config import SlurmConfig, set_setting
-    from kit.flavors import FLAVORS
+    from kit.backends.slurm import jobs as slurmjobs
+    from kit.image import venv as venvexport
+    from kit.config.settings import SlurmConfig, set_setting
+    from kit.image.flavors import FLAVORS
     if output is None:
         raise BadInput("--to venv needs -o DIR: the folder for the nodes' Python", hint="give -o the folder on storage "
                        "every node sees at the same path, e.g. kit export --to venv -o /shared/envs/kit")

@@ -8,17 +8,17 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from kit import gpus
-from kit import state as st
-from kit.build import find_built
-from kit.config import AUTO_FLAVORS, ClusterConfig, ConfigFile, build_config, cuda_line, requested_flavor
-from kit.fanout import fan_out
-from kit.identity import Identity
-from kit.inventory import Host, read_hosts
-from kit.recipe import make_recipe
+from kit.image import gpus
+from kit.cluster import state as st
+from kit.image.build import find_built
+from kit.config.settings import AUTO_FLAVORS, ClusterConfig, ConfigFile, build_config, cuda_line, requested_flavor
+from kit.cluster.fanout import fan_out
+from kit.cluster.identity import Identity
+from kit.config.hosts import Host, read_hosts
+from kit.image.recipe import make_recipe
 from kit.runners.local import LocalRunner
-from kit.steps.image import LocalImage, local_image
-from kit.steps.node import Node
+from kit.cluster.steps.image import LocalImage, local_image
+from kit.cluster.steps.node import Node
 from kit.cli.common import connector, console
 from kit.cli.imagebuild import ensure_image
 
@@ -66,7 +66,7 @@ def build_flavor(cfg_file: ConfigFile, cfg: ClusterConfig, flag: str | None, hos
 
 
 class UpImage:
-    """`kit up`'s ImageChoice (kit.cluster): cluster.image_tag as it is, else the flavor its hosts call for and the
+    """`kit up`'s ImageChoice (kit.cluster.lifecycle): cluster.image_tag as it is, else the flavor its hosts call for and the
     image of kit.yaml's settings for it, built when there is none (a dry run builds nothing: it says what it would
     build). Bad settings and a missing image_tag are found before any host is read."""
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from kit.build import Step, build_image, find_built, resolve_sources, scratch, wheel_pins
-from kit.lock import build_lock
-from kit.recipe import Recipe, make_recipe
+from kit.image.build import Step, build_image, find_built, resolve_sources, scratch, wheel_pins
+from kit.cluster.lock import build_lock
+from kit.image.recipe import Recipe, make_recipe
 from kit.cli.common import console
 
 

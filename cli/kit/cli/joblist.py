@@ -12,9 +12,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kit import state as st
-from kit.steps.preflight import recorded_nodes
-from kit import jobcontrol, jobrecords, k8sjobs, slurmjobs
+from kit.cluster import state as st
+from kit.cluster.steps.preflight import recorded_nodes
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import records as jobrecords
+from kit.backends.k8s import jobs as k8sjobs
+from kit.backends.slurm import jobs as slurmjobs
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, recorded, reports_errors
 from kit.cli import k8s as k8s_cli, slurm as slurm_cli

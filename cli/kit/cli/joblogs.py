@@ -9,9 +9,11 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kit.steps.preflight import recorded_nodes
-from kit import jobcontrol, jobrecords, jobs
-from kit.commands.horovod import exit_report, split_rank
+from kit.cluster.steps.preflight import recorded_nodes
+from kit.backends.cluster import control as jobcontrol
+from kit.backends.cluster import records as jobrecords
+from kit.backends.cluster import run as jobs
+from kit.jobs.commands.horovod import exit_report, split_rank
 from kit.errors import BadInput
 from kit.shown import visible
 from kit.cli.common import CONFIG, NAME, app, connector, console, need_state, recorded, reports_errors

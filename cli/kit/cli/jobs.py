@@ -12,12 +12,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kit import state as st
-from kit.steps.preflight import recorded_nodes
-from kit.config import CONTENTS, FLAVORS, ClusterConfig, framework
-from kit import jobenv, jobs, k8s, sbatch
-from kit.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS, check_launcher
-from kit.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, parse_hosts, pick_hosts,
+from kit.cluster import state as st
+from kit.cluster.steps.preflight import recorded_nodes
+from kit.config.settings import CONTENTS, FLAVORS, ClusterConfig, framework
+from kit.jobs import env as jobenv
+from kit.backends.cluster import run as jobs
+from kit.backends.k8s import manifests as k8s
+from kit.backends.slurm import sbatch
+from kit.jobs.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS, check_launcher
+from kit.jobs.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, parse_hosts, pick_hosts,
                                   rank_command)
 from kit.network import measure
 from kit.errors import BadInput, KitError

@@ -1,5 +1,5 @@
-"""`kit export --to k8s`: a kit job as Kubernetes manifests (kit.k8s), from the job's folder as kit run copies it;
-`kit run --on k8s`, which applies them and follows the job (kit.k8sjobs), and `kit stop` for such a job."""
+"""`kit export --to k8s`: a kit job as Kubernetes manifests (kit.backends.k8s.manifests), from the job's folder as kit run copies it;
+`kit run --on k8s`, which applies them and follows the job (kit.backends.k8s.jobs), and `kit stop` for such a job."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from kit import k8s, k8sjobs, sbatch
+from kit.backends.k8s import manifests as k8s
+from kit.backends.k8s import jobs as k8sjobs
+from kit.backends.slurm import sbatch
 from kit.errors import BadInput, KitError
 from kit.runners.local import LocalRunner
 from kit.shown import visible
-from kit.steps.workspace import Ignore, scan
+from kit.cluster.steps.workspace import Ignore, scan
 from kit.cli.common import console, err_console
 
 

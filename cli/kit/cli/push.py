@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from kit.build import connect
-from kit.push import Layer, parse_reference, push as push_image
+from kit.image.build import connect
+from kit.image.push import Layer, parse_reference, push as push_image
 from kit.shown import visible
 from kit.cli.common import CONFIG, LiveProgress, app, console, progress_bar, reports_errors
 from kit.cli.export import default_image

@@ -1,4 +1,4 @@
-"""`kit run --on slurm`, and `kit jobs`, `kit logs`, `kit stop` for the jobs it submitted (kit.slurmjobs)."""
+"""`kit run --on slurm`, and `kit jobs`, `kit logs`, `kit stop` for the jobs it submitted (kit.backends.slurm.jobs)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from typing import Optional
 from rich.markup import escape
 from rich.table import Table
 
-from kit import jobs, sbatch, slurmjobs, slurmoutput
-from kit.config import ConfigFile, SlurmConfig, section_config
+from kit.backends.cluster import run as jobs
+from kit.backends.slurm import sbatch
+from kit.backends.slurm import jobs as slurmjobs
+from kit.backends.slurm import output as slurmoutput
+from kit.config.settings import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
 from kit.cli.common import console
 from kit.shown import visible
@@ -111,7 +114,7 @@ def variables_file(variables: tuple[tuple[str, str], ...]) -> tuple[str, bytes]:
 def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str:
     """The variables' file in the folder's sbatch.ENV_DIR (mode 0600 in a 0700 folder), never in the script; its
     name."""
-    from kit.identity import write_secret
+    from kit.cluster.identity import write_secret
     name, data = variables_file(variables)
     env_dir = folder / sbatch.ENV_DIR
     env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -123,7 +126,7 @@ def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str
 def write_helpers(folder: Path) -> str:
     """kit's files for the tasks of an exported script, in the folder's sbatch.HELPERS_DIR-... (written where they
     are not there as kit made them); that folder."""
-    from kit.identity import write_file
+    from kit.cluster.identity import write_file
     for rel, data in sbatch.helper_files().items():
         path = folder / rel
         if not path.is_file() or path.read_bytes() != data:

@@ -10,16 +10,16 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kit.commands.docker import command, exec_argv
-from kit.commands.horovod import on_cluster_subnet
+from kit.jobs.commands.docker import command, exec_argv
+from kit.jobs.commands.horovod import on_cluster_subnet
 from kit.errors import BadInput, HostsFailed, KitError
-from kit.fanout import fan_out
+from kit.cluster.fanout import fan_out
 from kit.network import shipped
 from kit.network.choose import ROUTED, SSH, Candidate, Decision, Member, Refused, candidates, checked, decide
 
 if TYPE_CHECKING:
-    from kit import state as st
-# The nodes below are kit.steps.node.Node (a step imports this module: it cannot import the steps).
+    from kit.cluster import state as st
+# The nodes below are kit.cluster.steps.node.Node (a step imports this module: it cannot import the steps).
 
 SCRIPT = shipped.script()
 WAIT_S = 30           # for every container's hello to the survey's coordinator
@@ -219,7 +219,7 @@ def rank_env(members: dict[str, Member], addresses: dict[str, str]) -> tuple[tup
     """What horovodrun's ranks get of the training network, from which each rank takes its own host's (horovodrun
     gives every rank the same variables, and names may differ between hosts): KIT_RANK_NICS, `hosts.txt
     address=interface ...`, and, where hosts have RDMA ports on it, KIT_RANK_HCAS, `address=mlx5_0:1,mlx5_1:1 ...`
-    (kit.commands.horovod's rank launcher)."""
+    (kit.jobs.commands.horovod's rank launcher)."""
     on = [(addresses[h], m) for h, m in members.items() if h in addresses]
     hcas = " ".join(f"{a}={','.join(m.rdma)}" for a, m in on if m.rdma)
     return (("KIT_RANK_NICS", " ".join(f"{a}={m.iface}" for a, m in on)), *((("KIT_RANK_HCAS", hcas),) if hcas else ()))

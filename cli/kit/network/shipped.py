@@ -5,7 +5,7 @@ run as `python -I -c SCRIPT ...` in the cluster's containers, and written beside
 from __future__ import annotations
 
 from kit.network import choose, links, survey
-from kit.supervisor.shipped import source
+from kit.backends.cluster.supervisor.shipped import source
 
 MODULES = (links, choose, survey)
 

@@ -27,7 +27,7 @@ import paramiko
 from fabric import Config, Connection
 
 from kit.errors import KitError
-from kit.inventory import Host
+from kit.config.hosts import Host
 from kit.runners.base import CHUNK, LINE_KEPT, STALL_S, Head, Lines, Result, Tail, read_lines
 
 

@@ -1,0 +1,1 @@
+"""The three places a job runs: the SSH cluster (cluster), Slurm (slurm) and Kubernetes (k8s)."""
