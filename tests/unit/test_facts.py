@@ -17,7 +17,7 @@ from kit.config.hosts import Host
 from kit.cluster.place import Place
 from kit.cluster.steps import preflight
 from kit.cluster.steps.facts import (CONTAINERD_HINT, CONTAINERD_STORE, ContainerFacts, facts_command, listening_ports,
-                             parse_facts)
+                                     parse_facts)
 from kit.cluster.steps.node import Node
 
 DATA = Path(__file__).parent / "data"

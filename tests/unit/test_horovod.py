@@ -9,7 +9,7 @@ import pytest
 
 from kit.cluster import state as st
 from kit.jobs.commands.horovod import (Failures, HorovodOptions, check_np, exit_report, horovodrun_argv, rank_command,
-                                  rank_launcher, split_rank)
+                                       rank_launcher, split_rank)
 from kit.config.settings import ClusterConfig
 from kit.network.choose import Decision, Member
 from kit.network.measure import record, route

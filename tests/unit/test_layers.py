@@ -112,5 +112,6 @@ def test_few_modules_are_loose_at_the_top_and_each_package_says_what_it_owns():
     holds the entry points and what every package uses; each package's docstring says what it owns."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(loose) <= 15, loose
-    silent = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if not ast.get_docstring(ast.parse(p.read_text()))]
+    silent = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")
+              if not ast.get_docstring(ast.parse(p.read_text()))]
     assert silent == []

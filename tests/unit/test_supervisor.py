@@ -22,8 +22,8 @@ from kit.jobs.commands.horovod import rank_command
 from kit.jobs.commands.launchers import tf_config
 from kit.backends.cluster.supervisor import launch, starter
 from kit.backends.cluster.supervisor.heartbeats import Beat, hang_report
-from kit.backends.cluster.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NodeCommand, Plan, Slot,
-                                   discovery_script, fill, parse_discovery)
+from kit.backends.cluster.supervisor.launch import (ENV_DIR, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NodeCommand,
+                                                    Plan, Slot, discovery_script, fill, parse_discovery)
 from kit.backends.cluster.supervisor.starter import COPIED, MANIFEST_END
 
 pytestmark = pytest.mark.alone  # timings of a few seconds: tests/run's other stream waits meanwhile

@@ -17,8 +17,8 @@ from rich.table import Table
 
 from kit.cluster import state as st
 from kit.image.build import connect
-from kit.cluster.lifecycle import (HostStatus, ImageChoice, Up, kept_settings, down as down_cluster, status as cluster_status,
-                         what_may_remain, where_to_bring_up)
+from kit.cluster.lifecycle import (HostStatus, ImageChoice, Up, kept_settings, down as down_cluster,
+                                   status as cluster_status, what_may_remain, where_to_bring_up)
 from kit.config.settings import ClusterConfig, ConfigFile, requested_flavor
 from kit.jobs.commands.docker import command, exec_argv
 from kit.errors import BadInput, KitError
@@ -35,8 +35,7 @@ from kit.shown import visible
 from kit.cluster.steps.preflight import recorded_nodes
 from kit.cli.flavor import UpImage
 from kit.cli.common import (CONFIG, NAME, LiveProgress, app, cluster_settings, connector, console, err_console, locked,
-                             need_state, progress_bar, recorded, recorded_clusters,
-                             reports_errors)
+                            need_state, progress_bar, recorded, recorded_clusters, reports_errors)
 
 
 def _print_changes(nodes: list[Node], dry_run: bool) -> None:

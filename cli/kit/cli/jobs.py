@@ -21,7 +21,7 @@ from kit.backends.k8s import manifests as k8s
 from kit.backends.slurm import sbatch
 from kit.jobs.commands.launchers import FRAMEWORK_LAUNCHERS, LAUNCHERS, check_launcher
 from kit.jobs.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, parse_hosts, pick_hosts,
-                                  rank_command)
+                                       rank_command)
 from kit.network import measure
 from kit.errors import BadInput, KitError
 from kit.shown import visible

@@ -16,7 +16,8 @@ from kit.cluster.fanout import fan_out
 from kit.cluster.steps import workspace
 from kit.cluster.steps.node import Node
 from kit.backends.cluster.supervisor import heartbeats
-from kit.backends.cluster.supervisor.launch import AFTER, ENDING, RANKS_MARK, REAP_ROUNDS, REAP_SETTLE_S, STOP_WAIT_S, SUPERVISOR_APART
+from kit.backends.cluster.supervisor.launch import (AFTER, ENDING, RANKS_MARK, REAP_ROUNDS, REAP_SETTLE_S, STOP_WAIT_S,
+                                                    SUPERVISOR_APART)
 from kit.backends.cluster.supervisor.launch import reap_script
 
 

@@ -27,8 +27,8 @@ from kit.jobs.commands.horovod import Failures, HorovodOptions, exit_report, spl
 from kit.jobs.commands.launchers import tf_config
 from kit.errors import BadInput, HostsFailed, KitError
 from kit.cluster.fanout import fan_out
-from kit.backends.cluster.control import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks, parse_after,
-                            parse_ending, parse_reaped, reap, stop)
+from kit.backends.cluster.control import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks,
+                                          parse_after, parse_ending, parse_reaped, reap, stop)
 from kit.backends.cluster.records import _int
 from kit.network import measure
 from kit.network.choose import Member
@@ -36,8 +36,8 @@ from kit.cluster.steps import workspace
 from kit.cluster.steps.image import chunks
 from kit.cluster.steps.node import Node
 from kit.backends.cluster.supervisor import shipped, starter
-from kit.backends.cluster.supervisor.launch import (AFTER, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX, NodeCommand,
-                                   Plan, Slot, placement, torch_ranks, torchrun_argv)
+from kit.backends.cluster.supervisor.launch import (AFTER, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX,
+                                                    NodeCommand, Plan, Slot, placement, torch_ranks, torchrun_argv)
 from kit.backends.cluster.supervisor.supervise import FREE_PORT
 
 

@@ -33,7 +33,7 @@ from kit.backends.slurm import task as slurmtask
 from kit.jobs.commands.horovod import rank_launcher
 from kit.errors import BadInput
 from kit.backends.k8s.sizes import (CPUS_PER_RANK, MEMORY_PER_RANK_GI, RANK_CAPABILITIES, SSHD_CAPABILITIES, TTL_S,
-                          check_sizes, memory_bytes)
+                                    check_sizes, memory_bytes)
 from kit.jobs.env import shows_value
 from kit.image.push import is_image_reference
 from kit.backends.slurm.sbatch import IMAGE_PYTHON, Shape

@@ -4,7 +4,7 @@ Also what containers need first: the workspace folder, and the local cluster's p
 from __future__ import annotations
 
 from kit.jobs.commands.docker import (ContainerSpec, command, network_create_argv, remove_argv, restart_argv, run_argv,
-                                 start_argv)
+                                      start_argv)
 from kit.errors import KitError
 from kit.cluster.identity import Owner
 from kit.cluster.steps.node import Node

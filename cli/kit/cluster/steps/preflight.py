@@ -13,7 +13,8 @@ from kit.cluster.identity import Owner
 from kit.config.hosts import Host
 from kit.runners import Runner
 from kit.cluster.steps import storage
-from kit.cluster.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, FACTS_TIMEOUT_S, complete, facts_command, parse_facts
+from kit.cluster.steps.facts import (CONTAINERD_HINT, CONTAINERD_STORE, FACTS_TIMEOUT_S, complete, facts_command,
+                                     parse_facts)
 from kit.cluster.steps.storage import Storage
 from kit.cluster.steps.node import Node
 
