@@ -16,7 +16,7 @@ def test_wheel_ships_templates_image_assets_and_examples(tmp_path):
                  "kit/images/entrypoint.sh", "kit/images/build_horovod.sh", "kit/images/allreduce_check.py",
                  "kit/images/tf_check.py", "kit/templates/Dockerfile.tf.j2", "kit/templates/macros.j2",
                  "kit/examples/tf_multiworker.py", "kit/templates/ssh_config.j2", "kit/examples/cifar10_cnn_horovod.py", "kit/ansible/prepare.yml",
-                 "kit/ansible/roles/nfs_server/tasks/main.yml", "kit/steps/keys.py", "kit/runners/ssh.py", "kit/commands/docker.py"):
+                 "kit/ansible/roles/nfs_server/tasks/main.yml", "kit/cluster/steps/keys.py", "kit/runners/ssh.py", "kit/jobs/commands/docker.py"):
         assert name in names
     sources = {f"kit/{p.relative_to(REPO / 'cli' / 'kit').as_posix()}" for p in (REPO / "cli" / "kit").rglob("*.py")}
     assert sources - names == set(), "modules of cli/kit the wheel leaves out (a package missing in pyproject.toml?)"
