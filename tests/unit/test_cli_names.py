@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from helpers import run_kit
 from kit.backends.cluster import control as jobcontrol
-from kit.backends.cluster import records as jobrecords
+from kit.jobs import model
 from kit.cluster import state as st
 from kit.app import app
 from kit.cli import cluster as cli_cluster
 from kit.cli.common import WORKFLOW, KitGroup
-from kit.cli.joblogs import _LogLines
+from kit.cli.backends.cluster import _LogLines
 from kit.config.settings import ClusterConfig
 from kit.errors import BadInput
 
@@ -25,10 +25,10 @@ IDS = ["20261122-005727-b862", "20261122-010002-0c1d", "20261123-094501-b862", "
 
 
 def test_a_job_is_named_by_its_id_a_unique_start_its_tail_or_last():
-    assert [jobrecords.resolve_job(ref, IDS, "lab") for ref in (
+    assert [model.resolve_job(ref, IDS, "lab") for ref in (
         "20261122-010002-0c1d", "20261122-01", "0c1d", "20261123-10", "20261123-1", "77aa", "last")] == [
         IDS[1], IDS[1], IDS[1], IDS[3], IDS[3], IDS[3], IDS[3]]
-    assert jobrecords.resolve_job("last", list(reversed(IDS)), "lab") == IDS[3]  # the newest, whatever the order
+    assert model.resolve_job("last", list(reversed(IDS)), "lab") == IDS[3]  # the newest, whatever the order
 
 
 @pytest.mark.parametrize("ref, said", [
@@ -39,7 +39,7 @@ def test_a_job_is_named_by_its_id_a_unique_start_its_tail_or_last():
 ])
 def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
     with pytest.raises(BadInput) as e:
-        jobrecords.resolve_job(ref, IDS, "lab")
+        model.resolve_job(ref, IDS, "lab")
     assert (str(e.value), e.value.exit_code) == (said, 2)
     assert ("give more of the id" if "ambiguous" in said else "`kit jobs` lists them") in e.value.hint
     if ref == "b862":  # the last 4 characters were given: the fix names the start of one, not them again
@@ -49,9 +49,9 @@ def test_a_name_that_fits_no_job_or_several_is_refused(ref, said):
 def test_a_job_name_is_checked_before_any_host_is_asked():
     for bad in ("../../etc", "20261123-194512-ab12/..", "x", "", "LAST", "2026 1"):
         with pytest.raises(BadInput, match="is not a job id"):
-            jobrecords.check_job_ref(bad)
+            model.check_job_ref(bad)
     with pytest.raises(BadInput, match="no jobs on cluster lab yet"):
-        jobrecords.resolve_job("last", [], "lab")
+        model.resolve_job("last", [], "lab")
 
 
 def record(home: Path, name: str, hosts: int, local: bool = False) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from kit.backends.cluster import control as jobcontrol
 from kit.backends.cluster import records as jobrecords
+from kit.jobs import model
 from kit.backends.cluster import run as jobs
 from kit.backends.cluster.records import RECORDS_SCRIPT, Record
 
@@ -95,7 +96,7 @@ def test_the_reader_follows_no_link_and_survives_what_a_rank_wrote(tmp_path):
 
 
 def test_a_new_job_id_is_of_the_form_the_reader_keeps():
-    assert jobrecords.JOB_ID.fullmatch(jobs.new_job_id())
+    assert model.JOB_ID.fullmatch(jobs.new_job_id())
 
 
 def inner(cmd: str, folder, workspace) -> str:

@@ -107,7 +107,7 @@ def test_a_secret_value_is_never_in_the_manifests(kind, launcher):
 
 
 def test_the_jobs_env_files_beside_the_script_reach_no_configmap(tmp_path):
-    from kit.cli.k8s import make_job
+    from kit.cli.backends.k8s import make_job
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "vars.txt").write_text("WANDB_API_KEY=s3cr3t-1\n")
     (tmp_path / ".env").write_text("WANDB_API_KEY=s3cr3t-2\n")

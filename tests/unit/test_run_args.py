@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kit.backends.cluster import run as jobs
 from kit.cluster import state as st
 from kit.app import app
-from kit.cli import jobs as cli_jobs
+from kit.cli.backends import cluster as cli_jobs
 from kit.cli.runargs import options_of, split
 from kit.jobs.commands.horovod import HorovodOptions, check_np, parse_hosts, pick_hosts
 from kit.config.settings import ClusterConfig
@@ -141,8 +141,9 @@ def test_np_as_horovodrun_takes_it_np_equals_n_and_num_proc(seen):
     (["train.py", "-e", "5"], "-e 5: '5' is not a variable name",
      "use letters, digits and _, not starting with a digit: NAME=VALUE; or, if -e is the script's, give the script's "
      "arguments after --: kit run [OPTIONS] train.py -- -e 5"),
-    (["train.py", "--epochs", "2", "--time", "10"], "--time: Slurm's, and this job runs on the cluster",
-     "add --on slurm, or drop it (-np and -H place a job on the cluster's hosts); or, if --time is the script's, "
+    (["train.py", "--epochs", "2", "--time", "10"], "--time: not for --on cluster (kit's cluster)",
+     "add --on slurm, or drop it (on kit's cluster, -np and -H place a job on the cluster's hosts); or, if --time is "
+     "the script's, "
      "give the script's arguments after --: kit run [OPTIONS] train.py -- --epochs 2 --time 10"),
     (["train.py", "--nodes", "two"], "--nodes/-N: Input should be a valid integer, unable to parse string as an "
      "integer", "`kit run --help` says what it takes; or, if --nodes is the script's, give the script's arguments "

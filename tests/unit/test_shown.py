@@ -53,7 +53,7 @@ def test_long_lines_are_capped():
 
 def test_rich_markup_in_remote_text_is_printed_as_is():
     from kit.cli.common import console
-    from kit.cli.jobs import job_printer
+    from kit.cli.backends.cluster import job_printer
 
     with console.capture() as out:
         job_printer("horovod")(0, "10.0.0.2", HOSTILE)
@@ -70,7 +70,8 @@ def test_print_sites_sanitise(monkeypatch):
     an error's message and output tail (a host's stderr), kit doctor's findings, kit status's table and JSON, the
     progress column of kit up, kit prepare's ansible-playbook output."""
     from kit.doctor import check as dr
-    from kit.cli import cluster, doctor, slurm
+    from kit.cli import cluster, doctor
+    from kit.cli.backends import slurm
     from kit.cli.common import LiveProgress, console, err_console, progress_bar, _report
     from kit.cluster.lifecycle import HostStatus
     from kit.errors import HostsFailed, KitError

@@ -486,7 +486,7 @@ def test_a_job_slurm_ended_is_said_and_recorded_by_slurms_cause_not_as_a_rank_th
     143)` and recorded failed, srun's lines naming the tasks Slurm ended. The cause is Slurm's state, from sacct (or
     squeue): time limit, preemption, a node's failure, memory; a task is named first only where one can have ended
     first (a node's or memory's), never a time limit's or a preemption's SIGTERM."""
-    from kit.cli import slurm as cli_slurm
+    from kit.cli.backends import slurm as cli_slurm
     monkeypatch.setenv("KIT_HOME", str(tmp_path))
     record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
                                    "train.py", 2, 0.0)
@@ -542,7 +542,7 @@ def test_the_variables_file_of_a_job_that_ended_outside_kit_goes_the_first_time_
         tmp_path, monkeypatch, command):
     """Cancelled while it waited, or killed with its node: the batch script's trap never ran. `kit jobs`, `kit logs`
     and `kit stop` remove the file as they find the job ended, and record the end, so the next look asks nothing."""
-    from kit.cli import slurm as slurm_cli
+    from kit.cli.backends import slurm as slurm_cli
     monkeypatch.setenv("KIT_HOME", str(tmp_path))
     record = slurmjobs.SlurmRecord(JOB_ID, "42", "alice@login", "/home/alice/kit-jobs/" + JOB_ID, "horovod",
                                    "train.py", 3, 0.0)

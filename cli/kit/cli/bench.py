@@ -30,7 +30,7 @@ from kit.jobs.demo import SCRIPT as CIFAR_SCRIPT, Training
 from kit.errors import BadInput, KitError
 from kit.cli.common import (CONFIG, NAME, app, connector, console, err_console, locked, need_state, recorded,
                             one_of, reports_errors)
-from kit.cli.jobs import run_job
+from kit.cli.backends.cluster import run_job
 
 bench = typer.Typer(no_args_is_help=True, short_help="Measure links, allreduce and training speed",
                     help="Measure the cluster: `kit bench net` (every link's TCP throughput), "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -247,6 +248,22 @@ def recorded(name: Optional[str], config: Optional[Path]) -> tuple[ClusterConfig
     _, cfg = cluster_settings(config, dict(name=name))
     identity = Identity(cfg.name)
     return cfg, identity, st.load(identity.folder)
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """What a job command names (--config, --name): the cluster's settings, and its state as recorded here (None:
+    no such cluster is; a job of a scheduler's needs none)."""
+
+    config: Optional[Path]
+    name: Optional[str]
+    cfg: ClusterConfig
+    identity: Identity
+    state: Optional[st.ClusterState]
+
+
+def where(name: Optional[str], config: Optional[Path]) -> Where:
+    return Where(config, name, *recorded(name, config))
 
 
 def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:

@@ -28,7 +28,7 @@ from kit.cli.cluster import bring_up
 from kit.cluster.lifecycle import where_to_bring_up
 from kit.cli.flavor import build_flavor
 from kit.cli.common import CONFIG, LiveProgress, app, cluster_settings, connector, console, progress_bar, reports_errors
-from kit.cli.jobs import job_printer, run_job
+from kit.cli.backends.cluster import job_printer, run_job
 
 
 @app.command(short_help="Try kit on this machine: a local cluster, a job")

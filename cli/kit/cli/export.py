@@ -20,7 +20,7 @@ from kit.image.export import check_tools, default_output, export_docker_archive,
 from kit.image.recipe import make_recipe
 from kit.backends.k8s import manifests as k8s
 from kit.backends.slurm import sbatch
-from kit.cli import k8s as k8s_cli, slurm as slurm_cli
+from kit.cli.backends import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.common import app, console, err_console, one_of, progress_bar, reports_errors
 from kit.cli.runargs import RunCommand
 from kit.jobs.commands.launchers import LAUNCHERS, check_launcher

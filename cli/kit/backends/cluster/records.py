@@ -8,12 +8,11 @@ import re
 from dataclasses import dataclass
 
 from kit.jobs.commands.docker import command, exec_argv
-from kit.errors import BadInput
+from kit.jobs.model import JOB_ID, check_job_ref
 from kit.cluster.steps.node import Node
 from kit.backends.cluster.supervisor.launch import SUPERVISOR_APART
 
 
-JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 STATES = ("pending", "running", "restarting", "stopping", "succeeded", "failed", "stopped", "lost")
 ACTIVE = ("running", "restarting", "stopping")  # a supervisor is there: the job can be stopped, its stacks read
 
@@ -136,44 +135,3 @@ def read_records(primary: Node, ref: str = "last") -> list[Record]:
     found = [rec for line in r.stdout.splitlines() if line.startswith("{")
              if JOB_ID.fullmatch((rec := Record.parse(line)).id)]  # kit's jobs, not what else is in the folder
     return sorted(found, key=lambda rec: (rec.started or 0, rec.id))
-
-
-JOB_FORMS = "a job id, a unique start of one, its last 4 characters (after the last dash), or last (the newest)"
-
-
-def check_job_ref(text: str) -> str:
-    """How a user may name a job (checked before any host is asked): `last`, a whole id, the start of one, or the
-    4-hex tail after its last dash, as people read it off the screen."""
-    if text != "last" and not re.fullmatch(r"[0-9a-f-]{1,20}", text):
-        raise BadInput(f"'{text}' is not a job id", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
-    return text
-
-
-def pick_record(ref: str, found: dict, where: str):
-    """The record (of a scheduler's jobs, by kit's id) that `ref` names, None when it names none of them: then it is
-    the cluster's to look up. A ref that fits several is refused with them."""
-    ids = [i for i in found if JOB_ID.fullmatch(i)]
-    if not ids or ref != "last" and ref not in ids and \
-            not any(i.startswith(ref) or i.rsplit("-", 1)[-1] == ref for i in ids):
-        return None
-    return found[resolve_job(ref, ids, where)]
-
-
-def resolve_job(ref: str, ids: list[str], cluster: str) -> str:
-    """The job `ref` names among the cluster's job ids (check_job_ref's forms). Ids start with their time, so the
-    newest is the greatest; a start or tail that fits several is refused with them listed."""
-    check_job_ref(ref)
-    if not ids:
-        raise BadInput(f"no jobs on cluster {cluster} yet", hint="`kit run train.py` starts one")
-    if ref == "last" or ref in ids:
-        return max(ids) if ref == "last" else ref
-    found = sorted(i for i in ids if i.startswith(ref) or i.rsplit("-", 1)[-1] == ref)
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise BadInput(f"no job {ref} on cluster {cluster}", hint=f"give {JOB_FORMS}; `kit jobs` lists them")
-    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
-    tails = all(i.rsplit("-", 1)[-1] == ref for i in found)  # then the last 4 characters are what fits several
-    raise BadInput(f"job {ref} is ambiguous on cluster {cluster}: it fits {shown}",
-                   hint=f"give more of the id: its start, e.g. {found[-1]}" if tails else
-                   "give more of the id, or its last 4 characters")

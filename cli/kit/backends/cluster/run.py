@@ -12,10 +12,7 @@ copied to every host.
 from __future__ import annotations
 
 import json
-import re
-import secrets
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -25,7 +22,8 @@ from kit.cluster import state as st
 from kit.jobs.commands.docker import command, exec_argv
 from kit.jobs.commands.horovod import Failures, HorovodOptions, exit_report, split_rank
 from kit.jobs.commands.launchers import tf_config
-from kit.errors import BadInput, HostsFailed, KitError
+from kit.errors import HostsFailed, KitError
+from kit.jobs.model import Policy, new_job_id, parse_duration  # noqa: F401 (used through this module too)
 from kit.cluster.fanout import fan_out
 from kit.backends.cluster.control import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks,
                                           parse_after, parse_ending, parse_reaped, reap, stop)
@@ -39,27 +37,6 @@ from kit.backends.cluster.supervisor import shipped, starter
 from kit.backends.cluster.supervisor.launch import (AFTER, MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, TORCHRUN_PREFIX,
                                                     NodeCommand, Plan, Slot, placement, torch_ranks, torchrun_argv)
 from kit.backends.cluster.supervisor.supervise import FREE_PORT
-
-
-def new_job_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What the supervisor does when a job fails or hangs."""
-
-    restarts: int = 0              # start it again after a failure, on the hosts that answer, this many times
-    min_np: int | None = None      # ... with at least this many processes (None: all of them)
-    hang_timeout: float = 600      # seconds without progress of any rank before it counts as hung (0: never)
-
-
-def parse_duration(text: str, flag: str) -> float:
-    """30s, 10m, 2h, 90 (seconds), 0 -> seconds."""
-    m = re.fullmatch(r"(\d{1,7})([smh]?)", text.strip())
-    if not m:
-        raise BadInput(f"{flag}: '{text}' is not a duration", hint=f"give e.g. {flag} 30s, 10m or 2h (0: never)")
-    return float(int(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]])
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def records() -> list[K8sRecord]:
 
 def resolve(ref: str) -> K8sRecord | None:
     """The Kubernetes job `ref` names (kit's forms of a job id), None when it names none."""
-    from kit.backends.cluster.records import pick_record
+    from kit.jobs.model import pick_record
     return pick_record(ref, {r.id: r for r in records()}, "Kubernetes")
 
 

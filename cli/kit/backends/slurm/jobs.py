@@ -436,7 +436,7 @@ def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callab
 
 
 def resolve(ref: str) -> SlurmRecord | None:
-    """The Slurm job `ref` names (kit's forms of a job id: jobrecords.JOB_FORMS), None when it names none; a ref that
+    """The Slurm job `ref` names (kit's forms of a job id: kit.jobs.model.JOB_FORMS), None when it names none; a ref that
     fits several is refused with them."""
-    from kit.backends.cluster.records import pick_record
+    from kit.jobs.model import pick_record
     return pick_record(ref, {r.id: r for r in records()}, "Slurm")

@@ -1,9 +1,12 @@
-"""`kit run --on slurm`, and `kit jobs`, `kit logs`, `kit stop` for the jobs it submitted (kit.backends.slurm.jobs)."""
+"""Slurm as a back end of `kit run` (kit.jobs.model.Backend): `kit run --on slurm` submits the job's sbatch script on
+the login host (kit.backends.slurm), follows its output there, says how it ended; `kit jobs`, `kit logs` and `kit
+stop` for the jobs it submitted (kit.backends.slurm.jobs)."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -11,16 +14,55 @@ from typing import Optional
 from rich.markup import escape
 from rich.table import Table
 
-from kit.backends.cluster import run as jobs
 from kit.backends.slurm import sbatch
 from kit.backends.slurm import jobs as slurmjobs
 from kit.backends.slurm import output as slurmoutput
 from kit.config.settings import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
-from kit.cli.common import console
+from kit.cli.common import Where, cluster_settings, console
+from kit.jobs import env as jobenv
+from kit.jobs.model import COMMON, Job, new_job_id
 from kit.shown import visible
 
 STOP_WAIT_S = 30
+
+
+class Slurm:
+    """Slurm, where kit.yaml's slurm: section says sbatch runs."""
+
+    name = "slurm"
+    title = "Slurm"
+    options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
+                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit"}
+    placement = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
+    commands = frozenset()
+
+    def run(self, job: Job) -> None:
+        cfg_file, cfg = cluster_settings(job.config, dict(name=job.name))
+        o = job.option
+        settings = configured_slurm(cfg_file, o("partition"), o("account"), o("time_limit"),
+                                    cpus_per_task=o("cpus_per_task"), mem=o("mem"), mem_per_gpu=o("mem_per_gpu"))
+        shape = sbatch.shape(job.launcher, job.nodes, job.np, job.ntasks_per_node, job.gpus_per_node)
+        variables = jobenv.parse(list(job.env), list(job.env_files), os.environ)
+        run_on_slurm(settings, job.script, list(job.args), job.workdir, job.launcher, shape, variables, job.detach,
+                     cfg.connect_timeout, printer(job.launcher), job.env_files)
+
+    def find(self, ref: str, where: Where) -> Optional[slurmjobs.SlurmRecord]:
+        """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
+        return None if ref == "last" and where.state is not None else slurmjobs.resolve(ref)
+
+    def logs(self, record: slurmjobs.SlurmRecord, where: Where, rank: Optional[int], follow: bool,
+             tail: Optional[int]) -> None:
+        logs(record, rank, follow, tail, where.cfg.connect_timeout, printer(record.launcher))
+
+    def stop(self, record: slurmjobs.SlurmRecord, where: Where) -> str:
+        return stop(record, where.cfg.connect_timeout)
+
+    def rows(self, where: Where) -> list[dict]:
+        return rows(where.cfg.connect_timeout)
+
+    def show(self, found: list[dict]) -> None:
+        console.print(table(found))
 
 
 def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
@@ -52,7 +94,7 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
     with --detach). secrets: the --env-file files, which are never copied."""
     folder = (workdir or script.parent).resolve()
     rel = _script_in(script, folder)
-    job_id = jobs.new_job_id()
+    job_id = new_job_id()
     job = sbatch.SbatchJob(job_id, rel, tuple(args), launcher, shape, settings, bool(variables), submitted=True)
     sbatch.render(job)  # (bad input, before anything is contacted)
     runner = slurmjobs.login_runner(settings, connect_timeout)

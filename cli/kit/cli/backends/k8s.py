@@ -1,5 +1,6 @@
-"""`kit export --to k8s`: a kit job as Kubernetes manifests (kit.backends.k8s.manifests), from the job's folder as kit run copies it;
-`kit run --on k8s`, which applies them and follows the job (kit.backends.k8s.jobs), and `kit stop` for such a job."""
+"""Kubernetes as a back end of `kit run` (kit.jobs.model.Backend): a kit job as manifests (kit.backends.k8s.manifests),
+from the job's folder as kit run copies it (`kit export --to k8s` writes them); `kit run --on k8s` applies them and
+follows the job (kit.backends.k8s.jobs); `kit jobs`, `kit logs` and `kit stop` for such a job."""
 
 from __future__ import annotations
 
@@ -20,7 +21,47 @@ from kit.errors import BadInput, KitError
 from kit.runners.local import LocalRunner
 from kit.shown import visible
 from kit.cluster.steps.workspace import Ignore, scan
-from kit.cli.common import console, err_console
+from kit.cli.common import Where, cluster_settings, console, err_console
+from kit.jobs import env as jobenv
+from kit.jobs.model import COMMON, Job, new_job_id
+
+
+class Kubernetes:
+    """Kubernetes, where kubectl's current context answers."""
+
+    name = "k8s"
+    title = "Kubernetes"
+    options = COMMON | {"np", "nodes", "ntasks_per_node", "gpus_per_node", "kind", "namespace", "image",
+                        "workspace_pvc", "image_pull_secret", "cpus", "memory"}
+    placement = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
+    commands = frozenset()
+    completions = {"kind": k8s.KINDS}
+
+    def run(self, job: Job) -> None:
+        _, cfg = cluster_settings(job.config, dict(name=job.name))
+        o = job.option
+        kind = o("kind")
+        shape = sbatch.shape(job.launcher, job.nodes, job.np, job.ntasks_per_node, job.gpus_per_node, slurm=False)
+        run_job(job.script, list(job.args), job.launcher, kind, shape, o("image") or cfg.image_tag,
+                jobenv.parse(list(job.env), list(job.env_files), os.environ), o("namespace"), o("workspace_pvc"),
+                o("image_pull_secret"), job.detach, job.env_files, o("cpus"), o("memory"))
+
+    def find(self, ref: str, where: Where) -> Optional[k8sjobs.K8sRecord]:
+        """The Kubernetes job a reference names, as Slurm's (kit.cli.backends.slurm)."""
+        return None if ref == "last" and where.state is not None else k8sjobs.resolve(ref)
+
+    def logs(self, record: k8sjobs.K8sRecord, where: Where, rank: Optional[int], follow: bool,
+             tail: Optional[int]) -> None:
+        logs(record, rank, follow, tail)
+
+    def stop(self, record: k8sjobs.K8sRecord, where: Where) -> str:
+        return stop(record)
+
+    def rows(self, where: Where) -> list[dict]:
+        return rows()
+
+    def show(self, found: list[dict]) -> None:
+        console.print(table(found))
 
 
 def job_files(folder: Path, secrets: tuple[Path, ...] = ()) -> dict[str, tuple[bytes, bool]]:
@@ -82,6 +123,22 @@ def secret_note(job: k8s.K8sJob) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ kit run --on k8s
+
+def run_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: Optional[str],
+                variables, namespace: Optional[str], workspace_pvc: Optional[str], pull_secret: Optional[str],
+                detach: bool, secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
+                memory: Optional[str] = None) -> None:
+    k8s.check_kind(kind)
+    if image is None:
+        raise BadInput("--on k8s needs the image the pods pull", hint="push kit's image with `kit push "
+                       "REGISTRY/REPO:TAG` and give it with --image (or set cluster.image_tag in kit.yaml)")
+    job_id = new_job_id()
+    job = make_job(script, args, launcher, kind, shape, image, variables, namespace, workspace_pvc,
+                           pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]), secrets, cpus,
+                           memory)
+    run_on_k8s(job, job_id, detach)  # (make_job checked the job before kubectl is asked anything)
+
+
 
 def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
     """Apply the job where the current kube context answers, and follow it to its end (or return, with --detach).
