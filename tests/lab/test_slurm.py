@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -259,36 +260,90 @@ def test_variables_reach_the_ranks_and_no_slurm_record_or_file_of_the_job(slurm,
     assert not re.search(r"^\d{8}-\d{6}-[0-9a-f]{4}$", seen, re.M)  # the variables' file went with the job
 
 
-CHECKPOINTED = """import os, signal, time
+HUNG = """import os, signal, sys, time
 got = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(time.monotonic()))  # docs/schedulers.md's handler, short
+import torch
+import horovod.torch as hvd
+hvd.init()
 print("start", os.environ["KIT_RESTART"], flush=True)
-end = time.monotonic() + 150
-while not got and time.monotonic() < end:
-    time.sleep(0.5)
-print("checkpoint saved" if got else "no warning", flush=True)
-time.sleep(600)  # then hangs, to the time limit
+if "--hang-now" not in sys.argv:  # train (allreduce steps) until Slurm's warning before the time limit
+    end = time.monotonic() + 150
+    while not got and time.monotonic() < end:
+        hvd.allreduce(torch.ones(4), name="step")
+        time.sleep(0.5)
+    print("checkpoint saved" if got else "no warning", flush=True)
+print("waits", hvd.rank(), flush=True)
+if hvd.rank() == 1:  # a collective the others never reach: each waits for the others for good
+    hvd.broadcast(torch.ones(4), root_rank=0, name="params")
+else:
+    hvd.allreduce(torch.ones(4), name="grads")
+print("never", flush=True)
 """
 
 
 def test_each_rank_is_warned_before_the_time_limit_and_the_limit_is_said_as_the_cause(slurm, envs, users, tmp_path):
     """--time 1 with the script's #SBATCH --signal=USR1@120: Slurm's SIGUSR1 reaches each rank (under kit's task,
-    which ignores it itself) before the limit, and a script that handles it saves its checkpoint; then it hangs, and
-    Slurm's time limit ends it: kit says so, from Slurm's state, and records it (before, it named rank 0 as the rank
-    that failed first, exit 143, and recorded `failed`)."""
+    which ignores it itself) before the limit, and a script that handles it saves its checkpoint; then rank 1 waits on
+    a collective the others never reach, and with no hang watch (--hang-timeout 0) Slurm's time limit ends the job:
+    kit says so, from Slurm's state, and records it (before, it named rank 0 as the rank that failed first, exit 143,
+    and recorded `failed`)."""
     folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
-    (folder / "checkpointed.py").write_text(CHECKPOINTED)
-    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "2", "--time", "1", "checkpointed.py", timeout=400)
+    (folder / "hung.py").write_text(HUNG)
+    r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "2", "--time", "1", "--hang-timeout", "0", "hung.py",
+               timeout=400)
     out = r.stdout + r.stderr
     assert sorted(re.findall(r"^\[\S+ rank (\d)\] checkpoint saved$", r.stdout, re.M)) == ["0", "1"], out[-3000:]
     assert len(re.findall(r"^\[\S+ rank \d\] start 0$", r.stdout, re.M)) == 2  # KIT_RESTART: the first start
     job, slurm_id = re.search(r"^kit: job (\S+) is Slurm job (\d+)", r.stdout, re.M).groups()
-    assert r.returncode != 0 and "failed first" not in out, out[-3000:]
+    assert r.returncode != 0 and "failed first" not in out and "hung" not in out, out[-3000:]
     assert f"error: job {job} reached its time limit, and Slurm ended it (Slurm job {slurm_id}: timeout)" in \
         " ".join(r.stderr.split()), r.stderr
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
     assert rows[job]["state"] == "timeout", rows[job]
-    wait_for("no process of the job", lambda: not any(h.processes("checkpointed.py") for h in slurm.hosts), timeout=60)
+    wait_for("no process of the job", lambda: not any(h.processes("hung.py") for h in slurm.hosts), timeout=60)
+
+
+def test_a_hang_under_slurm_is_named_with_every_ranks_stack_and_the_job_cancelled(slurm, envs, users, tmp_path):
+    """The same job with kit's hang watch: rank 1 waits on a broadcast while the other two wait in an allreduce.
+    Within the hang timeout + 30 s of the ranks' last step kit names rank 1 and its node, keeps every rank's stack
+    (faulthandler's, on scancel --signal=USR2) beside the job's output, and cancels it: nothing is left on any node,
+    and `kit jobs` shows it hung."""
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
+    (folder / "hung.py").write_text(HUNG)
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3", "--hang-timeout",
+                             "60s", "hung.py", "--hang-now"], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **slurm.lab.env, "COLUMNS": "200"}, text=True)
+    seen, deadline = [], time.monotonic() + 240
+    try:
+        while sum(" waits " in line for line in seen) < 3:
+            line = proc.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+            seen.append(line)
+        waiting = time.monotonic()
+        out, err = proc.communicate(timeout=300)
+        elapsed = time.monotonic() - waiting
+    finally:
+        proc.kill()
+    out = "".join(seen) + out
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    assert elapsed < 60 + 30, elapsed
+    nodes = ranks_by_node(out)
+    job, slurm_id = re.search(r"^kit: job (\S+) is Slurm job (\d+)", out, re.M).groups()
+    said = " ".join(err.split())
+    hung = re.search(r"error: job \S+ hung: no rank has made progress for \d+ s: rank 1 on (\S+) is at (.*); the "
+                     r"other 2 ranks wait at (.*); Slurm job \d+ was cancelled \(\w+\), every rank's stack is in "
+                     r"(\S+)", said)
+    assert hung and hung[1] == nodes[1] and "hung.py:16" in hung[2] and "hung.py:18" in hung[3], said
+    assert hung[4].endswith(f"/kit-{slurm_id}-stacks"), said
+    for rank in range(3):
+        text = slurm.run(f"cat {hung[4]}/rank-{rank}.txt").stdout
+        assert text.startswith(f"rank {rank} on {nodes[rank]}\n") and "most recent call first" in text, text
+        assert ("hung.py\", line 16" if rank == 1 else "hung.py\", line 18") in text, text
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert rows[job]["state"] == "failed" and rows[job]["hang"].startswith("no rank has made progress"), rows[job]
+    assert f"{job} hung: no rank has made progress" in " ".join(kit_as(slurm, folder, "jobs").stdout.split())
+    wait_for("no process of the job", lambda: not any(h.processes("hung.py") for h in slurm.hosts), timeout=60)
 
 
 CONNECT = """import socket, sys

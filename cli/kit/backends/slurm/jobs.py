@@ -75,7 +75,8 @@ class SlurmRecord:
     script: str
     ranks: int
     submitted: float
-    ended: dict = field(default_factory=dict)  # once seen ended: {"state": ..., "exit": ...}
+    ended: dict = field(default_factory=dict)  # once seen ended: {"state": ..., "exit": ...} (and "hang")
+    hang_timeout: float = 0  # kit's hang watch while kit follows the job (kit run, kit logs -f); 0: none
 
     @property
     def output(self) -> str:
@@ -338,6 +339,7 @@ class Ending:
     state: str
     exit_code: int | None
     failure: Failure | None
+    hang: str = ""           # the hang watch's report: the job made no progress (state "hung": kit is to stop it)
 
     @property
     def code(self) -> int | None:
@@ -345,9 +347,9 @@ class Ending:
         return self.failure.exit_code if self.failure else self.exit_code
 
 
-def ended(record: SlurmRecord, state: str, code: int | None) -> SlurmRecord:
-    """The record, saved with how the job ended."""
-    done = replace(record, ended={"state": state, "exit": code})
+def ended(record: SlurmRecord, state: str, code: int | None, hang: str = "") -> SlurmRecord:
+    """The record, saved with how the job ended (hang: the hang watch's report, of a job kit stopped for it)."""
+    done = replace(record, ended={"state": state, "exit": code, **({"hang": hang} if hang else {})})
     save(done)
     return done
 
@@ -367,8 +369,9 @@ def read_rest(runner: Runner, record: SlurmRecord, read: int, feed: Callable[[st
 
 
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
-           sleep: Callable[[float], None] = time.sleep) -> Ending:
-    """Show the job's output as it comes, until Slurm says it ended; then how it ended."""
+           sleep: Callable[[float], None] = time.sleep, watch: Callable[[], str | None] | None = None) -> Ending:
+    """Show the job's output as it comes, until Slurm says it ended; then how it ended. watch: the hang watch
+    (kit.backends.slurm.watch), asked at each look while the job runs: a report ends the follow ("hung")."""
     read, queued, answered = first, False, time.monotonic()
     while True:
         poll, read = read_rest(runner, record, read, reader.feed)
@@ -384,6 +387,8 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
             reader.show(None, None, f"kit: Slurm job {record.slurm_id} waits in the queue{why}")
         if poll.state is None or poll.state in ENDED:
             break
+        if poll.state == "running" and watch is not None and (hang := watch()):
+            return Ending("hung", None, None, hang)
         sleep(POLL_S)
     read_rest(runner, record, read, reader.feed)  # what was written as it ended
     forget_variables(runner, record)
@@ -395,18 +400,19 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
     return Ending(state, code, reader.first_failure() if state in ("failed", "oom", "node_fail") else None)
 
 
-def cancel(runner: Runner, record: SlurmRecord) -> None:
+def cancel(runner: Runner, record: SlurmRecord, signal: str | None = None) -> None:
     """scancel, once Slurm's job of that id is this one (its folder, squeue's field alone on its line): Slurm numbers
-    jobs anew after a reset."""
+    jobs anew after a reset. signal: only send it to the job's tasks (not the batch script), e.g. USR2."""
     r = runner.run(f"squeue -h -j {record.slurm_id} -o %Z", timeout=REMOTE_TIMEOUT_S)
     workdir = r.stdout.rstrip("\n") if r.ok else ""
     if workdir and workdir != record.folder:
         raise KitError(f"Slurm job {record.slurm_id} is no longer kit's job {record.id}: it runs in {workdir}, "
                        f"not {record.folder}", host=runner.host, hint="nothing was cancelled; `squeue --me` on the "
                        "login host lists your jobs")
-    _run(runner, f"scancel {record.slurm_id}", f"scancel refused job {record.id} (Slurm job {record.slurm_id})",
-         changes=True)
-    forget_variables(runner, record)
+    _run(runner, f"scancel {f'--signal={signal} ' if signal else ''}{record.slurm_id}",
+         f"scancel refused job {record.id} (Slurm job {record.slurm_id})", changes=True)
+    if signal is None:
+        forget_variables(runner, record)
 
 
 def seen_ended(runner: Runner, record: SlurmRecord, state: str, code: int | None) -> SlurmRecord:

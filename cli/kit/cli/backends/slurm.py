@@ -17,6 +17,7 @@ from rich.table import Table
 from kit.backends.slurm import sbatch
 from kit.backends.slurm import jobs as slurmjobs
 from kit.backends.slurm import output as slurmoutput
+from kit.backends.slurm import watch as slurmwatch
 from kit.config.settings import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
 from kit.cli.common import Where, cluster_settings, console
@@ -33,7 +34,7 @@ class Slurm:
     name = "slurm"
     title = "Slurm"
     options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
-                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit"}
+                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout"}
     placement = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
     commands = frozenset()
 
@@ -45,7 +46,7 @@ class Slurm:
         shape = sbatch.shape(job.launcher, job.nodes, job.np, job.ntasks_per_node, job.gpus_per_node)
         variables = jobenv.parse(list(job.env), list(job.env_files), os.environ)
         run_on_slurm(settings, job.script, list(job.args), job.workdir, job.launcher, shape, variables, job.detach,
-                     cfg.connect_timeout, printer(job.launcher), job.env_files)
+                     cfg.connect_timeout, printer(job.launcher), job.env_files, job.policy.hang_timeout)
 
     def find(self, ref: str, where: Where) -> Optional[slurmjobs.SlurmRecord]:
         """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
@@ -63,6 +64,10 @@ class Slurm:
 
     def show(self, found: list[dict]) -> None:
         console.print(table(found))
+        for row in found:
+            if row["hang"]:
+                console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}",
+                              highlight=False)
 
 
 def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
@@ -89,9 +94,10 @@ def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Op
 
 def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
                  shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool, connect_timeout: int,
-                 show, secrets: tuple[Path, ...] = ()) -> None:
+                 show, secrets: tuple[Path, ...] = (), hang_timeout: float = 0) -> None:
     """Copy the job's folder to the login host, submit its sbatch script, and follow it to its end (or return,
-    with --detach). secrets: the --env-file files, which are never copied."""
+    with --detach). secrets: the --env-file files, which are never copied. hang_timeout: kit's hang watch while it
+    follows the job (kit.backends.slurm.watch); 0: none."""
     folder = (workdir or script.parent).resolve()
     rel = _script_in(script, folder)
     job_id = new_job_id()
@@ -106,7 +112,8 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
         text = sbatch.render(job)
         remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
         slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
-        record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time())
+        record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time(),
+                                       hang_timeout=hang_timeout)
         try:
             slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
         except KitError:
@@ -121,7 +128,7 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
                           highlight=False)
             return
         try:
-            ending = slurmjobs.follow(runner, record, slurmoutput.Reader(launcher, shape.ranks, show))
+            ending = _follow(runner, record, slurmoutput.Reader(launcher, shape.ranks, show))
         except KeyboardInterrupt:
             slurmjobs.cancel(runner, record)
             state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
@@ -189,7 +196,25 @@ def _script_in(script: Path, folder: Path) -> str:
 
 def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> None:
     if ending.state in slurmjobs.ENDED:
-        slurmjobs.ended(record, ending.state, ending.code)
+        slurmjobs.ended(record, ending.state, ending.code, ending.hang)
+
+
+def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, first: int = 0) -> slurmjobs.Ending:
+    """Follow the job to its end, under kit's hang watch where the job has one: a job that made no progress for its
+    hang timeout has every rank's stack kept in its folder (slurmwatch.take_stacks) and is cancelled."""
+    watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, record.ranks, reader,
+                                  record.hang_timeout) if record.hang_timeout else None
+    ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)
+    if ending.state != "hung":
+        return ending
+    reader.show(None, None, f"kit: job {record.id} hung: {ending.hang}; taking every rank's stack, then cancelling "
+                            f"Slurm job {record.slurm_id}")
+    where, _ = slurmwatch.take_stacks(runner, record.folder, record.slurm_id, record.id, reader,
+                                      list(range(record.ranks)), lambda: slurmjobs.cancel(runner, record, "USR2"))
+    slurmjobs.cancel(runner, record)
+    after = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+    return slurmjobs.Ending("failed", None, None, f"{ending.hang}; Slurm job {record.slurm_id} was cancelled "
+                            f"({after}), every rank's stack is in {where}")
 
 
 def printer(launcher: str):
@@ -223,6 +248,11 @@ def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending)
     if ending.state == "succeeded":
         console.print(f"[green]✓[/] job {job_id} finished ({slurm})")
         return
+    if ending.hang:
+        hung = KitError(f"job {job_id} hung: {ending.hang}", hint=f"its output is above (`kit logs {job_id}`); a rank "
+                        "that waits in a collective the others never reach is named at the line it waits on")
+        hung.exit_code = 1
+        raise hung
     if ending.state in CAUSES:
         said, fix = CAUSES[ending.state]
         f = ending.failure
@@ -278,7 +308,8 @@ def rows(connect_timeout: int) -> list[dict]:
                         slurmjobs.seen_ended(runner, record, state, code)
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
                                 np=record.ranks, script=record.script, state=state, exit=code,
-                                submitted=int(record.submitted), seconds=int(now - record.submitted)))
+                                submitted=int(record.submitted), seconds=int(now - record.submitted),
+                                hang=record.ended.get("hang")))
         finally:
             if runner is not None:
                 runner.close()
@@ -291,7 +322,7 @@ def table(found: list[dict]) -> Table:
         t.add_column(column)
     for row in found:
         t.add_row(escape(row["id"]), escape(row["slurm_id"]), escape(row["login"]), escape(row["launcher"]),
-                  str(row["np"]), escape(row["script"]), escape(row["state"]),
+                  str(row["np"]), escape(row["script"]), escape(row["state"]) + (" (hung)" if row["hang"] else ""),
                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
                   "" if row["exit"] is None else str(row["exit"]))
     return t
@@ -316,9 +347,12 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
             if state in slurmjobs.ENDED or state == "lost":
                 slurmjobs.seen_ended(runner, record, state, code)
         if follow and poll.state not in (None, *slurmjobs.ENDED):
-            ending = slurmjobs.follow(runner, record, reader, first=read)
+            ending = _follow(runner, record, reader, first=read)
+            if ending.hang:
+                _remember_end(record, ending)
             console.print(f"kit: job {record.id} {ending.state}" +
-                          (f" (exit {ending.code})" if ending.code is not None else ""), highlight=False)
+                          (f" (exit {ending.code})" if ending.code is not None else "") +
+                          (f": hung: {ending.hang}" if ending.hang else ""), highlight=False)
     finally:
         runner.close()
 

@@ -22,8 +22,10 @@ VICTIM_MARKS = ("Horovod has been shut down", "HorovodInternalError", "Connectio
 # Runs the script as `python script.py` would, with the job's variables, and says when and how it ended: at the
 # moment it raises or exits, before atexit handlers such as Horovod's shutdown (which lets the other ranks fail
 # first). horovodrun learns of exits over SSH, late and out of order, so its own account cannot say which rank
-# failed first. A thread beside the script keeps the rank's heartbeat (PROGRESS_DIR/<job>/<rank>): how often its main
-# thread was seen somewhere new, and where it is, for the supervisor's hang watch.
+# failed first. A thread beside the script keeps the rank's heartbeat (PROGRESS_DIR/<job>/<rank>; a relative one from
+# where the rank started, whatever folder the script goes to): how often its main thread was seen somewhere new, and
+# where it is, for the hang watch; on SIGUSR2 every thread's stack goes to <rank>.stack beside it (faulthandler: a
+# rank stuck in C code answers too).
 # Its own modules are the standard library's whatever the workspace holds (a json.py or signal.py there, or in a
 # PYTHONPATH folder, would stand in for them): they are imported with the workspace and PYTHONPATH out of sys.path,
 # which is then the one `python` gave, for the script.
@@ -34,7 +36,7 @@ import os, sys  # loaded as Python started, before the workspace was on sys.path
 USERS_PATH, OWN = sys.path[:], [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + ["", os.curdir]
 OWN = {{os.path.abspath(p) for p in OWN}} | set(OWN)
 sys.path[:] = [p for p in USERS_PATH if p not in OWN]
-import json, pkgutil, runpy, threading, time
+import faulthandler, json, pkgutil, runpy, signal, threading, time
 sys.path[:] = USERS_PATH
 def rank_of(env):
     if env.get("HOROVOD_RANK", env.get("RANK", "")).isdigit():
@@ -44,7 +46,7 @@ def rank_of(env):
     except (KeyError, ValueError, TypeError):
         return None
 RANK, JOB = rank_of(os.environ), os.path.basename(os.environ.get("KIT_JOB", ""))
-BEAT = os.path.join(os.environ.get("KIT_PROGRESS_DIR", {progress_dir!r}), JOB, str(RANK)) if JOB and RANK is not None else None
+BEAT = os.path.abspath(os.path.join(os.environ.get("KIT_PROGRESS_DIR", {progress_dir!r}), JOB, str(RANK))) if JOB and RANK is not None else None
 def place(frame):  # where the main thread is: its innermost frame, and the innermost of the job's own code
     inner = "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     while frame is not None and ("/lib/python" in frame.f_code.co_filename or frame.f_code.co_filename.startswith("<")):
@@ -87,6 +89,12 @@ def report(code):
             pass
 if BEAT:
     threading.Thread(target=heartbeat, daemon=True, name="kit-heartbeat").start()
+    try:  # every thread's stack into BEAT.stack on SIGUSR2: how kit's hang watch under Slurm takes a rank's stack
+        os.makedirs(os.path.dirname(BEAT), exist_ok=True)
+        STACK = open(BEAT + ".stack", "w")
+        faulthandler.register(signal.SIGUSR2, file=STACK, all_threads=True)
+    except Exception:
+        pass
 def own(name):  # this host's part of a KIT_RANK_* map (`address=value ...`, by horovodrun's HOROVOD_HOSTNAME)
     return dict(p.split("=", 1) for p in os.environ.pop(name, "").split() if "=" in p).get(os.environ.get("HOROVOD_HOSTNAME", ""))
 NIC, HCAS = own("KIT_RANK_NICS"), own("KIT_RANK_HCAS")

@@ -16,7 +16,8 @@ from kit.backends.cluster.supervisor.launch import PROGRESS, PROGRESS_DIR  # shi
 
 # In each host's container: every heartbeat of the job, one JSON line each (see heartbeat()).
 def progress_script(job_id: str) -> str:
-    return (f"for f in \"{PROGRESS}/{job_id}\"/*; do case \"$f\" in *.new) continue;; esac; "  # (one being written)
+    # (a heartbeat being written, *.new, is skipped; and a rank's stack, *.stack)
+    return (f"for f in \"{PROGRESS}/{job_id}\"/*; do case \"$f\" in *.new|*.stack) continue;; esac; "
             "[ -f \"$f\" ] && head -c 2000 \"$f\" && echo; done; true")
 
 
@@ -121,10 +122,10 @@ def hang_report(beats: list[Beat], seconds: float) -> str:
 class Watch:
     """Whether any rank has moved lately: by the heartbeats' counters, on the supervisor's own clock."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
+    def __init__(self, timeout: float, clock=time.monotonic) -> None:
+        self.timeout, self.clock = timeout, clock
         self.every = max(1.0, min(30.0, timeout / 6)) if timeout else 3600.0
-        self.since = time.monotonic()   # the last time any rank moved (or the launch)
+        self.since = clock()   # the last time any rank moved (or the launch)
         self.seen: dict[tuple[str, int], int] = {}
         self.last: list[Beat] = []
 
@@ -133,10 +134,10 @@ class Watch:
         answer in time) is not progress."""
         moved = {(b.host, b.rank): b.moves for b in beats}
         if any(self.seen.get(rank) != count for rank, count in moved.items()):
-            self.since = time.monotonic()
+            self.since = self.clock()
         self.seen = {**self.seen, **moved}
         self.last = beats
         return self.quiet() >= self.timeout
 
     def quiet(self) -> float:
-        return time.monotonic() - self.since
+        return self.clock() - self.since

@@ -1,0 +1,129 @@
+"""kit's hang watch over a Slurm job it follows, as the supervisor's on the cluster: each rank's heartbeat (the rank
+launcher writes it in the job's folder, which the login host shares with the nodes) is read from the login host;
+when no rank has moved for the hang timeout, every rank's stack is asked for (scancel --signal=USR2: each rank's
+faulthandler writes its threads' stacks beside its heartbeat) and kept in the job's folder, the stuck rank and its
+node are named, and the job is cancelled.
+
+What the ranks write is the job's: read only from regular files (no link followed), each cut at a bound, its rank
+a number of the job's; the node a rank runs on is kit's own reading of Slurm's node list (output.Reader), never
+what the rank says.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import secrets
+import shlex
+import tarfile
+import time
+from typing import Callable
+
+from kit.backends.cluster.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats
+from kit.backends.slurm.output import Reader
+from kit.runners.base import Runner
+
+READ_EVERY_S = 5.0         # the heartbeats are read at least this often (the watch's own period may be less)
+STACK_WAIT_S = 10          # how long the ranks have to write their stacks after SIGUSR2
+STACK_BYTES = 64 << 10     # of each rank's stack, kept
+REMOTE_TIMEOUT_S = 60
+
+
+def progress_dir(folder: str, slurm_id: str, job_id: str) -> str:
+    """Where the job's ranks write their heartbeats: the batch script's KIT_DIR/progress/KIT_JOB (templates/sbatch.j2),
+    in the job's folder."""
+    return f"{folder}/.kit/job-{slurm_id}/progress/{job_id}"
+
+
+def stacks_dir(folder: str, slurm_id: str) -> str:
+    """Where kit keeps a hung job's stacks: beside its output (kit-ID.out), a file a rank."""
+    return f"{folder}/kit-{slurm_id}-stacks"
+
+
+def _each(folder: str, pattern: str, mark: str, limit: int) -> str:
+    """sh: each regular file (not a link) of folder whose name fits pattern, after a `mark NAME` line, cut at limit."""
+    return (f"for f in {shlex.quote(folder)}/{pattern}; do [ -f \"$f\" ] && [ ! -h \"$f\" ] || continue; "
+            f"echo \"{mark} ${{f##*/}}\"; head -c {limit} \"$f\"; echo; done; true")
+
+
+def _split(text: str, mark: str, suffix: str) -> dict[int, str]:
+    """rank -> its text, from _each's output (a file name is the rank's number, then the suffix)."""
+    found: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.split("\n"):
+        named = re.fullmatch(rf"{re.escape(mark)} (\d{{1,6}}){re.escape(suffix)}", line)
+        if named:
+            current = found.setdefault(int(named[1]), [])
+        elif line.startswith(mark + " "):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return {rank: "\n".join(lines).strip("\n") for rank, lines in found.items()}
+
+
+class SlurmWatch:
+    """Called at each look of the follow, while Slurm says the job runs: the hang report once no rank has moved for
+    `timeout` seconds (since the job started running, or a rank last moved), else None. Reads the heartbeats every
+    Watch.every seconds, READ_EVERY_S at most: one command on the login host."""
+
+    def __init__(self, runner: Runner, folder: str, slurm_id: str, job_id: str, ranks: int, reader: Reader,
+                 timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner, self.ranks, self.reader, self.clock = runner, ranks, reader, clock
+        self.folder = progress_dir(folder, slurm_id, job_id)
+        self.watch = Watch(timeout, clock)
+        self.started = False
+        self.next = 0.0
+        self.mark = "@@kit-beat-" + secrets.token_hex(8)  # (a rank's file cannot end its part early: it cannot guess)
+
+    def __call__(self) -> str | None:
+        if not self.watch.timeout:
+            return None
+        if not self.started:  # the watch's clock starts when Slurm starts the job, not while it waits in the queue
+            self.started, self.watch.since = True, self.clock()
+        if self.clock() < self.next:
+            return None
+        self.next = self.clock() + min(self.watch.every, READ_EVERY_S)
+        r = self.runner.run(_each(self.folder, "[0-9]*", self.mark, 2000), timeout=REMOTE_TIMEOUT_S)
+        beats = self.beats(r.stdout if r.ok else "")
+        if not self.watch.stalled(beats):
+            return None
+        return hang_report(self.watch.last, self.watch.quiet())
+
+    def beats(self, text: str) -> list[Beat]:
+        """Each rank's heartbeat, with the node Slurm put it on; a file named for no rank of the job is none."""
+        found = []
+        for rank, body in _split(text, self.mark, "").items():
+            for beat in parse_beats("", body)[:1]:
+                if beat.rank == rank < self.ranks:
+                    found.append(Beat(self.reader.node_of(rank) or "?", rank, beat.moves, beat.where))
+        return found
+
+
+def take_stacks(runner: Runner, folder: str, slurm_id: str, job_id: str, reader: Reader, ranks: list[int],
+                signal: Callable[[], None], sleep: Callable[[float], None] = time.sleep) -> tuple[str, dict[int, str]]:
+    """Every rank's stack, kept in the job's folder (stacks_dir): signal() sends SIGUSR2 to the job's tasks, whose
+    ranks write their stacks; those that answered within STACK_WAIT_S are read and written there, a file a rank
+    (rank-N.txt), each headed by the rank and its node. (that folder, rank -> stack)."""
+    source = progress_dir(folder, slurm_id, job_id)
+    mark = "@@kit-stack-" + secrets.token_hex(8)
+    signal()
+    found: dict[int, str] = {}
+    deadline = time.monotonic() + STACK_WAIT_S
+    while True:  # (bounded: STACK_WAIT_S)
+        r = runner.run(_each(source, "[0-9]*.stack", mark, STACK_BYTES), timeout=REMOTE_TIMEOUT_S)
+        found = {rank: text for rank, text in _split(r.stdout if r.ok else "", mark, ".stack").items() if text}
+        if set(ranks) <= set(found) or time.monotonic() >= deadline:
+            break
+        sleep(1.0)
+    kept = io.BytesIO()
+    with tarfile.open(fileobj=kept, mode="w") as tar:
+        for rank in sorted(set(ranks) | set(found)):
+            text = found.get(rank, f"(no stack: the rank did not answer SIGUSR2 within {STACK_WAIT_S} s)")
+            data = f"rank {rank} on {reader.node_of(rank) or '?'}\n{text}\n".encode(errors="replace")
+            info = tarfile.TarInfo(f"rank-{rank}.txt")
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    where = stacks_dir(folder, slurm_id)
+    runner.run(f"mkdir -p {shlex.quote(where)} && tar -xf - -C {shlex.quote(where)}", stdin=kept.getvalue(),
+               timeout=REMOTE_TIMEOUT_S, changes=True).check(f"cannot keep the stacks of job {job_id} in {where}")
+    return where, found
