@@ -69,6 +69,17 @@ def wait_for(what: str, ok, timeout: float = 60, every: float = 0.5) -> None:
     raise TimeoutError(f"lab: {what} not ready within {timeout:.0f} s")
 
 
+def read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
+    """A running kit's stdout lines, read until done(lines) holds (bounded: its end, or timeout, fails the test with
+    what it printed)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while not done(seen):
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
+        seen.append(line)
+    return seen
+
+
 class LabHost:
     def __init__(self, index: int) -> None:
         self.index = index

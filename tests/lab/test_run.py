@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import kit, lab_cluster, make_project, wait_for
+from harness import kit, lab_cluster, make_project, read_until, wait_for
 from helpers import REPO
 
 pytestmark = pytest.mark.lab
@@ -186,11 +186,7 @@ def start_loop(project, lab, launcher: str = "horovod") -> subprocess.Popen:
                             # As in a terminal, whatever started the tests: a shell's background job ignores
                             # SIGINT, and its children would inherit that.
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    seen, deadline = [], time.monotonic() + 120
-    while len([l for l in seen if "started rank" in l]) < 3:
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
-        seen.append(line)
+    read_until(proc, lambda seen: len([line for line in seen if "started rank" in line]) >= 3, 120)
     return proc
 
 
@@ -319,12 +315,8 @@ def test_a_job_goes_on_from_its_checkpoint_on_the_hosts_left_after_one_is_lost(p
                             cwd=project, env={**__import__("os").environ, **lab.env, "COLUMNS": "200"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     h3 = lab.hosts[2]
-    seen, deadline = [], time.monotonic() + 300
     try:
-        while not any(re.search(r"rank 0\] epoch 2: loss", line) for line in seen):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
-            seen.append(line)
+        seen = read_until(proc, lambda seen: any(re.search(r"rank 0\] epoch 2: loss", line) for line in seen), 300)
         h3.docker("kill", "kit-lab")
         out, err = proc.communicate(timeout=600)
     finally:
@@ -353,12 +345,8 @@ def test_a_hang_is_named_with_every_ranks_stack_and_the_job_stopped(project, lab
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--np", "3", "--hang-timeout", "20s", LOOP, "--",
                              "--hang-rank", "2"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**__import__("os").environ, **lab.env, "COLUMNS": "200"}, text=True)
-    seen, deadline = [], time.monotonic() + 180
     try:
-        while not any("rank 2 blocks on purpose" in line for line in seen):
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
-            seen.append(line)
+        seen = read_until(proc, lambda seen: any("rank 2 blocks on purpose" in line for line in seen), 180)
         blocked = time.monotonic()
         out, err = proc.communicate(timeout=300)
         elapsed = time.monotonic() - blocked

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import wait_for
+from harness import read_until, wait_for
 from helpers import REPO, run_kit
 from kit.bench import figures as benchfigures
 from kit.backends.slurm import sbatch
@@ -312,12 +312,8 @@ def test_a_hung_job_is_named_with_every_ranks_stack_by_kits_watch_and_without_it
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3", "--cpus-per-task",
                              "1", "--hang-timeout", "60s", "hung.py", "--hang-now"], cwd=watched,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    seen, deadline = [], time.monotonic() + 240
     try:
-        while sum(" waits " in line for line in seen) < 3:
-            line = proc.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
-            seen.append(line)
+        seen = read_until(proc, lambda seen: sum(" waits " in line for line in seen) >= 3, 240)
         waiting = time.monotonic()
         out, err = proc.communicate(timeout=300)
         elapsed = time.monotonic() - waiting
