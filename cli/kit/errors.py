@@ -33,6 +33,12 @@ class KitError(Exception):
         where = f"{self.host}: " if self.host else ""
         return f"{where}{self.message}"
 
+    def exiting(self, code: int | None) -> "KitError":
+        """This error, kit's exit code the job's own (as if it ran here) where that is one a process exits with and
+        says a failure (1 to 254), else 1."""
+        self.exit_code = code if code is not None and 0 < code < 255 else 1
+        return self
+
 
 class BadInput(KitError):
     """The user's input is wrong; nothing was changed anywhere: exit code 2."""

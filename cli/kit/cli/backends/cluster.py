@@ -290,19 +290,15 @@ def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterS
         out.print(f"[green]✓[/] job {job_id} finished{restarted}")
         return
     if outcome.hang:
-        hung = KitError(f"job {job_id} hung{restarted}: {outcome.hang}; it was stopped on every host",
-                        hint=f"every rank's stack is in {state.primary.place.job_dir(job_id)}/stacks on "
-                             f"{state.primary.name}; `kit logs {job_id}` shows its output")
-        hung.exit_code = 1
-        raise hung
+        raise KitError(f"job {job_id} hung{restarted}: {outcome.hang}; it was stopped on every host",
+                       hint=f"every rank's stack is in {state.primary.place.job_dir(job_id)}/stacks on "
+                            f"{state.primary.name}; `kit logs {job_id}` shows its output")
     if outcome.failure:
         rank, code = outcome.failure
         how = f"exit {code}" if code != 255 else "its process, container or host went away"
         host = outcome.ranks[rank] if rank < len(outcome.ranks) else "?"
-        failed = KitError(f"rank {rank} on {host} failed first ({how}); the job was stopped "
-                          "on every host", hint=f"its output is above; `kit logs {job_id} --rank {rank}` shows it alone")
-        failed.exit_code = code if 0 < code < 255 else 1  # the job's own exit code, as if it ran here
-        raise failed
+        raise KitError(f"rank {rank} on {host} failed first ({how}); the job was stopped on every host",
+                       hint=f"its output is above; `kit logs {job_id} --rank {rank}` shows it alone").exiting(code)
     if outcome.exit_code is None:
         raise KitError(f"job {job_id} left no exit code on {state.primary.name}: it did not start, or its container "
                        "was restarted or removed while it ran", hint=f"`kit status` shows the containers; "

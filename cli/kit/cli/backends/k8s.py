@@ -196,11 +196,8 @@ def report(job_id: str, ending: k8sjobs.Ending) -> None:
     if ending.state == "stopped":
         raise KitError(f"job {job_id} was deleted before it ended", hint="kit run starts it again")
     where = f": pod {ending.pod} failed first (exit {ending.exit_code})" if ending.pod else ""
-    failed = KitError(f"job {job_id} failed{where}", hint="its output is above; `kubectl describe` on its pods says "
-                      "more (an image that cannot be pulled, a pod that was evicted)")
-    code = ending.exit_code
-    failed.exit_code = code if code and 0 < code < 255 else 1
-    raise failed
+    raise KitError(f"job {job_id} failed{where}", hint="its output is above; `kubectl describe` on its pods says more "
+                   "(an image that cannot be pulled, a pod that was evicted)").exiting(ending.exit_code)
 
 
 def stop(record: k8sjobs.K8sRecord) -> str:

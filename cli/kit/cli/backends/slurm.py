@@ -249,33 +249,25 @@ def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending)
         console.print(f"[green]✓[/] job {job_id} finished ({slurm})")
         return
     if ending.hang:
-        hung = KitError(f"job {job_id} hung: {ending.hang}", hint=f"its output is above (`kit logs {job_id}`); a rank "
-                        "that waits in a collective the others never reach is named at the line it waits on")
-        hung.exit_code = 1
-        raise hung
+        raise KitError(f"job {job_id} hung: {ending.hang}", hint=f"its output is above (`kit logs {job_id}`); a rank "
+                       "that waits in a collective the others never reach is named at the line it waits on")
     if ending.state in CAUSES:
         said, fix = CAUSES[ending.state]
         f = ending.failure
         first = f"; {f.who}{f' on {f.node}' if f.node else ''} ended first (exit {f.exit_code})" if f else ""
-        ended = KitError(f"job {job_id} {said} ({slurm}: {ending.state}){first}",
-                         hint=f"{fix}; its output is above (`kit logs {job_id}`)")
-        ended.exit_code = ending.code if ending.code and 0 < ending.code < 255 else 1
-        raise ended
+        raise KitError(f"job {job_id} {said} ({slurm}: {ending.state}){first}",
+                       hint=f"{fix}; its output is above (`kit logs {job_id}`)").exiting(ending.code)
     if f := ending.failure:
         where = f" on {f.node}" if f.node else ""
         alone = f"; `kit logs {job_id} --rank {f.rank}` shows it alone" if f.rank is not None else ""
-        failed = KitError(f"{f.who}{where} failed first (exit {f.exit_code}); Slurm stopped the job's other tasks "
-                          f"({slurm}: {ending.state})", hint=f"its output is above{alone}")
-        failed.exit_code = f.exit_code if 0 < f.exit_code < 255 else 1
-        raise failed
+        raise KitError(f"{f.who}{where} failed first (exit {f.exit_code}); Slurm stopped the job's other tasks "
+                       f"({slurm}: {ending.state})", hint=f"its output is above{alone}").exiting(f.exit_code)
     if ending.state == "stopped":
         raise KitError(f"job {job_id} was cancelled ({slurm})", hint=f"`kit logs {job_id}` shows what it printed")
     code = ending.exit_code
-    failed = KitError(f"job {job_id} {ending.state} ({slurm}" + (f", exit {code})" if code is not None else ")"),
-                      hint=f"its output is above (`kit logs {job_id}`); `scontrol show job {record.slurm_id}` or "
-                           "sacct on the login host says more")
-    failed.exit_code = code if code and 0 < code < 255 else 1
-    raise failed
+    raise KitError(f"job {job_id} {ending.state} ({slurm}" + (f", exit {code})" if code is not None else ")"),
+                   hint=f"its output is above (`kit logs {job_id}`); `scontrol show job {record.slurm_id}` or sacct "
+                        "on the login host says more").exiting(code)
 
 
 # ------------------------------------------------------------------------------------------------ jobs, logs, stop
