@@ -209,12 +209,18 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
         return ending
     reader.show(None, None, f"kit: job {record.id} hung: {ending.hang}; taking every rank's stack, then cancelling "
                             f"Slurm job {record.slurm_id}")
-    where, _ = slurmwatch.take_stacks(runner, record.folder, record.slurm_id, record.id, reader,
-                                      list(range(record.ranks)), lambda: slurmjobs.cancel(runner, record, "USR2"))
-    slurmjobs.cancel(runner, record)
-    after = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+    try:
+        where, _ = slurmwatch.take_stacks(runner, record.folder, record.slurm_id, record.id, reader,
+                                          list(range(record.ranks)), lambda: slurmjobs.cancel(runner, record, "USR2"))
+        kept = f"every rank's stack is in {where}"
+    except KitError as e:  # (the job ended meanwhile, or its folder cannot be written: it is cancelled all the same)
+        kept = f"no stack was kept ({e})"
+    state, _ = slurmjobs.job_state(runner, record.slurm_id)
+    if state not in slurmjobs.ENDED and state != "lost":
+        slurmjobs.cancel(runner, record)
+        state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
     return slurmjobs.Ending("failed", None, None, f"{ending.hang}; Slurm job {record.slurm_id} was cancelled "
-                            f"({after}), every rank's stack is in {where}")
+                            f"({state}), {kept}")
 
 
 def printer(launcher: str):
