@@ -146,3 +146,10 @@ def test_no_cli_module_names_a_back_end_outside_the_table(tmp_path):
     (tmp_path / "jobs.py").write_text('if on == "slurm":\n    from kit.cli.backends import k8s\n')
     assert _names_a_back_end(tmp_path / "jobs.py") == ["compares with 'slurm'", "imports kit.cli.backends.k8s"]
 
+
+
+def test_the_cluster_is_asked_last_and_listed_last():
+    """Its jobs are read from its primary, so it takes any reference the schedulers' records do not know; `kit jobs`
+    lists its table after theirs (a script that reads the last line of `kit jobs --json` gets the cluster's newest)."""
+    assert [b.name for b in backends.in_turn()][-1] == "cluster"
+    assert list(backends.BACKENDS) == ["cluster", "slurm", "k8s"]  # as --on offers them

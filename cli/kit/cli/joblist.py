@@ -24,7 +24,7 @@ def jobs_(
     kit submitted to Slurm or Kubernetes, in the state the scheduler gives them."""
     at = where(name, config)
     listed = False
-    for b in backends.BACKENDS.values():
+    for b in backends.in_turn():
         found = b.rows(at)
         listed = listed or bool(found)
         if as_json:

@@ -16,6 +16,13 @@ BACKENDS = {b.name: b for b in (Cluster(), Slurm(), Kubernetes())}
 DEFAULT = "cluster"
 
 
+def in_turn() -> list:
+    """The back ends in the order a job reference is looked up and `kit jobs` lists them: the schedulers' jobs are
+    recorded on this machine, by id; the cluster's are read from its primary when used, so the default back end
+    comes last: it takes any reference the others do not know, and its table ends the list."""
+    return sorted(BACKENDS.values(), key=lambda b: b.name == DEFAULT)
+
+
 def backend(on: str):
     """The back end --on names."""
     if on not in BACKENDS:
@@ -30,11 +37,8 @@ def completion(option: str) -> tuple[str, ...]:
 
 
 def find(ref: str, where: Where) -> tuple[Any, Any]:
-    """(the back end whose job `ref` names, its record of it). A scheduler's jobs are recorded on this machine, by
-    id; the cluster's are read from its primary when used, so the default back end is asked last: it takes any
-    reference the others do not know."""
-    order = sorted(BACKENDS.values(), key=lambda b: b.name == DEFAULT)
-    return next((b, found) for b in order if (found := b.find(ref, where)) is not None)
+    """(the back end whose job `ref` names, its record of it), asked in_turn()."""
+    return next((b, found) for b in in_turn() if (found := b.find(ref, where)) is not None)
 
 
 def needs(b, command: str, ref: str) -> None:
