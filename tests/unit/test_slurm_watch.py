@@ -122,7 +122,10 @@ def test_every_ranks_stack_is_taken_from_real_rank_launchers_and_kept_beside_the
 
 
 def test_a_rank_that_does_not_answer_is_said_so_in_its_file(tmp_path):
+    """...and a link the job left at the stacks' folder's name is replaced, never followed."""
     beat(tmp_path, 0, 1, "a.py:1 in f")
+    (tmp_path / "elsewhere").mkdir()
+    Path(slurmwatch.stacks_dir(str(tmp_path), SLURM_ID)).symlink_to(tmp_path / "elsewhere")
     progress = Path(slurmwatch.progress_dir(str(tmp_path), SLURM_ID, JOB))
     slurmwatch.STACK_WAIT_S, saved = 1, slurmwatch.STACK_WAIT_S
     try:
@@ -133,6 +136,7 @@ def test_a_rank_that_does_not_answer_is_said_so_in_its_file(tmp_path):
     assert sorted(found) == [0]
     assert (Path(where) / "rank-1.txt").read_text() == \
         "rank 1 on n2\n(no stack: the rank did not answer SIGUSR2 within 1 s)\n"
+    assert not Path(where).is_symlink() and list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_a_hung_job_is_said_hung_with_the_report_and_recorded_so(tmp_path, monkeypatch):

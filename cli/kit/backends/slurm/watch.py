@@ -124,6 +124,9 @@ def take_stacks(runner: Runner, folder: str, slurm_id: str, job_id: str, reader:
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     where = stacks_dir(folder, slurm_id)
-    runner.run(f"mkdir -p {shlex.quote(where)} && tar -xf - -C {shlex.quote(where)}", stdin=kept.getvalue(),
+    # A folder of kit's, made anew: whatever the job put at its name (a link to elsewhere included) is removed
+    # first, never followed.
+    at = shlex.quote(where)
+    runner.run(f"rm -rf -- {at} && mkdir -m 755 -- {at} && tar -xf - -C {at}", stdin=kept.getvalue(),
                timeout=REMOTE_TIMEOUT_S, changes=True).check(f"cannot keep the stacks of job {job_id} in {where}")
     return where, found
