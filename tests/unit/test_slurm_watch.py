@@ -74,39 +74,44 @@ def test_what_is_not_a_heartbeat_of_the_jobs_ranks_is_none(tmp_path):
     assert [(b.host, b.rank, b.moves) for b in watch.beats(text)] == [("n1", 0, 1)]
 
 
-def test_a_job_still_in_the_queue_is_not_watched_until_it_runs(tmp_path):
+def test_a_job_still_in_the_queue_is_not_watched_until_it_runs_and_its_start_has_more_time(tmp_path):
+    """Until a first heartbeat, the ranks have START_GRACE_S more than the timeout: an image to import, Python to
+    load from the shared filesystem."""
     clock = Clock()
     watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, 2, reader(2), 30, clock=clock)
     clock.now += 3600  # (the follow asks only while Slurm says the job runs: the clock starts at the first ask)
     assert watch() is None
     clock.now += 29
     assert watch() is None
-    clock.now += 2
-    assert watch() is None  # (read every 5 s: the next reading says it)
-    clock.now += 4
-    assert watch() == "no rank has started in 35 s"
+    clock.now += 6
+    assert watch() is None  # 35 s: more than the timeout, but no rank has written a heartbeat yet
+    clock.now += slurmwatch.START_GRACE_S
+    assert watch() == f"no rank has started in {35 + slurmwatch.START_GRACE_S} s"
 
 
 def test_every_ranks_stack_is_taken_from_real_rank_launchers_and_kept_beside_the_output(tmp_path):
     """Three rank launchers run a script that waits in a function; SIGUSR2 (as scancel --signal=USR2 sends it) has
     each write its stack; kit keeps them in kit-ID-stacks/, a file a rank headed by its rank and node."""
     (tmp_path / "launcher.py").write_text(rank_launcher(env_dir=str(tmp_path / "env")))
-    (tmp_path / "wait.py").write_text("import time\ndef waits_here():\n    time.sleep(120)\nprint('up', flush=True)\n"
+    (tmp_path / "wait.py").write_text("import os, time\ndef waits_here():\n    time.sleep(120)\n"
+                                      "child = os.fork()\nprint('up' if child else 'child', os.getpid(), flush=True)\n"
                                       "waits_here()\n")
     env = {**os.environ, "KIT_JOB": JOB, "KIT_PROGRESS_DIR": f".kit/job-{SLURM_ID}/progress"}
     ranks = [subprocess.Popen([sys.executable, "launcher.py", "wait.py"], cwd=tmp_path, stdout=subprocess.PIPE,
                               text=True, env={**env, "HOROVOD_RANK": str(rank)}) for rank in range(3)]
     try:
-        for proc in ranks:
-            assert proc.stdout.readline() == "up\n"
+        children = []
+        for proc in ranks:  # each rank, and the process it forked (as a DataLoader forks its workers)
+            said = dict(proc.stdout.readline().split() for _ in range(2))
+            children.append(int(said["child"]))
         progress = Path(slurmwatch.progress_dir(str(tmp_path), SLURM_ID, JOB))
         deadline = time.monotonic() + 30
         while len(list(progress.glob("[0-9]"))) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)  # (each rank's first heartbeat)
 
-        def usr2() -> None:
-            for proc in ranks:
-                os.kill(proc.pid, signal.SIGUSR2)
+        def usr2() -> None:  # (to every process of the job, as slurmstepd sends it)
+            for pid in [proc.pid for proc in ranks] + children:
+                os.kill(pid, signal.SIGUSR2)
         where, found = slurmwatch.take_stacks(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, reader(), [0, 1, 2],
                                               usr2)
         assert where == f"{tmp_path}/kit-{SLURM_ID}-stacks" and sorted(found) == [0, 1, 2]
@@ -115,10 +120,17 @@ def test_every_ranks_stack_is_taken_from_real_rank_launchers_and_kept_beside_the
             assert text.startswith(f"rank {rank} on {node}\n"), text
             assert 'wait.py", line 3 in waits_here' in text and "kit-heartbeat" not in text.split("\n")[0], text
         assert all(proc.poll() is None for proc in ranks)  # asked for their stacks, the ranks go on
+        for child in children:  # and what they forked ignored it
+            os.kill(child, 0)
     finally:
         for proc in ranks:
             proc.kill()
             proc.wait()
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_rank_that_does_not_answer_is_said_so_in_its_file(tmp_path):
@@ -127,6 +139,7 @@ def test_a_rank_that_does_not_answer_is_said_so_in_its_file(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     Path(slurmwatch.stacks_dir(str(tmp_path), SLURM_ID)).symlink_to(tmp_path / "elsewhere")
     progress = Path(slurmwatch.progress_dir(str(tmp_path), SLURM_ID, JOB))
+    (progress / "7.stack").write_text("made up\n")  # the job has 2 ranks
     slurmwatch.STACK_WAIT_S, saved = 1, slurmwatch.STACK_WAIT_S
     try:
         where, found = slurmwatch.take_stacks(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, reader(2), [0, 1],
@@ -137,6 +150,7 @@ def test_a_rank_that_does_not_answer_is_said_so_in_its_file(tmp_path):
     assert (Path(where) / "rank-1.txt").read_text() == \
         "rank 1 on n2\n(no stack: the rank did not answer SIGUSR2 within 1 s)\n"
     assert not Path(where).is_symlink() and list((tmp_path / "elsewhere").iterdir()) == []
+    assert sorted(p.name for p in Path(where).iterdir()) == ["rank-0.txt", "rank-1.txt"]
 
 
 def test_a_hung_job_is_said_hung_with_the_report_and_recorded_so(tmp_path, monkeypatch):

@@ -24,6 +24,8 @@ from kit.backends.slurm.output import Reader
 from kit.runners.base import Runner
 
 READ_EVERY_S = 5.0         # the heartbeats are read at least this often (the watch's own period may be less)
+START_GRACE_S = 600        # until a first heartbeat, this much more than the hang timeout: an image to import, Python
+                           # to load from the shared filesystem on many nodes at once
 STACK_WAIT_S = 10          # how long the ranks have to write their stacks after SIGUSR2
 STACK_BYTES = 64 << 10     # of each rank's stack, kept
 REMOTE_TIMEOUT_S = 60
@@ -41,9 +43,10 @@ def stacks_dir(folder: str, slurm_id: str) -> str:
 
 
 def _each(folder: str, pattern: str, mark: str, limit: int) -> str:
-    """sh: each regular file (not a link) of folder whose name fits pattern, after a `mark NAME` line, cut at limit."""
+    """sh: each regular file (not a link) of folder whose name fits pattern, after a `mark NAME` line, cut at limit;
+    a read that does not end at once (a file the job swapped for a FIFO meanwhile) is given up after 5 s."""
     return (f"for f in {shlex.quote(folder)}/{pattern}; do [ -f \"$f\" ] && [ ! -h \"$f\" ] || continue; "
-            f"echo \"{mark} ${{f##*/}}\"; head -c {limit} \"$f\"; echo; done; true")
+            f"printf '%s %s\\n' '{mark}' \"${{f##*/}}\"; timeout 5 head -c {limit} -- \"$f\"; echo; done; true")
 
 
 def _split(text: str, mark: str, suffix: str) -> dict[int, str]:
@@ -63,8 +66,9 @@ def _split(text: str, mark: str, suffix: str) -> dict[int, str]:
 
 class SlurmWatch:
     """Called at each look of the follow, while Slurm says the job runs: the hang report once no rank has moved for
-    `timeout` seconds (since the job started running, or a rank last moved), else None. Reads the heartbeats every
-    Watch.every seconds, READ_EVERY_S at most: one command on the login host."""
+    `timeout` seconds (since a rank last moved; before any rank wrote a heartbeat, START_GRACE_S more, counted from
+    when Slurm started the job), else None. Reads the heartbeats every Watch.every seconds, READ_EVERY_S at most: one
+    command on the login host."""
 
     def __init__(self, runner: Runner, folder: str, slurm_id: str, job_id: str, ranks: int, reader: Reader,
                  timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -72,6 +76,7 @@ class SlurmWatch:
         self.folder = progress_dir(folder, slurm_id, job_id)
         self.watch = Watch(timeout, clock)
         self.started = False
+        self.beaten = False  # whether any rank has written a heartbeat yet
         self.next = 0.0
         self.mark = "@@kit-beat-" + secrets.token_hex(8)  # (a rank's file cannot end its part early: it cannot guess)
 
@@ -85,7 +90,8 @@ class SlurmWatch:
         self.next = self.clock() + min(self.watch.every, READ_EVERY_S)
         r = self.runner.run(_each(self.folder, "[0-9]*", self.mark, 2000), timeout=REMOTE_TIMEOUT_S)
         beats = self.beats(r.stdout if r.ok else "")
-        if not self.watch.stalled(beats):
+        self.beaten = self.beaten or bool(beats)
+        if not self.watch.stalled(beats) or not self.beaten and self.watch.quiet() < self.watch.timeout + START_GRACE_S:
             return None
         return hang_report(self.watch.last, self.watch.quiet())
 
@@ -111,7 +117,8 @@ def take_stacks(runner: Runner, folder: str, slurm_id: str, job_id: str, reader:
     deadline = time.monotonic() + STACK_WAIT_S
     while True:  # (bounded: STACK_WAIT_S)
         r = runner.run(_each(source, "[0-9]*.stack", mark, STACK_BYTES), timeout=REMOTE_TIMEOUT_S)
-        found = {rank: text for rank, text in _split(r.stdout if r.ok else "", mark, ".stack").items() if text}
+        found = {rank: text for rank, text in _split(r.stdout if r.ok else "", mark, ".stack").items()
+                 if text and rank in ranks}  # (a file named for no rank of the job is none)
         if set(ranks) <= set(found) or time.monotonic() >= deadline:
             break
         sleep(1.0)

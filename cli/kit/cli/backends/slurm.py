@@ -219,6 +219,8 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     if state not in slurmjobs.ENDED and state != "lost":
         slurmjobs.cancel(runner, record)
         state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+    else:  # (it ended meanwhile: its variables' file goes all the same, as cancel removes it)
+        slurmjobs.forget_variables(runner, record)
     return slurmjobs.Ending("failed", None, None, f"{ending.hang}; Slurm job {record.slurm_id} was cancelled "
                             f"({state}), {kept}")
 
@@ -350,7 +352,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
                 _remember_end(record, ending)
             console.print(f"kit: job {record.id} {ending.state}" +
                           (f" (exit {ending.code})" if ending.code is not None else "") +
-                          (f": hung: {ending.hang}" if ending.hang else ""), highlight=False)
+                          (f": hung: {ending.hang}" if ending.hang else ""), markup=False, highlight=False)
     finally:
         runner.close()
 

@@ -93,6 +93,8 @@ if BEAT:
         os.makedirs(os.path.dirname(BEAT), exist_ok=True)
         STACK = open(BEAT + ".stack", "w")
         faulthandler.register(signal.SIGUSR2, file=STACK, all_threads=True)
+        # a process the rank forks (a DataLoader's worker) ignores it: the stack asked for is the rank's
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
     except Exception:
         pass
 def own(name):  # this host's part of a KIT_RANK_* map (`address=value ...`, by horovodrun's HOROVOD_HOSTNAME)
