@@ -94,7 +94,7 @@ def test_every_ranks_stack_is_taken_from_real_rank_launchers_and_kept_beside_the
     each write its stack; kit keeps them in kit-ID-stacks/, a file a rank headed by its rank and node."""
     (tmp_path / "launcher.py").write_text(rank_launcher(env_dir=str(tmp_path / "env")))
     (tmp_path / "wait.py").write_text("import os, time\ndef waits_here():\n    time.sleep(120)\n"
-                                      "child = os.fork()\nprint('up' if child else 'child', os.getpid(), flush=True)\n"
+                                      "child = os.fork()\nos.write(1, b'%s %d\\n' % (b'up' if child else b'child', os.getpid()))\n"
                                       "waits_here()\n")
     env = {**os.environ, "KIT_JOB": JOB, "KIT_PROGRESS_DIR": f".kit/job-{SLURM_ID}/progress"}
     ranks = [subprocess.Popen([sys.executable, "launcher.py", "wait.py"], cwd=tmp_path, stdout=subprocess.PIPE,

@@ -53,7 +53,7 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
         frame = frame.f_back
     own = frame and "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     return inner if own in (None, inner) else inner + " (from " + own + ")"
-ENDED, LOCK = threading.Event(), threading.Lock()
+ENDED, LOCK, STACK = threading.Event(), threading.Lock(), None
 def heartbeat():
     # The main thread moves when it is seen somewhere new; it is looked at {1 / look:g} times a second, so that a loop that
     # waits at one place most of the time is still seen elsewhere now and then. (Its CPU time says nothing: a rank
@@ -77,6 +77,8 @@ def heartbeat():
                 with open(BEAT + ".new", "w") as f:
                     json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
                 os.replace(BEAT + ".new", BEAT)
+                if STACK and os.fstat(STACK.fileno()).st_size:  # a stack written (SIGUSR2): on the shared
+                    os.fsync(STACK.fileno())                    # filesystem, where the login host reads it
         except Exception:  # the job's output is the job's: the heartbeat never writes there
             time.sleep({every!r})
 def report(code):
