@@ -266,6 +266,13 @@ def where(name: Optional[str], config: Optional[Path]) -> Where:
     return Where(config, name, *recorded(name, config))
 
 
+def print_hangs(rows: list[dict]) -> None:
+    """Under a table of `kit jobs`, each hung job's report (a rank's text: shown, never markup)."""
+    for row in rows:
+        if row.get("hang"):
+            console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}", highlight=False)
+
+
 def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:
     if state is None:
         raise not_recorded(cfg.name, identity)

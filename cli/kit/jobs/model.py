@@ -25,6 +25,10 @@ COMMON = frozenset({"script", "args", "launcher", "env", "env_file", "detach", "
 JOB_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # kit's job ids, on every back end: new_job_id()
 
 
+# How a scheduler's job is placed (Slurm's, Kubernetes'): said where kit run refuses the SSH cluster's -H or -np.
+SCHEDULER_PLACEMENT = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 

@@ -30,7 +30,7 @@ from kit.jobs.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knob
 from kit.network import measure
 from kit.errors import BadInput, KitError
 from kit.shown import visible
-from kit.cli.common import Where, connector, console, locked, need_state
+from kit.cli.common import Where, connector, console, locked, need_state, print_hangs
 
 
 class Cluster:
@@ -167,10 +167,7 @@ class Cluster:
                           started, _duration(row["seconds"]), "" if row["exit"] is None else str(row["exit"]),
                           escape(restarts))
         console.print(table)
-        for row in rows:
-            if row["hang"]:
-                console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}",
-                              highlight=False)
+        print_hangs(rows)
 
 
 def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:

@@ -23,7 +23,7 @@ from kit.shown import visible
 from kit.cluster.steps.workspace import Ignore, scan
 from kit.cli.common import Where, cluster_settings, console, err_console
 from kit.jobs import env as jobenv
-from kit.jobs.model import COMMON, Job, new_job_id
+from kit.jobs.model import COMMON, SCHEDULER_PLACEMENT, Job, new_job_id
 
 
 class Kubernetes:
@@ -33,7 +33,7 @@ class Kubernetes:
     title = "Kubernetes"
     options = COMMON | {"np", "nodes", "ntasks_per_node", "gpus_per_node", "kind", "namespace", "image",
                         "workspace_pvc", "image_pull_secret", "cpus", "memory"}
-    placement = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
+    placement = SCHEDULER_PLACEMENT
     commands = frozenset()
     completions = {"kind": k8s.KINDS}
 

@@ -20,9 +20,9 @@ from kit.backends.slurm import output as slurmoutput
 from kit.backends.slurm import watch as slurmwatch
 from kit.config.settings import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
-from kit.cli.common import Where, cluster_settings, console
+from kit.cli.common import Where, cluster_settings, console, print_hangs
 from kit.jobs import env as jobenv
-from kit.jobs.model import COMMON, Job, new_job_id
+from kit.jobs.model import COMMON, SCHEDULER_PLACEMENT, Job, new_job_id
 from kit.shown import visible
 
 STOP_WAIT_S = 30
@@ -35,7 +35,7 @@ class Slurm:
     title = "Slurm"
     options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
                         "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout"}
-    placement = "--nodes, --np or --ntasks-per-node and --gpus-per-node say where ranks run"
+    placement = SCHEDULER_PLACEMENT
     commands = frozenset()
 
     def run(self, job: Job) -> None:
@@ -64,10 +64,7 @@ class Slurm:
 
     def show(self, found: list[dict]) -> None:
         console.print(table(found))
-        for row in found:
-            if row["hang"]:
-                console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}",
-                              highlight=False)
+        print_hangs(found)
 
 
 def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
