@@ -4,12 +4,14 @@ and removes it)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -158,8 +160,9 @@ def kit_as(slurm, folder: Path, *args: str, timeout: int = 600):
     return run_kit(*args, cwd=folder, env=slurm.lab.env, timeout=timeout)
 
 
-def ranks_by_node(out: str) -> dict[int, str]:
-    return {int(rank): node for node, rank in re.findall(r"^\[(\S+) rank (\d+)\] ", out, re.M)}
+def ranks_by_node(out: str, said: str = "") -> dict[int, str]:
+    """rank -> its node, from the ranks' lines in kit's output (those that begin with `said`)."""
+    return {int(rank): node for node, rank in re.findall(rf"^\[(\S+) rank (\d+)\] {re.escape(said)}", out, re.M)}
 
 
 LAUNCHES = {
@@ -297,10 +300,12 @@ def test_a_hung_job_is_named_with_every_ranks_stack_by_kits_watch_and_without_it
     names rank 1 and its node, keeps every rank's stack (faulthandler's, on scancel --signal=USR2) beside the job's
     output, and cancels it; `kit jobs` shows it hung.
 
-    Without it (--hang-timeout 0, --time 1, two nodes, the script's SIGUSR1 handler): Slurm's SIGUSR1 reaches each
-    rank (under kit's task, which ignores it itself) before the limit and the script saves its checkpoint; then it
-    hangs, and Slurm's time limit ends it: kit says so, from Slurm's state, and records `timeout` (before, it named
-    rank 0 as the rank that failed first, exit 143, and recorded `failed`)."""
+    Without it (--hang-timeout 0, --time 1, two nodes, the script's SIGUSR1 handler): SIGUSR1 to the job's tasks
+    reaches each rank (under kit's task, which ignores it itself) and the script saves its checkpoint; then it hangs,
+    and Slurm's time limit ends it: kit says so, from Slurm's state, and records `timeout` (before, it named rank 0 as
+    the rank that failed first, exit 143, and recorded `failed`). The test sends the signal as Slurm's warning does
+    (scancel --signal=USR1, to the job's tasks) once both ranks started: with a limit of a minute, Slurm's own
+    (`--signal=USR1@120`, which Slurm may send up to a minute early) comes as the job starts, before any handler."""
     env = {**os.environ, **slurm.lab.env, "COLUMNS": "200"}
     limited = user_project(slurm, tmp_path / "limited", users[0], envs["horovod"])
     (limited / "hung.py").write_text(HUNG)
@@ -313,11 +318,15 @@ def test_a_hung_job_is_named_with_every_ranks_stack_by_kits_watch_and_without_it
                              "1", "--hang-timeout", "60s", "hung.py", "--hang-now"], cwd=watched,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
-        seen = read_until(proc, lambda seen: sum(" waits " in line for line in seen) >= 3, 240)
+        started = read_until(timeout, lambda seen: len(re.findall(r"^\[\S+ rank \d\] start 0$", "".join(seen), re.M))
+                             == 2, 240)
+        slurm.run("scancel --signal=USR1 " + re.search(r"is Slurm job (\d+)", started[0])[1])
+        seen = read_until(proc, lambda seen: len(ranks_by_node("".join(seen), "waits")) == 3, 240)
         waiting = time.monotonic()
         out, err = proc.communicate(timeout=300)
         elapsed = time.monotonic() - waiting
         limited_out, limited_err = timeout.communicate(timeout=400)
+        limited_out = "".join(started) + limited_out
     finally:
         proc.kill()
         timeout.kill()
@@ -325,6 +334,7 @@ def test_a_hung_job_is_named_with_every_ranks_stack_by_kits_watch_and_without_it
     assert proc.returncode == 1, out[-3000:] + err[-3000:]
     assert elapsed < 60 + 30, elapsed
     nodes = ranks_by_node(out)
+    assert sorted(nodes) == [0, 1, 2], out[-5000:]
     job, slurm_id = re.search(r"^kit: job (\S+) is Slurm job (\d+)", out, re.M).groups()
     said = " ".join(err.split())
     hung = re.search(r"error: job \S+ hung: no rank has made progress for \d+ s: rank 1 on (\S+) is at (.*); the "
@@ -350,6 +360,80 @@ def test_a_hung_job_is_named_with_every_ranks_stack_by_kits_watch_and_without_it
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, limited, "jobs", "--json").stdout.splitlines())}
     assert rows[job]["state"] == "timeout", rows[job]
     wait_for("no process of the jobs", lambda: not any(h.processes("hung.py") for h in slurm.hosts), timeout=60)
+
+
+RESUMED = """import os, time
+import torch
+import horovod.torch as hvd
+hvd.init()
+step = int(open("ckpt.txt").read()) if os.path.exists("ckpt.txt") else 0
+print("start", os.environ["KIT_RESTART"], "ranks", hvd.size(), "step", step, flush=True)
+while step < 40:
+    hvd.allreduce(torch.ones(1), name="step")
+    step += 1
+    if hvd.rank() == 0 and step % 5 == 0:  # a checkpoint every 5 steps
+        with open("ckpt.new", "w") as f:
+            f.write(str(step))
+        os.replace("ckpt.new", "ckpt.txt")
+        print("checkpoint", step, flush=True)
+    time.sleep(0.25)
+print("done", step, flush=True)
+"""
+
+
+def test_a_job_that_lost_a_node_starts_again_on_the_others_from_its_checkpoint(slurm, envs, users, tmp_path):
+    """--restarts 1 --min-np 2 on three nodes: after its first checkpoint, the node of rank 2 loses its slurmd and
+    the job's tasks (SIGKILL, as a node that fails). Slurm keeps the job running, waiting for that node until its
+    SlurmdTimeout (300 s); kit's watch sees that node's rank write no heartbeat while the others ended, cancels the
+    job, and submits it again without that node on the two others, where it resumes from the checkpoint and ends 0.
+    `kit jobs` shows the restart and the node left out; `kit logs` both starts."""
+    folder = user_project(slurm, tmp_path / "resumed", users[0], envs["horovod"])
+    (folder / "resumed.py").write_text(RESUMED)
+    env = {**os.environ, **slurm.lab.env, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3", "--cpus-per-task",
+                             "1", "--restarts", "1", "--min-np", "2", "resumed.py"], cwd=folder,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    lost = None
+    try:
+        seen = read_until(proc, lambda seen: "] checkpoint 5\n" in "".join(seen)
+                          and len(ranks_by_node("".join(seen), "start 0")) == 3, 240)
+        lost = ranks_by_node("".join(seen))[2]
+        h = next(h for h in slurm.hosts if slurm.nodes[h.address] == lost)
+        os.kill(live(Path(f"/run/slurmd-{lost}.pid")), signal.SIGKILL)
+        for pid in h.processes(r"slurmstepd|kit_task\.py|resumed\.py"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        if lost:  # the node back for the tests after this one: its slurmd started again by kit prepare, as a user would
+            back = slurm.kit(*PREPARE)
+            assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-2000:]
+            assert slurm.wait_idle(120)[lost][1] == "idle", slurm.node_states()
+    out = "".join(seen) + out
+    said = " ".join(out.split())
+    assert proc.returncode == 0, out[-4000:] + err[-3000:]
+    job, first = re.search(r"^kit: job (\S+) is Slurm job (\d+)", out, re.M).groups()
+    assert re.search(rf"kit: job {job} lost {lost} \(its ranks wrote no heartbeat for \d+ s and left no exit line\), "
+                     rf"while its other ranks ended; cancelling Slurm job {first} ", said), out[-4000:]
+    again = re.search(rf"kit: restart 1 of 1: left out {lost} \(its ranks wrote no heartbeat for \d+ s and left no exit "
+                      rf"line(; Slurm says it is not responding)?\); job {job} is Slurm job (\d+) now, on 2 node\(s\), "
+                      r"KIT_RESTART=1", said)
+    assert again, out[-4000:]
+    resumed = re.findall(r"^\[(\S+) rank (\d)\] start 1 ranks 2 step (\d+)$", out, re.M)
+    assert sorted(rank for _, rank, _ in resumed) == ["0", "1"] and lost not in {node for node, _, _ in resumed}, out
+    assert all(int(step) >= 5 for _, _, step in resumed), resumed  # from the checkpoint, not from the start
+    assert re.search(r"^\[\S+ rank 0\] done 40$", out, re.M), out[-3000:]
+    assert f"job {job} finished (Slurm job {again[2]}) after 1 restart; left out {lost}" in said, out[-2000:]
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert (rows[job]["state"], rows[job]["restarts"], rows[job]["left_out"], rows[job]["np"]) == \
+        ("succeeded", 1, [lost], 2), rows[job]
+    assert f"1 (left out {lost})" in kit_as(slurm, folder, "jobs").stdout
+    logs = kit_as(slurm, folder, "logs", job).stdout
+    assert f"kit: start 0 of job {job} (KIT_RESTART=0), Slurm job {first}:" in logs and \
+        f"kit: start 1 of job {job} (KIT_RESTART=1), Slurm job {again[2]}:" in logs, logs[-3000:]
+    assert logs.index("] start 0 ranks 3 step 0") < logs.index("start 1 of job") < logs.index("] start 1 ranks 2 "), logs
+    wait_for("no process of the job", lambda: not any(h.processes("resumed.py") for h in slurm.hosts), timeout=60)
 
 
 CONNECT = """import socket, sys

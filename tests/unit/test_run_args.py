@@ -2,7 +2,6 @@
 spells them, and what a job on some of the cluster's hosts launches. tests/lab/test_run_args.py runs them."""
 
 import contextlib
-import json
 from pathlib import Path
 
 import pytest

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kit.backends.slurm import sbatch
+from kit.backends.slurm import folder as slurmfolder
 from kit.backends.slurm import jobs as slurmjobs
 from kit.backends.slurm import output as slurmoutput
 from kit.backends.slurm import task as slurmtask
@@ -112,9 +113,16 @@ def test_an_exported_script_checks_kits_files_before_any_task_starts(tmp_path):
 def test_a_job_with_variables_names_only_their_file_and_removes_it():
     job = golden_job("horovod", "none")
     text = sbatch.render(job)
-    assert f'ends+=(".kit/env/{JOB_ID}")' in text and "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
-    assert "export KIT_ENV=1" in text
-    assert "export KIT_ENV=1" not in sbatch.render(golden_job("tf", "none"))
+    assert "trap 'rm -rf \"${ends[@]}\"' EXIT" in text
+    # Each start has its file (kit run --restarts submits the script again with the start as its argument): the batch
+    # script of the last start, ending as the next one begins, removes only its own.
+    lines = text[text.index("start=${1:-0}"):text.index("trap 'rm -rf \"${ends[@]}\"' EXIT")]
+    for args, name in (([], JOB_ID), (["2"], f"{JOB_ID}.2")):
+        shown = subprocess.run(["bash", "-euc", f'ends=()\n{lines}\necho "$KIT_ENV ${{ends[*]}}"', "job", *args],
+                               capture_output=True, text=True)
+        assert shown.stdout == f"{name} .kit/env/{name}\n", shown.stderr
+        assert name == slurmfolder.variables_name(JOB_ID, int(args[0]) if args else 0)
+    assert "KIT_ENV" not in sbatch.render(golden_job("tf", "none"))
 
 
 @pytest.mark.parametrize("sinfo, tasks, gpus, share", [
@@ -175,10 +183,10 @@ def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_
         workdir = shared / "team" / "kit-jobs"  # not there yet: made below a safe folder only
         if refused:
             with pytest.raises(KitError, match=f"slurm.workdir {workdir}: {shared} is {refused}"):
-                slurmjobs.job_folder(runner, str(workdir), JOB_ID)
+                slurmfolder.job_folder(runner, str(workdir), JOB_ID)
             assert not (shared / "team").exists()
         else:
-            made = slurmjobs.job_folder(runner, str(workdir), JOB_ID)
+            made = slurmfolder.job_folder(runner, str(workdir), JOB_ID)
             assert made == str(workdir / JOB_ID) and (workdir / JOB_ID).stat().st_mode & 0o777 == 0o700
             shutil.rmtree(shared / "team")
     os.chown(shared, 0, 0)
@@ -187,14 +195,14 @@ def test_a_work_folder_others_may_change_is_refused_before_anything_is_made(tmp_
     os.chown(shared / "elsewhere", 4242, 4242)
     (shared / "link").symlink_to(shared / "elsewhere")  # a link is judged by where it leads
     with pytest.raises(KitError, match="owned by uid 4242"):
-        slurmjobs.job_folder(runner, str(shared / "link" / "jobs"), JOB_ID)
+        slurmfolder.job_folder(runner, str(shared / "link" / "jobs"), JOB_ID)
     # A link that leads somewhere safe, in a folder others may write: the job's folder is made where it was checked,
     # so flipping the link after the check leads kit nowhere else.
     (shared / "open").mkdir(mode=0o777)
     (shared / "open").chmod(0o777)
     (shared / "mine").mkdir()
     (shared / "open" / "proj").symlink_to(shared / "mine")
-    made = slurmjobs.job_folder(runner, str(shared / "open" / "proj" / "jobs"), JOB_ID)
+    made = slurmfolder.job_folder(runner, str(shared / "open" / "proj" / "jobs"), JOB_ID)
     assert made == str(shared / "mine" / "jobs" / JOB_ID)
 
 
@@ -202,7 +210,7 @@ def test_the_jobs_env_files_are_not_staged_beside_it(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "secrets.txt").write_text("TOKEN=s3cr3t-value\n")
     (tmp_path / ".env").write_text("OTHER=s3cr3t-other\n")
-    archive = b"".join(slurmjobs.stage_archive(tmp_path, {}, (tmp_path / "secrets.txt",)))
+    archive = b"".join(slurmfolder.stage_archive(tmp_path, {}, (tmp_path / "secrets.txt",)))
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         assert tar.getnames() == ["train.py"]
     assert b"s3cr3t" not in archive
@@ -216,7 +224,7 @@ def test_the_job_folder_as_sent_holds_the_variables_only_in_a_0600_file(tmp_path
     script = sbatch.render(golden_job("horovod", "none"))
     extra = {sbatch.SCRIPT_NAME: (script.encode(), 0o644),
              f"{sbatch.ENV_DIR}/{JOB_ID}": (json.dumps({"TOKEN": "s3cr3t-value"}).encode(), 0o600)}
-    with tarfile.open(fileobj=io.BytesIO(b"".join(slurmjobs.stage_archive(tmp_path, extra)))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(slurmfolder.stage_archive(tmp_path, extra)))) as tar:
         members = {m.name: m for m in tar.getmembers()}
         assert set(members) == {"train.py", ".kitignore", sbatch.SCRIPT_NAME, f".kit/env/{JOB_ID}"}
         assert members[f".kit/env/{JOB_ID}"].mode == 0o600
@@ -686,7 +694,7 @@ def test_export_takes_the_jobs_variables_as_kit_run_does_never_in_the_script(tmp
     assert (tmp_path / ".kit/env" / name).stat().st_mode & 0o777 == 0o600
     assert json.loads((tmp_path / ".kit/env" / name).read_text()) == {"API_KEY": "from-the-file", "TOKEN": "s3cret"}
     assert f"the job's variables (API_KEY, TOKEN) in .kit/env/{name} (mode 0600) and kit's files" in r.stderr
-    block = text[text.index('install -m 600'):text.index('export KIT_ENV=1')]
+    block = text[text.index('install -m 600'):text.index('export KIT_ENV="slurm-$SLURM_JOB_ID"')]
     for job in ("7", "8"):  # each submission's own copy, from the one kit wrote
         assert subprocess.run(["bash", "-euc", block], cwd=tmp_path, env={"SLURM_JOB_ID": job,
                                                                            "PATH": os.environ["PATH"]}).returncode == 0
@@ -729,12 +737,16 @@ def test_slurms_warning_before_the_time_limit_is_the_scripts_to_handle_and_a_req
     and one with a handler gets it to save a checkpoint; what it starts ignores it too."""
     text = sbatch.render(golden_job("torchrun", "none"))
     assert "#SBATCH --signal=USR1@120\n" in text
-    restart = text[text.index("export KIT_RESTART="):].split("\n", 1)[0]  # a requeued job resumes, as on the cluster
-    for count, seen in ((None, "0"), ("2", "2")):
+    # A job kit submits again (its start as the script's argument) or Slurm requeued resumes, as on the cluster; an
+    # argument that is no small number counts as none.
+    restart = text[text.index("start=${1:-0}"):].split("\n", 3)
+    assert restart[2].startswith("export KIT_RESTART="), restart
+    for args, count, seen in (([], None, "0"), ([], "2", "2"), (["1"], None, "1"), (["1"], "1", "2"),
+                              (["$(id)"], None, "0"), (["1;id"], "3", "3")):
         env = {"PATH": os.environ["PATH"], **({"SLURM_RESTART_COUNT": count} if count else {})}
-        shown = subprocess.run(["bash", "-euc", restart + '; echo "$KIT_RESTART"'], env=env, capture_output=True,
-                               text=True)
-        assert shown.stdout == seen + "\n", shown.stderr
+        shown = subprocess.run(["bash", "-euc", "\n".join(restart[:3]) + '; echo "$KIT_RESTART"', "job", *args],
+                               env=env, capture_output=True, text=True)
+        assert shown.stdout == seen + "\n", (args, count, shown.stdout, shown.stderr)
     (tmp_path / "warned.py").write_text(WARNED)
     here = Path(slurmtask.__file__)  # imported by its file, as a task imports it: no kit beside it
     task = (f"import sys; sys.path.insert(0, {str(here.parent)!r}); import {here.stem} as slurmtask; "

@@ -27,9 +27,11 @@ def reader(ranks: int = 3) -> Reader:
 
 
 def beat(folder: Path, rank: int, moves: int, where: str) -> None:
+    """A heartbeat, written as the rank launcher writes it: a new file put in the old one's place."""
     progress = Path(slurmwatch.progress_dir(str(folder), SLURM_ID, JOB))
     progress.mkdir(parents=True, exist_ok=True)
-    (progress / str(rank)).write_text(json.dumps(dict(rank=rank, pid=1, moves=moves, where=where)))
+    (progress / f"{rank}.new").write_text(json.dumps(dict(rank=rank, pid=1, moves=moves, where=where)))
+    (progress / f"{rank}.new").replace(progress / str(rank))
 
 
 class Clock:
@@ -42,7 +44,7 @@ class Clock:
 
 def test_the_rank_at_another_line_is_named_with_its_node_once_no_rank_moved_for_the_timeout(tmp_path):
     clock = Clock()
-    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, 3, reader(), 60, clock=clock)
+    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, reader(), 60, clock=clock)
     for rank in range(3):
         beat(tmp_path, rank, 5, "train.py:20 in step" if rank != 1 else "train.py:31 in broadcast_params")
     assert watch() is None  # the first reading: every rank is new, which is progress
@@ -54,7 +56,7 @@ def test_the_rank_at_another_line_is_named_with_its_node_once_no_rank_moved_for_
     clock.now += 20
     assert watch() is None  # 50 s
     clock.now += 10
-    said = watch()
+    said = watch().hang
     assert said == ("no rank has made progress for 60 s: rank 1 on n2 is at train.py:31 in broadcast_params; the "
                     "other 2 ranks wait at train.py:20 in step")
 
@@ -68,7 +70,7 @@ def test_what_is_not_a_heartbeat_of_the_jobs_ranks_is_none(tmp_path):
     (tmp_path / "elsewhere").write_text(json.dumps(dict(rank=1, pid=1, moves=1, where="x")))
     (progress / "1").symlink_to(tmp_path / "elsewhere")
     (progress / "0.stack").write_text("Thread 0x1 (most recent call first):\n")
-    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, 3, reader(), 60)
+    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, reader(), 60)
     mark = watch.mark
     text = LocalRunner("login").run(slurmwatch._each(watch.folder, "[0-9]*", mark, 2000), timeout=30).stdout
     assert [(b.host, b.rank, b.moves) for b in watch.beats(text)] == [("n1", 0, 1)]
@@ -78,7 +80,7 @@ def test_a_job_still_in_the_queue_is_not_watched_until_it_runs_and_its_start_has
     """Until a first heartbeat, the ranks have START_GRACE_S more than the timeout: an image to import, Python to
     load from the shared filesystem."""
     clock = Clock()
-    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, 2, reader(2), 30, clock=clock)
+    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, reader(2), 30, clock=clock)
     clock.now += 3600  # (the follow asks only while Slurm says the job runs: the clock starts at the first ask)
     assert watch() is None
     clock.now += 29
@@ -86,7 +88,35 @@ def test_a_job_still_in_the_queue_is_not_watched_until_it_runs_and_its_start_has
     clock.now += 6
     assert watch() is None  # 35 s: more than the timeout, but no rank has written a heartbeat yet
     clock.now += slurmwatch.START_GRACE_S
-    assert watch() == f"no rank has started in {35 + slurmwatch.START_GRACE_S} s"
+    assert watch().hang == f"no rank has started in {35 + slurmwatch.START_GRACE_S} s"
+
+
+def test_a_node_whose_ranks_went_silent_while_the_others_ended_is_lost_and_one_still_beating_is_not(tmp_path):
+    """kitlab-h3's slurmd and tasks died: its rank's heartbeat stays as it was; the others fail on the lost peer and
+    print their exit lines (srun its own). srun waits for the node until Slurm gives it up: kit's watch (of a job that
+    may restart) names it once its rank has been silent SILENT_S. A rank that stands still in a collective writes its
+    heartbeat all the same: never silent; and while no rank ended, a silent node is no lost one."""
+    clock, r = Clock(), reader()
+    watch = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path), SLURM_ID, JOB, r, 0, clock=clock,
+                                  find_lost=True)
+    for rank in range(3):
+        beat(tmp_path, rank, 5, "train.py:20 in step")
+    assert watch() is None
+    for _ in range(4):  # 20 s: ranks 0 and 1 write their heartbeats (standing still), rank 2 none
+        clock.now += slurmwatch.READ_EVERY_S
+        for rank in (0, 1):
+            beat(tmp_path, rank, 5, "train.py:20 in step")
+        assert watch() is None  # no rank ended: a rank that writes no heartbeat alone is no lost node
+    assert watch.silent_nodes() == {"n3": 20.0} and set(watch.silent()) == {2}
+    r.feed("srun: error: n2: task 1: Exited with exit code 1")
+    clock.now += slurmwatch.READ_EVERY_S
+    beat(tmp_path, 0, 5, "train.py:20 in step")
+    seen = watch()
+    assert (seen.state, seen.lost) == ("lost", ("n3",)), seen
+    # A read of the heartbeats that failed is no silence: only what kit read counts.
+    watch2 = slurmwatch.SlurmWatch(LocalRunner("login"), str(tmp_path / "none"), SLURM_ID, JOB, reader(), 0,
+                                   clock=clock, find_lost=True)
+    assert watch2() is None and watch2.silent_nodes() == {}
 
 
 def test_every_ranks_stack_is_taken_from_real_rank_launchers_and_kept_beside_the_output(tmp_path):

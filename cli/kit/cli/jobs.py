@@ -50,8 +50,9 @@ def run(
                                                   "lines (docker's format; repeatable; -e wins)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start the job and return: `kit logs ID -f` follows "
                                 "it, `kit jobs` lists it, `kit stop ID` stops it."),
-    restarts: int = typer.Option(0, help="After a failure, start the job again (this many times) on the hosts that "
-                                 "still answer, with KIT_RESTART=<n> set: the script resumes from its checkpoint."),
+    restarts: int = typer.Option(0, help="After a failure, start the job again (this many times) on the hosts (Slurm: "
+                                 "nodes) that still answer, with KIT_RESTART=<n> set: the script resumes from its "
+                                 "checkpoint."),
     min_np: Optional[int] = typer.Option(None, help="The fewest processes a restart may have (default: all of them); "
                                          "horovod: processes, torchrun: all hosts' processes together."),
     hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "

@@ -90,6 +90,20 @@ class Policy:
     min_np: int | None = None      # ... with at least this many processes (None: all of them)
     hang_timeout: float = 600      # seconds without progress of any rank before it counts as hung (0: never)
 
+    def check(self, launcher: str) -> None:
+        """--restarts and --min-np as every back end that restarts a job reads them; bad input is refused."""
+        if not 0 <= self.restarts <= 100:
+            raise BadInput(f"--restarts: {self.restarts} is not from 0 to 100",
+                           hint="give how often the job may start again")
+        if self.restarts and launcher == "tf":
+            raise BadInput("--restarts: kit does not start TF workers again (MultiWorkerMirroredStrategy fixes its "
+                           "workers at start)",
+                           hint="drop --restarts; a TF job resumes from its checkpoint when run again")
+        if self.min_np is not None and (not self.restarts or self.min_np < 1):
+            raise BadInput(f"--min-np: {self.min_np} " + ("is below 1" if self.min_np < 1 else
+                                                          "is for a job that restarts"),
+                           hint="give --restarts N with --min-np M, M from 1 to the job's processes")
+
 
 @dataclass(frozen=True)
 class Job:

@@ -1,5 +1,5 @@
-"""`kit run --on slurm` and what follows it: the job's folder copied to the login host's shared storage, its sbatch
-script (kit.backends.slurm.sbatch) submitted, its output read back as kit shows a job's, its state, and scancel.
+"""`kit run --on slurm` and what follows it: the job's folder copied to the login host's shared storage
+(kit.backends.slurm.folder), its sbatch script (kit.backends.slurm.sbatch) submitted, its output read back as kit shows a job's, its state, and scancel.
 
 kit talks to Slurm only through its commands on the login host (over the user's SSH, host keys checked), or on this
 machine where `slurm.login` is not set: sbatch, squeue, sacct, scancel. What kit keeps of a job is a small
@@ -9,16 +9,11 @@ it again.
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import shlex
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from kit.config.settings import SlurmConfig
 from kit.jobs import schedrecords
@@ -26,9 +21,8 @@ from kit.errors import KitError
 from kit.config.hosts import Host
 from kit.runners.base import Runner
 from kit.backends.slurm.output import Failure, Reader
-from kit.backends.slurm.sbatch import ENV_DIR, SCRIPT_NAME, helper_files
-from kit.cluster.steps.workspace import Ignore, scan
-from kit.data.transfer import tar_member
+from kit.backends.slurm.folder import variables_name
+from kit.backends.slurm.sbatch import ENV_DIR, SCRIPT_NAME
 
 POLL_S = 1.0                 # how often kit reads a followed job's state and output
 REMOTE_TIMEOUT_S = 60        # one Slurm command on the login host
@@ -77,6 +71,10 @@ class SlurmRecord:
     submitted: float
     ended: dict = field(default_factory=dict)  # once seen ended: {"state": ..., "exit": ...} (and "hang")
     hang_timeout: float = 0  # kit's hang watch while kit follows the job (kit run, kit logs -f); 0: none
+    per_node: int = 0        # the job's ranks a node (0: a record of an older kit: `ranks` alone)
+    restarts: int = 0        # how often kit run --restarts submitted it again (slurm_id is the last start's)
+    left_out: tuple[str, ...] = ()  # the nodes those restarts left out
+    earlier: tuple[str, ...] = ()   # the Slurm ids of its earlier starts, first first
 
     @property
     def output(self) -> str:
@@ -89,8 +87,10 @@ def save(record: SlurmRecord) -> None:
 
 def _record(data: dict) -> SlurmRecord:
     record = SlurmRecord(**data)
-    if not re.fullmatch(r"\d{1,12}", record.slurm_id):  # it reaches the login host's shell
-        raise ValueError(record.slurm_id)
+    record = replace(record, left_out=tuple(record.left_out), earlier=tuple(record.earlier))
+    for slurm_id in (record.slurm_id, *record.earlier):
+        if not re.fullmatch(r"\d{1,12}", slurm_id):  # it reaches the login host's shell
+            raise ValueError(slurm_id)
     return record
 
 
@@ -99,88 +99,6 @@ def records() -> list[SlurmRecord]:
 
 
 # ------------------------------------------------------------------------------------------------ submitting
-
-UNSAFE_MARK = "@@kit-unsafe"
-# slurm.workdir and every folder above it must be the login user's or root's, and not writable by others unless
-# sticky (/tmp): anyone else who may rename entries in one could swap kit's job folder for a link between the copy
-# and sbatch (and read the staged script and variables), or swap train.py while the job waits. One script on the login
-# host, with its own stat: the work folder's path with its links resolved, checked folder by folder up to /, made
-# (what is missing, the user's alone), found again where it was and checked again (someone who made a missing folder,
-# or a link, first is caught), and the job's folder made new in it. Prints the job's folder.
-_JOB_FOLDER = r"""
-me=$(id -u)
-check() {
-  p=$1
-  while :; do
-    if [ -e "$p" ]; then
-      set -- $(stat -L -c '%u %a' -- "$p") || exit 1
-      mode=$((0$2))
-      if [ "$1" != 0 ] && [ "$1" != "$me" ]; then echo "@@kit-unsafe owner $1 $2 $p"; exit 3; fi
-      if [ $((mode & 18)) -ne 0 ] && [ $((mode & 512)) -eq 0 ]; then echo "@@kit-unsafe mode $1 $2 $p"; exit 3; fi
-    fi
-    [ "$p" = / ] && return 0
-    p=$(dirname -- "$p")
-  done
-}
-top=$(realpath -m -- "$1") || exit 1
-check "$top"
-umask 077
-mkdir -p -- "$top" || exit 1
-[ "$(realpath -e -- "$top")" = "$top" ] || { echo "@@kit-unsafe moved - - $top"; exit 3; }
-check "$top"
-mkdir -m 700 -- "$top/$2" && cd -- "$top/$2" && pwd -P
-"""
-_UNSAFE = {"owner": "owned by uid {owner}, not you", "mode": "mode {mode}: others may rename what is in it",
-           "moved": "no longer where it was a moment ago: another user's folder or link took its place"}
-
-
-def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
-    """Make the job's folder under slurm.workdir (relative: to the login user's home) and say where it is, once that
-    folder and every one above it are safe (the user's or root's, not writable by others unless sticky)."""
-    r = runner.run(f"cd && sh -c {shlex.quote(_JOB_FOLDER)} kit-workdir {shlex.quote(workdir)} {shlex.quote(job_id)}",
-                   timeout=REMOTE_TIMEOUT_S, changes=True)
-    if UNSAFE_MARK in r.stdout:
-        why, owner, mode, where = r.stdout.split(UNSAFE_MARK, 1)[1].split(None, 3)
-        raise KitError(f"slurm.workdir {workdir}: {where.strip()} is {_UNSAFE[why].format(owner=owner, mode=mode)}",
-                       host=runner.host,
-                       hint="set slurm.workdir (kit.yaml) to a folder of yours on storage every node sees, e.g. "
-                            "kit-jobs in your home; a folder others may write needs the sticky bit (chmod +t) to be "
-                            "safe for kit's job folders")
-    r.check(f"cannot make the job's folder {workdir}/{job_id}",
-            hint="slurm.workdir must be a folder the login user may write, on storage every node sees")
-    return r.stdout.strip().splitlines()[-1]
-
-
-def stage_archive(folder: Path, extra: dict[str, tuple[bytes, int]], secrets: tuple[Path, ...] = ()) -> Iterator[bytes]:
-    """The job's folder (as a job's folder is copied: .kitignore and kit's defaults leave files out, and the job's
-    --env-file files, `secrets`) and kit's files (path -> (content, mode)) as one tar stream, built in a temporary
-    file (a job's folder may be large)."""
-    found = scan(folder, Ignore.of(folder, secrets))
-    with tempfile.TemporaryFile() as buffer:
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for rel in found.files:
-                tar.add(folder / rel, arcname=rel, recursive=False, filter=tar_member)
-            for rel, (data, mode) in extra.items():
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-                tar.addfile(info, io.BytesIO(data))
-        buffer.seek(0)
-        while chunk := buffer.read(1 << 20):
-            yield chunk
-
-
-def stage(runner: Runner, folder: Path, remote: str, script: str, variables: dict[str, str], job_id: str,
-          secrets: tuple[Path, ...] = ()) -> None:
-    """Copy the job's folder (but its --env-file files, `secrets`), its sbatch script, kit's files for its tasks and
-    its variables (0600, in a 0700 folder) to `remote`."""
-    extra = {SCRIPT_NAME: (script.encode(), 0o644)} | {path: (data, 0o644) for path, data in helper_files().items()}
-    if variables:
-        extra[f"{ENV_DIR}/{job_id}"] = (json.dumps(variables).encode(), 0o600)
-    q = shlex.quote(remote)
-    r = runner.stream_in(f"umask 077 && mkdir -p {q}/{ENV_DIR} && umask 022 && tar -x -C {q} -f - --no-same-owner",
-                         stage_archive(folder, extra, secrets), lambda n: None, timeout=300)
-    r.check(f"cannot copy the job's folder to {remote}", hint="the tail above says why (free space there?)")
-
 
 def check_environment(runner: Runner, slurm: SlurmConfig, launcher: str) -> None:
     """Before submitting: the image file is there (pyxis, apptainer), or the nodes' Python imports what the
@@ -223,11 +141,16 @@ def node_share(runner: Runner, slurm: SlurmConfig, shape) -> int | None:
     return parse_share(r.stdout, shape.tasks_per_node, shape.gpus_per_node) if r.ok else None
 
 
-def submit(runner: Runner, remote: str, unset: list[str]) -> str:
+def submit(runner: Runner, remote: str, unset: list[str], options: tuple[str, ...] = (),
+           args: tuple[str, ...] = ()) -> str:
     """sbatch in the job's folder; the Slurm job id. sbatch gives the job the environment it runs in: the job's own
-    variables (`unset`, which a user may have in this shell's) are taken out of it, so Slurm never records them."""
+    variables (`unset`, which a user may have in this shell's) are taken out of it, so Slurm never records them.
+    options: sbatch's, before the script (they win over its #SBATCH lines); args: the script's."""
     env = "env " + "".join(f"-u {name} " for name in unset) if unset else ""
-    out = _run(runner, f"cd {shlex.quote(remote)} && {env}sbatch --parsable {SCRIPT_NAME}", "sbatch refused the job",
+    given = "".join(f"{shlex.quote(word)} " for word in options)
+    after = "".join(f" {shlex.quote(word)}" for word in args)
+    out = _run(runner, f"cd {shlex.quote(remote)} && {env}sbatch --parsable {given}{SCRIPT_NAME}{after}",
+               "sbatch refused the job",
                hint="the tail above is sbatch's reason (a partition, account or time limit of slurm: in kit.yaml?)",
                changes=True)
     found = re.search(r"^(\d+)(?:;\S+)?$", out.strip(), re.M)
@@ -340,6 +263,7 @@ class Ending:
     exit_code: int | None
     failure: Failure | None
     hang: str = ""           # the hang watch's report: the job made no progress (state "hung": kit is to stop it)
+    lost: tuple[str, ...] = ()  # state "lost": the job's nodes that went silent while it runs on (kit is to stop it)
 
     @property
     def code(self) -> int | None:
@@ -369,9 +293,10 @@ def read_rest(runner: Runner, record: SlurmRecord, read: int, feed: Callable[[st
 
 
 def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 0,
-           sleep: Callable[[float], None] = time.sleep, watch: Callable[[], str | None] | None = None) -> Ending:
-    """Show the job's output as it comes, until Slurm says it ended; then how it ended. watch: the hang watch
-    (kit.backends.slurm.watch), asked at each look while the job runs: a report ends the follow ("hung")."""
+           sleep: Callable[[float], None] = time.sleep, watch: Callable[[], Ending | None] | None = None) -> Ending:
+    """Show the job's output as it comes, until Slurm says it ended; then how it ended. watch: kit's watch
+    (kit.backends.slurm.watch), asked at each look while the job runs: an Ending it gives ends the follow (a hang,
+    a node lost: the job runs on, for kit to stop)."""
     read, queued, answered = first, False, time.monotonic()
     while True:
         poll, read = read_rest(runner, record, read, reader.feed)
@@ -387,8 +312,8 @@ def follow(runner: Runner, record: SlurmRecord, reader: Reader, *, first: int = 
             reader.show(None, None, f"kit: Slurm job {record.slurm_id} waits in the queue{why}")
         if poll.state is None or poll.state in ENDED:
             break
-        if poll.state == "running" and watch is not None and (hang := watch()):
-            return Ending("hung", None, None, hang)
+        if poll.state == "running" and watch is not None and (seen := watch()):
+            return seen
         sleep(POLL_S)
     read_rest(runner, record, read, reader.feed)  # what was written as it ended
     forget_variables(runner, record)
@@ -426,8 +351,8 @@ def seen_ended(runner: Runner, record: SlurmRecord, state: str, code: int | None
 def forget_variables(runner: Runner, record: SlurmRecord) -> None:
     """The job's variables' file, removed by kit too: the batch script removes it when it ends, but a job refused,
     cancelled while it waits, or killed never runs that."""
-    runner.run(f"rm -f {shlex.quote(f'{record.folder}/{ENV_DIR}/{record.id}')}", timeout=REMOTE_TIMEOUT_S,
-               changes=True)
+    name = variables_name(record.id, record.restarts)
+    runner.run(f"rm -f {shlex.quote(f'{record.folder}/{ENV_DIR}/{name}')}", timeout=REMOTE_TIMEOUT_S, changes=True)
 
 
 def wait_gone(runner: Runner, record: SlurmRecord, seconds: float, sleep: Callable[[float], None] = time.sleep) -> str:

@@ -30,6 +30,8 @@ class Reader:
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)   # rank -> (code, time)
     srun_errors: list[tuple[str, str, str]] = field(default_factory=list)  # (node, tasks, what)
     seen_on: dict[int, str] = field(default_factory=dict)  # torchrun: the node each rank's lines came from
+    per_node: int = 0        # ranks a node: the job's ranks are counted from its nodes once they are read (a job
+                             # submitted again with --nodes MIN-MAX has as many as Slurm gave it); 0: `ranks` stands
 
     def node_of(self, rank: int) -> str | None:
         if rank in self.seen_on or not self.nodes:
@@ -64,6 +66,8 @@ class Reader:
     def _own(self, line: str) -> None:
         if line.startswith(NODES_MARK) and not self.nodes:  # the batch script's first line; any later one is not
             self.nodes = [pair.split("=", 1)[0] for pair in line[len(NODES_MARK):].split()]
+            if self.per_node and self.nodes:
+                self.ranks = len(self.nodes) * self.per_node
             return
         if failed := _SRUN_FAILED.match(line):
             self.srun_errors.append((failed[1], failed[2], failed[3]))

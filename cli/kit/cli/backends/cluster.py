@@ -45,7 +45,7 @@ class Cluster:
     commands = frozenset({"attach", "stacks"})
 
     def run(self, job: Job) -> None:
-        launcher, restarts, min_np = job.launcher, job.policy.restarts, job.policy.min_np
+        launcher = job.launcher
         picked = parse_hosts(job.hosts) if job.hosts is not None else None
         if launcher != "horovod" and job.np is not None:
             raise BadInput(f"--np is horovodrun's; {launcher} runs on every host",
@@ -64,16 +64,7 @@ class Cluster:
             raise BadInput(f"--nproc-per-node: {per_node} is not for --launcher {launcher}" if launcher != "torchrun"
                            else f"--nproc-per-node: {per_node} is not from 1 to 256",
                            hint="use it with --launcher torchrun, from 1 to 256 (default: each host's slots)")
-        if not 0 <= restarts <= 100:
-            raise BadInput(f"--restarts: {restarts} is not from 0 to 100",
-                           hint="give how often the job may start again")
-        if restarts and launcher == "tf":
-            raise BadInput("--restarts: kit does not start TF workers again (MultiWorkerMirroredStrategy fixes its "
-                           "workers at start)",
-                           hint="drop --restarts; a TF job resumes from its checkpoint when run again")
-        if min_np is not None and (not restarts or min_np < 1):
-            raise BadInput(f"--min-np: {min_np} " + ("is below 1" if min_np < 1 else "is for a job that restarts"),
-                           hint="give --restarts N with --min-np M, M from 1 to the job's processes")
+        job.policy.check(launcher)
         variables = jobenv.parse(list(job.env), list(job.env_files), os.environ)
         if job.option("fp16_allreduce"):
             variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))

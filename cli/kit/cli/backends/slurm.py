@@ -15,14 +15,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from kit.backends.slurm import sbatch
+from kit.backends.slurm import folder as slurmfolder
 from kit.backends.slurm import jobs as slurmjobs
 from kit.backends.slurm import output as slurmoutput
+from kit.backends.slurm import restart as slurmrestart
 from kit.backends.slurm import watch as slurmwatch
 from kit.config.settings import ConfigFile, SlurmConfig, section_config
 from kit.errors import BadInput, KitError
 from kit.cli.common import Where, cluster_settings, console, print_hangs
 from kit.jobs import env as jobenv
-from kit.jobs.model import COMMON, SCHEDULER_PLACEMENT, Job, new_job_id
+from kit.jobs.model import COMMON, SCHEDULER_PLACEMENT, Job, Policy, new_job_id
 from kit.shown import visible
 
 STOP_WAIT_S = 30
@@ -34,7 +36,8 @@ class Slurm:
     name = "slurm"
     title = "Slurm"
     options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
-                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout"}
+                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "restarts",
+                        "min_np"}
     placement = SCHEDULER_PLACEMENT
     commands = frozenset()
 
@@ -45,8 +48,9 @@ class Slurm:
                                     cpus_per_task=o("cpus_per_task"), mem=o("mem"), mem_per_gpu=o("mem_per_gpu"))
         shape = sbatch.shape(job.launcher, job.nodes, job.np, job.ntasks_per_node, job.gpus_per_node)
         variables = jobenv.parse(list(job.env), list(job.env_files), os.environ)
+        check_policy(job.policy, job.launcher, shape, job.detach)
         run_on_slurm(settings, job.script, list(job.args), job.workdir, job.launcher, shape, variables, job.detach,
-                     cfg.connect_timeout, printer(job.launcher), job.env_files, job.policy.hang_timeout)
+                     cfg.connect_timeout, printer(job.launcher), job.env_files, job.policy)
 
     def find(self, ref: str, where: Where) -> Optional[slurmjobs.SlurmRecord]:
         """The Slurm job a reference names: by its id or Slurm id; `last`, the newest, when no cluster is up here."""
@@ -65,6 +69,17 @@ class Slurm:
     def show(self, found: list[dict]) -> None:
         console.print(table(found))
         print_hangs(found)
+
+
+def check_policy(policy: Policy, launcher: str, shape: sbatch.Shape, detach: bool) -> None:
+    """--restarts and --min-np, as kit's cluster reads them; kit submits a job again only while it follows it."""
+    policy.check(launcher)
+    if policy.min_np is not None and policy.min_np > shape.ranks:
+        raise BadInput(f"--min-np: {policy.min_np} is more than the job's {shape.ranks} ranks",
+                       hint=f"give --min-np from 1 to {shape.ranks}")
+    if policy.restarts and detach:
+        raise BadInput("--restarts with --detach: kit submits a Slurm job again while `kit run` follows it",
+                       hint="drop --detach (kit run then follows the job and restarts it), or drop --restarts")
 
 
 def slurm_settings(cfg_file: ConfigFile, partition: Optional[str], account: Optional[str],
@@ -91,10 +106,10 @@ def configured_slurm(cfg_file: ConfigFile, partition: Optional[str], account: Op
 
 def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: Optional[Path], launcher: str,
                  shape: sbatch.Shape, variables: tuple[tuple[str, str], ...], detach: bool, connect_timeout: int,
-                 show, secrets: tuple[Path, ...] = (), hang_timeout: float = 0) -> None:
+                 show, secrets: tuple[Path, ...] = (), policy: Policy = Policy(hang_timeout=0)) -> None:
     """Copy the job's folder to the login host, submit its sbatch script, and follow it to its end (or return,
-    with --detach). secrets: the --env-file files, which are never copied. hang_timeout: kit's hang watch while it
-    follows the job (kit.backends.slurm.watch); 0: none."""
+    with --detach). secrets: the --env-file files, which are never copied. policy: kit's hang watch while it follows
+    the job (kit.backends.slurm.watch; hang timeout 0: none), and its restarts (kit.backends.slurm.restart)."""
     folder = (workdir or script.parent).resolve()
     rel = _script_in(script, folder)
     job_id = new_job_id()
@@ -107,10 +122,10 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
         if settings.cpus_per_task is None and (share := slurmjobs.node_share(runner, settings, shape)):
             job = dataclasses.replace(job, slurm=settings.model_copy(update={"cpus_per_task": share}))
         text = sbatch.render(job)
-        remote = slurmjobs.job_folder(runner, settings.workdir, job_id)
-        slurmjobs.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
+        remote = slurmfolder.job_folder(runner, settings.workdir, job_id)
+        slurmfolder.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
         record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time(),
-                                       hang_timeout=hang_timeout)
+                                       hang_timeout=policy.hang_timeout, per_node=shape.ranks // shape.nodes)
         try:
             slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
         except KitError:
@@ -124,17 +139,53 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
             console.print(f"kit logs {job_id} -f follows it; kit jobs lists it; kit stop {job_id} stops it",
                           highlight=False)
             return
-        try:
-            ending = _follow(runner, record, slurmoutput.Reader(launcher, shape.ranks, show))
-        except KeyboardInterrupt:
-            slurmjobs.cancel(runner, record)
-            state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
-            raise KitError(f"job {job_id} interrupted: Slurm job {slurm_id} cancelled ({state})",
-                           hint=f"`kit logs {job_id}` shows what it printed") from None
+        record, ending = _follow_restarting(runner, record, show, policy, settings.partition, dict(variables))
     finally:
         runner.close()
     _remember_end(record, ending)
     report(job_id, record, ending)
+
+
+def _follow_restarting(runner, record: slurmjobs.SlurmRecord, show, policy: Policy, partition: Optional[str],
+                       variables: dict[str, str]) -> tuple[slurmjobs.SlurmRecord, slurmjobs.Ending]:
+    """Follow the job to its end; one that failed is submitted again (--restarts) from its folder, on the nodes that
+    answer (kit.backends.slurm.restart), and followed again. Its last record and how its last start ended. Ctrl-C
+    cancels the start that runs."""
+    try:
+        while True:
+            reader = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
+            ending, watch = _follow(runner, record, reader, beats=record.restarts < policy.restarts)
+            record = dataclasses.replace(record, ranks=reader.ranks)
+            if record.restarts >= policy.restarts or ending.state not in slurmrestart.RESTARTED:
+                return record, ending
+            again = slurmrestart.plan(reader.nodes, record.per_node, policy.min_np or record.ranks,
+                                      watch.silent_nodes() if watch else {}, slurmrestart.ended_nodes(reader),
+                                      slurmrestart.node_states(runner, partition))
+            try:
+                if not ending.lost:  # (kit said why it ended a start that lost a node)
+                    report(record.id, record, ending)
+            except KitError as e:  # how this start ended, said as the job goes on
+                console.print(f"kit: {e}", markup=False, highlight=False)
+            if isinstance(again, str):
+                console.print(f"kit: cannot start job {record.id} again: {again}", markup=False, highlight=False)
+                return record, ending
+            record = _submit_again(runner, record, again, policy, variables)
+    except KeyboardInterrupt:
+        slurmjobs.cancel(runner, record)
+        state = slurmjobs.wait_gone(runner, record, STOP_WAIT_S)
+        raise KitError(f"job {record.id} interrupted: Slurm job {record.slurm_id} cancelled ({state})",
+                       hint=f"`kit logs {record.id}` shows what it printed") from None
+
+
+def _submit_again(runner, record: slurmjobs.SlurmRecord, again: slurmrestart.Again, policy: Policy,
+                  variables: dict[str, str]) -> slurmjobs.SlurmRecord:
+    record = slurmrestart.submit_again(runner, record, again, variables)
+    out = "".join(f"left out {node} ({why}); " for node, why in sorted(again.left_out.items()))
+    nodes = f"{again.low}" + (f" to {again.high}" if again.high != again.low else "")
+    console.print(f"kit: restart {record.restarts} of {policy.restarts}: {out}job {record.id} is Slurm job "
+                  f"{record.slurm_id} now, on {nodes} node(s), KIT_RESTART={record.restarts}", markup=False,
+                  highlight=False)
+    return record
 
 
 def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
@@ -196,14 +247,23 @@ def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> No
         slurmjobs.ended(record, ending.state, ending.code, ending.hang)
 
 
-def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, first: int = 0) -> slurmjobs.Ending:
+def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, first: int = 0,
+            beats: bool = False) -> tuple[slurmjobs.Ending, Optional[slurmwatch.SlurmWatch]]:
     """Follow the job to its end, under kit's hang watch where the job has one: a job that made no progress for its
-    hang timeout has every rank's stack kept in its folder (slurmwatch.take_stacks) and is cancelled."""
-    watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, record.ranks, reader,
-                                  record.hang_timeout) if record.hang_timeout else None
+    hang timeout has every rank's stack kept in its folder (slurmwatch.take_stacks) and is cancelled. beats: read the
+    ranks' heartbeats all the same (a job that may restart: which ranks went silent). How it ended, and the watch."""
+    watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, reader, record.hang_timeout,
+                                  find_lost=beats) if record.hang_timeout or beats else None
     ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)
+    if ending.state == "lost":  # (srun waits for the lost nodes, the others idle: a restart follows, without them)
+        lost = ", ".join(f"{node} (its ranks wrote no heartbeat for {watch.silent_nodes().get(node, 0):.0f} s and left "
+                         "no exit line)" for node in ending.lost)
+        reader.show(None, None, f"kit: job {record.id} lost {lost}, while its other ranks ended; cancelling Slurm job "
+                                f"{record.slurm_id} (Slurm waits for a lost node until its SlurmdTimeout)")
+        slurmjobs.cancel(runner, record)
+        return slurmjobs.Ending("failed", None, reader.first_failure(), lost=ending.lost), watch
     if ending.state != "hung":
-        return ending
+        return ending, watch
     reader.show(None, None, f"kit: job {record.id} hung: {ending.hang}; taking every rank's stack, then cancelling "
                             f"Slurm job {record.slurm_id}")
     try:
@@ -219,7 +279,7 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     else:  # (it ended meanwhile: its variables' file goes all the same, as cancel removes it)
         slurmjobs.forget_variables(runner, record)
     return slurmjobs.Ending("failed", None, None, f"{ending.hang}; Slurm job {record.slurm_id} was cancelled "
-                            f"({state}), {kept}")
+                            f"({state}), {kept}"), watch
 
 
 def printer(launcher: str):
@@ -251,7 +311,9 @@ def report(job_id: str, record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending)
     """How a followed Slurm job ended; raises unless it succeeded, with the job's own exit code where it has one."""
     slurm = f"Slurm job {record.slurm_id}"
     if ending.state == "succeeded":
-        console.print(f"[green]✓[/] job {job_id} finished ({slurm})")
+        after = f" after {record.restarts} restart{'s' if record.restarts > 1 else ''}" if record.restarts else ""
+        out = f"; left out {', '.join(record.left_out)}" if record.left_out else ""
+        console.print(f"[green]✓[/] job {job_id} finished ({slurm}){after}{escape(out)}", highlight=False)
         return
     if ending.hang:
         raise KitError(f"job {job_id} hung: {ending.hang}", hint=f"its output is above (`kit logs {job_id}`); a rank "
@@ -306,7 +368,8 @@ def rows(connect_timeout: int) -> list[dict]:
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
                                 np=record.ranks, script=record.script, state=state, exit=code,
                                 submitted=int(record.submitted), seconds=int(now - record.submitted),
-                                hang=record.ended.get("hang")))
+                                hang=record.ended.get("hang"), restarts=record.restarts,
+                                left_out=list(record.left_out)))
         finally:
             if runner is not None:
                 runner.close()
@@ -315,13 +378,14 @@ def rows(connect_timeout: int) -> list[dict]:
 
 def table(found: list[dict]) -> Table:
     t = Table(box=None, pad_edge=False, title="Slurm", title_justify="left")
-    for column in ("job", "slurm id", "login", "launcher", "np", "script", "state", "submitted", "exit"):
+    for column in ("job", "slurm id", "login", "launcher", "np", "script", "state", "submitted", "exit", "restarts"):
         t.add_column(column)
     for row in found:
+        restarts = str(row["restarts"] or "") + (f" (left out {' '.join(row['left_out'])})" if row["left_out"] else "")
         t.add_row(escape(row["id"]), escape(row["slurm_id"]), escape(row["login"]), escape(row["launcher"]),
                   str(row["np"]), escape(row["script"]), escape(row["state"]) + (" (hung)" if row["hang"] else ""),
                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
-                  "" if row["exit"] is None else str(row["exit"]))
+                  "" if row["exit"] is None else str(row["exit"]), escape(restarts))
     return t
 
 
@@ -332,9 +396,20 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
     def show(r, node, text):
         if rank is None or r == rank:
             (held.append((r, node, text)) if held is not None else shown(r, node, text))
-    reader = slurmoutput.Reader(record.launcher, record.ranks, show)
+
+    def said(start: int, slurm_id: str) -> None:
+        if held is None:
+            console.print(f"kit: start {start} of job {record.id} (KIT_RESTART={start}), Slurm job {slurm_id}:",
+                          markup=False, highlight=False)
+    reader = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
+        for start, slurm_id in enumerate((*record.earlier, record.slurm_id)[:-1]):  # a job kit started again: each
+            said(start, slurm_id)                                                    # start's output, in turn
+            earlier = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
+            slurmjobs.read_rest(runner, dataclasses.replace(record, slurm_id=slurm_id), 0, earlier.feed)
+        if record.earlier:
+            said(len(record.earlier), record.slurm_id)
         poll, read = slurmjobs.read_rest(runner, record, 0, reader.feed)
         while held:
             shown(*held.popleft())
@@ -344,7 +419,7 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
             if state in slurmjobs.ENDED or state == "lost":
                 slurmjobs.seen_ended(runner, record, state, code)
         if follow and poll.state not in (None, *slurmjobs.ENDED):
-            ending = _follow(runner, record, reader, first=read)
+            ending, _ = _follow(runner, record, reader, first=read)
             if ending.hang:
                 _remember_end(record, ending)
             console.print(f"kit: job {record.id} {ending.state}" +

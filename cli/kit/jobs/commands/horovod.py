@@ -106,9 +106,10 @@ if NIC:  # this host's own interface on the training network (horovodrun gives e
     os.environ.update(HOROVOD_GLOO_IFACE=NIC, GLOO_SOCKET_IFNAME=NIC, NCCL_SOCKET_IFNAME="=" + NIC)
 if HCAS:  # its RDMA ports, exact names
     os.environ["NCCL_IB_HCA"] = "=" + HCAS
-if os.environ.pop("KIT_ENV", None):  # the job has variables: this rank must have them too
+VARIABLES = os.environ.pop("KIT_ENV", None)  # 1, or (Slurm) the name of the start's file: the job has variables
+if VARIABLES:  # this rank must have them too
     try:
-        with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "")))) as f:
+        with open(os.path.join({env_dir!r}, os.path.basename(os.environ.get("KIT_JOB", "") if VARIABLES == "1" else VARIABLES))) as f:
             os.environ.update(json.load(f))
     except (OSError, ValueError) as e:
         print("kit: this rank cannot read the job's variables (%s)" % e, file=sys.stderr, flush=True)
