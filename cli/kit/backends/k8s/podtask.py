@@ -14,11 +14,12 @@ With KIT_HANG_TIMEOUT (seconds), a node's pod watches its own ranks as kit's sup
 rank's launcher keeps a heartbeat in a folder of the pod's (KIT_PROGRESS_DIR), read with the parser and Watch of
 kit.backends.cluster.supervisor.heartbeats (shipped beside this file as .kit/kit_beats.py). When none of the pod's
 ranks has moved for the timeout, it asks each for its stack (SIGUSR2: the rank launcher's faulthandler writes every
-thread's stack beside its heartbeat), prints where each rank is and its stack (HANG_LINES), ends its ranks, and
-exits HUNG_EXIT; kit, following the job, names the rank that is somewhere else from every pod's lines
+thread's stack beside its heartbeat), prints where each rank is and its stack (HANG_LINES), and then ends its ranks
+and exits HUNG_EXIT; kit, following the job, names the rank that is somewhere else from every pod's lines
 (kit.backends.k8s.jobs.Hangs). A pod sees its own ranks alone: in a hang no rank of any pod moves, so each pod comes
-to it by itself, within a few seconds of the others; a hung pod waits SETTLE_S before it ends (the Job then fails,
-and its other pods are deleted), so that the others have said where their ranks are.
+to it by itself, within a few seconds of the others. A hung pod leaves its ranks as they are for SETTLE_S before it
+ends them: ended at once, they would break the other pods' ranks' collectives (a peer's connection reset), which
+would then fail before their pod has said where they were.
 """
 
 import os  # (os and sys were loaded as the interpreter started: no folder can give other ones)
@@ -55,7 +56,7 @@ READ_EVERY_S = 2.0   # the heartbeats are read this often at most (the rank laun
 STACK_WAIT_S = 10    # for the ranks' stacks, after SIGUSR2
 STACK_BYTES = 64 << 10
 END_WAIT_S = 10      # for a rank to end at SIGTERM, before SIGKILL
-SETTLE_S = 15        # a hung pod's wait, its ranks ended, for the job's other pods to say where theirs are
+SETTLE_S = 15        # a hung pod's wait, its ranks left hung, for the job's other pods to say where theirs are
 
 
 def stage(source, into="."):
@@ -169,15 +170,16 @@ def run_tasks(argvs, envs, ranks, watch=None, relayed=True):
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
-        elif first is None and watch is not None and not hung and (last := watch()) is not None:
-            hung = True
+        elif first is None and watch is not None and (last := watch()) is not None:
             watch.report(last, say)
+            settle(deleted)
             end(procs)
+            hung = True
+            break
         time.sleep(0.2)
     for t in relays:
         t.join(5)
     if hung:
-        settle(deleted)
         return HUNG_EXIT
     first = first or next((p for p in procs if p.returncode), None)
     code = first.returncode if first else 0
@@ -199,12 +201,12 @@ def end(procs, wait=END_WAIT_S):
 
 
 def settle(deleted, seconds=SETTLE_S):
-    """A hung pod's last wait: its ranks have ended; the job's other pods, which hung too, say where theirs are
-    meanwhile (then this one ends, the Job fails and they are deleted). Deleted (SIGTERM) before or meanwhile, it
-    ends at once."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(HUNG_EXIT))
-    if not deleted.is_set():
-        time.sleep(seconds)
+    """A hung pod's wait before it ends its ranks: the job's other pods, which hung too, say where theirs are
+    meanwhile (then this one ends, the Job fails and they are deleted). Deleted (SIGTERM: `deleted` set), it stops
+    waiting at once."""
+    deadline = time.monotonic() + seconds
+    while not deleted.is_set() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------------- the hang watch
