@@ -9,7 +9,9 @@ engine with the lab's cpu image (no image is built here):
   and the headless Service's name <job>-<i>.<job> on a network of its own. Horovod's allreduce (two ranks a pod) and
   torchrun's (gloo, two processes a pod) run across the pods, every rank's line with kit's prefix; a rank that fails
   ends its pod with its code and stops its sibling, and the other pod, which the Job controller deletes (backoffLimit
-  0), ends at SIGTERM; so does a pod deleted while it waits for the others.
+  0), ends at SIGTERM; so does a pod deleted while it waits for the others. With --hang-timeout, a job whose rank 1
+  waits on a collective the others never reach: each pod's watch says where its ranks are, with their stacks, and
+  ends its pod; kit's reading of the pods' output names rank 1 and its pod.
 - an MPIJob: the operator's P-521 key pair as its Secret volume at /root/.ssh, its hostfile at /etc/mpi, the workers
   then the launcher (WaitForWorkersReady): horovodrun over SSH with host keys checked, and refused where a worker
   answers with another host key.
@@ -33,6 +35,8 @@ import pytest
 import yaml
 
 from helpers import run_kit
+from kit.backends.k8s import jobs as k8sjobs
+from kit.backends.k8s import podtask
 from kit.cli.export import default_image
 
 pytestmark = pytest.mark.lab
@@ -537,3 +541,60 @@ def test_mpijob_launcher_refuses_a_worker_with_another_host_key(tmp_path, image,
     assert f"ssh not successful for host {job}-worker-0." not in launcher, context
     assert not LINE.findall(ends["launcher"]["stdout"]), context
     assert "Accepted publickey" not in ends["worker-1"]["stderr"], context  # no login reached the impostor
+
+
+# Rank 1 waits on a broadcast the others never reach, the others on an allreduce rank 1 never reaches (as
+# tests/lab/test_slurm.py's HUNG): each waits for the others for good.
+HUNG = """import os, sys, time
+import torch
+import horovod.torch as hvd
+hvd.init()
+print("waits", hvd.rank(), flush=True)
+if hvd.rank() == 1:
+    hvd.broadcast(torch.ones(4), root_rank=0, name="params")
+else:
+    hvd.allreduce(torch.ones(4), name="grads")
+print("never", flush=True)
+"""
+
+
+def test_a_hung_job_is_named_with_every_ranks_stack_by_its_pods_watch(tmp_path, image, pods):
+    """Three pods, a rank each, --hang-timeout 60s: within the timeout and a few seconds of the ranks' last move each
+    pod prints where its rank is and its stack (faulthandler's, on SIGUSR2), ends it, waits for the others' to have
+    said theirs (podtask.SETTLE_S) and exits HUNG_EXIT, and the Job controller deletes the rest; read as `kit run
+    --on k8s` reads the pods' output (k8sjobs.pod_line), the report names rank 1 and its pod at its line, the other
+    two ranks at theirs, with every rank's stack."""
+    objects, secret, _ = export(tmp_path / "job", image, "horovod", HUNG, "--nodes", "3", "--np", "3",
+                                "--hang-timeout", "60s")
+    job = objects[-1]["metadata"]["name"]
+    env = {e["name"]: e.get("value") for e in objects[-1]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KIT_HANG_TIMEOUT"] == "60"
+    p = pods("hung")
+    started = time.monotonic()
+    p.start(objects, image, secret)
+    ends = p.wait()
+    took = time.monotonic() - started
+    print(f"horovod, 3 pods, rank 1 hung: {took:.1f} s\n{show(ends)}")
+    assert [e["code"] for e in ends] == [podtask.HUNG_EXIT] * 3, show(ends)
+    assert not any(e.get("killed") for e in ends), show(ends)  # (one deleted while it waited ends at SIGTERM)
+    for index, e in enumerate(ends):
+        assert f"[{index}]<stdout>:waits {index}" in e["stdout"] and "never" not in e["stdout"], show(ends)
+        verdict = re.findall(r"^@@kit-hung (\d+)$", e["stdout"], re.M)
+        assert len(verdict) == 1 and 60 <= int(verdict[0]) < 60 + 10, show(ends)  # each pod came to it by itself
+    hangs, shown = k8sjobs.Hangs(3), []
+    for index, e in enumerate(ends):
+        for line in e["stdout"].splitlines():
+            k8sjobs.pod_line(f"{job}-{index}", line, lambda *a: shown.append(a), hangs)
+    assert not any(text.startswith("@@kit-hang") for _, _, text in shown)  # kit's lines are not output
+    said = hangs.report()
+    print(said)
+    named = re.fullmatch(r"no rank has made progress for (\d+) s: rank 1 on (\S+) is at (.*); the other 2 ranks wait "
+                         r"at (.*)", said)
+    assert named and named[2] == f"{job}-1", said
+    assert "train.py:7 in <module>" in named[3] and "train.py:9 in <module>" in named[4], said
+    stacks = hangs.stacks()
+    for rank in range(3):
+        pod, text = stacks[rank]
+        assert pod == f"{job}-{rank}" and "most recent call first" in text, (rank, text)
+        assert ('train.py", line 7' if rank == 1 else 'train.py", line 9') in text, (rank, text)
+    assert took < RUN_S

@@ -8,14 +8,18 @@ import inspect
 import json
 import re
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kit.backends.k8s import manifests as k8s
+from kit.backends.cluster.supervisor import heartbeats, launch, shipped
+from kit.backends.k8s import jobs as k8sjobs
 from kit.backends.k8s import podtask
 from kit.backends.slurm import sbatch
 from kit.backends.slurm import task as slurmtask
@@ -32,6 +36,7 @@ SHAPES = {"horovod": (2, 4, None, 2), "torchrun": (2, None, 4, 4), "tf": (3, Non
 CASES = [(kind, launcher) for kind, launchers in k8s.KINDS.items() for launcher in launchers]
 OWN = {".kit/kit_pod.py": inspect.getsource(podtask), ".kit/kit_task.py": inspect.getsource(slurmtask),
        ".kit/kit_rank.py": rank_launcher()}
+BEATS = {".kit/kit_beats.py": shipped.source((launch, heartbeats))}  # with the hang watch
 
 
 def job(kind: str, launcher: str, **changes) -> k8s.K8sJob:
@@ -299,12 +304,28 @@ def test_export_to_stdout_is_the_stream_alone(tmp_path):
     (["--kind", "deployment", "t.py"], "error: --kind: 'deployment' is not a kind kit writes"),
     ([], "error: --to k8s needs the training script"),
     (["missing.py"], "error: missing.py: no such file"),
+    (["--kind", "pytorchjob", "--launcher", "torchrun", "--hang-timeout", "60s", "t.py"],
+     "error: --hang-timeout: kit's hang watch runs in the pods of --kind indexed-job or jobset"),
+    (["--hang-timeout", "soon", "t.py"], "error: --hang-timeout: 'soon' is not a duration"),
 ])
 def test_export_k8s_refuses_bad_input(tmp_path, args, says):
     from helpers import run_kit
     (tmp_path / "t.py").write_text("")
     r = run_kit("export", "--to", "k8s", "--image", IMAGE, *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith(says), r.stderr
+
+
+def test_export_takes_a_hang_timeout_for_k8s_alone(tmp_path):
+    """An sbatch script has no watch of kit's (kit's follow is Slurm's watch); the pods have theirs."""
+    from helpers import run_kit
+    (tmp_path / "t.py").write_text("")
+    r = run_kit("export", "--to", "slurm", "--hang-timeout", "60s", "t.py", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --hang-timeout: for --to k8s"), r.stderr
+    for given, value in ((["--hang-timeout", "0"], []), ([], ["600"])):  # (by default as kit run's: 10 minutes)
+        r = run_kit("export", "--to", "k8s", "--image", IMAGE, *given, "t.py", cwd=tmp_path)
+        docs = list(yaml.safe_load_all(r.stdout))
+        assert r.returncode == 0 and [e["value"] for e in _find(docs, lambda d: isinstance(d, dict) and d.get(
+            "name") == "KIT_HANG_TIMEOUT")] == value, r.stderr
 
 
 # ----------------------------------------------------------------------------------- a pod's task, for real
@@ -314,7 +335,7 @@ def mounted(tmp_path):
     """A ConfigMap volume as the kubelet lays it out: each item behind a link into ..data, which links to a
     timestamped folder."""
     real = tmp_path / "mount" / "..2026_11_26_00_00_00.1"
-    for path, content in {**{p: t.encode() for p, t in OWN.items()},
+    for path, content in {**{p: t.encode() for p, t in {**OWN, **BEATS}.items()},
                           "train.py": b"import json, os, sys\nc = json.loads(os.environ['TF_CONFIG'])\n"
                                       b"print('worker', c['task']['index'], len(c['cluster']['worker']))\n"
                                       b"print('to stderr', file=sys.stderr)\n"
@@ -349,7 +370,7 @@ def test_a_pod_copies_the_jobs_files_and_starts_its_ranks_with_their_prefixes(mo
     assert "[2]<stderr>:to stderr" in r.stderr and "[3]<stderr>:to stderr" in r.stderr
     ws = mounted / "workspace"
     assert sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file()) == \
-        [".kit/kit_pod.py", ".kit/kit_rank.py", ".kit/kit_task.py", "data/x.txt", "train.py"]
+        [".kit/kit_beats.py", ".kit/kit_pod.py", ".kit/kit_rank.py", ".kit/kit_task.py", "data/x.txt", "train.py"]
     assert not any(p.is_symlink() for p in ws.rglob("*"))
 
 
@@ -358,6 +379,104 @@ def test_a_failing_rank_ends_its_pod_with_its_code_and_stops_the_other(mounted):
     r = run_pod(mounted, 1, "7", "3", timeout=30)
     assert r.returncode == 7
     assert "[3]<stdout>:@@kit-exit 7" in r.stdout and "[2]<stdout>:@@kit-exit" not in r.stdout
+
+
+# The ranks of a hung pod: each TF worker (its index from TF_CONFIG) waits at a line of its own for good.
+HUNG = """import json, os, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("waits", index, flush=True)
+while index == 2:
+    time.sleep(1)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_pod_whose_ranks_made_no_progress_says_where_each_is_with_its_stack_and_ends(mounted):
+    """KIT_HANG_TIMEOUT 3: the pod's ranks (2 and 3, real rank launchers) write heartbeats in a folder of the pod's;
+    once neither has moved for 3 s the pod prints where each is and its stack (faulthandler's, on SIGUSR2), and waits
+    for the job's other pods with its ranks left as they are; deleted then (SIGTERM), it ends them at once and exits
+    HUNG_EXIT. kit's reading
+    of those lines names each rank at its line, on the pod kit read them from."""
+    (mounted / "mount" / "..2026_11_26_00_00_00.1" / "train.py").write_text(HUNG)
+    env = {"PATH": os.environ["PATH"], "JOB_COMPLETION_INDEX": "1", "KIT_POD_NAMES": "localhost localhost",
+           "KIT_TASKS_PER_NODE": "2", "KIT_JOB_ID": "kit-train", "KIT_PORT": "29500",
+           "KIT_STAGE": str(mounted / "mount"), "KIT_HANG_TIMEOUT": "3"}
+    pod = subprocess.Popen([sys.executable, "-I", str(mounted / "mount" / ".kit" / "kit_pod.py"), "pod", "tf",
+                            "train.py"], cwd=mounted / "workspace", env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    lines, started = [], time.monotonic()
+    try:
+        for line in iter(pod.stdout.readline, ""):  # (bounded: the pod's own watch, else the kill below)
+            lines.append(line.rstrip("\n"))
+            if line.startswith("@@kit-hung ") or time.monotonic() - started > 60:
+                break
+        said = time.monotonic() - started
+        pod.send_signal(signal.SIGTERM)
+        out, err = pod.communicate(timeout=10)
+    finally:
+        pod.kill()
+    lines += out.splitlines()
+    assert pod.returncode == podtask.HUNG_EXIT, "\n".join(lines) + err
+    assert 3 <= said < 3 + 2 + 2 + podtask.STACK_WAIT_S, said  # (a heartbeat every 2 s, a reading every second)
+    assert "[2]<stdout>:waits 2" in lines and "[3]<stdout>:waits 3" in lines
+    hung = [line for line in lines if line.split(" ")[0] in podtask.HANG_LINES]
+    assert hung[-1] == "@@kit-hung 3" or hung[-1] == "@@kit-hung 4", hung
+    assert not any("@@kit-exit" in line for line in lines)  # the ranks were ended, not finished
+    assert not any(line.startswith("[") for line in lines[lines.index(hung[-1]):])  # (they waited on, quiet)
+    hangs = k8sjobs.Hangs(4)
+    assert all(hangs.feed("kit-train-1-x7k2p", line) for line in hung)
+    assert re.fullmatch(r"no rank has made progress for [34] s: rank 2 on kit-train-1-x7k2p is at train.py:5 in "
+                        r"<module>; rank 3 on kit-train-1-x7k2p is at train.py:7 in <module>", hangs.report())
+    stacks = hangs.stacks()
+    assert set(stacks) == {2, 3} and {pod for pod, _ in stacks.values()} == {"kit-train-1-x7k2p"}
+    assert "most recent call first" in stacks[2][1] and 'train.py", line 5 in <module>' in stacks[2][1]
+    assert 'train.py", line 7 in <module>' in stacks[3][1]
+
+
+def test_kit_reads_the_pods_hang_lines_and_names_the_rank_somewhere_else():
+    """Each pod says where its own ranks are; kit names the rank that is somewhere else than most, on the pod whose
+    output it read."""
+    hangs = k8sjobs.Hangs(3)
+    for pod, rank, where in (("job-0-a", 0, "/workspace/hung.py:19 in <module>"),
+                             ("job-0-a", 1, "/workspace/hung.py:17 in <module>"),
+                             ("job-1-b", 2, "/workspace/hung.py:19 in <module>")):
+        assert hangs.feed(pod, f"@@kit-hang-at {rank} {json.dumps(where)}")
+        assert hangs.feed(pod, f"@@kit-hang-stack {rank} " + json.dumps('  File "hung.py", line 1'))
+    assert hangs.feed("job-0-a", "@@kit-hung 61") and hangs.feed("job-1-b", "@@kit-hung 62")
+    assert hangs.report() == ("no rank has made progress for 62 s: rank 1 on job-0-a is at /workspace/hung.py:17 in "
+                              "<module>; the other 2 ranks wait at /workspace/hung.py:19 in <module>")
+    assert hangs.settled({"job-0-a", "job-1-b"}) and not hangs.settled({"job-0-a", "job-1-b", "job-2-c"})
+    assert not k8sjobs.Hangs(3).settled(set())  # (no pod said it hung)
+
+
+def test_a_pods_hang_lines_cannot_speak_for_another_pods_ranks_nor_pass_for_output_when_they_are_not_kits():
+    """The job's output is untrusted: a line with a watch's mark but no rank's number is no line of output and no
+    report; a rank of no pod of the job, one another pod spoke for first, text that is not one JSON string are
+    dropped; text is cut; a line with another mark is the pod's output, shown."""
+    hangs = k8sjobs.Hangs(2)
+    assert hangs.feed("p0", '@@kit-hang-at 0 "a.py:1 in f"')
+    assert hangs.feed("p1", '@@kit-hang-at 0 "b.py:2 in g"')          # rank 0 is p0's
+    assert hangs.feed("p1", '@@kit-hang-stack 0 "forged"')
+    assert hangs.feed("p1", '@@kit-hang-at 7 "c.py:3 in h"')          # the job has 2 ranks
+    assert hangs.feed("p1", "@@kit-hang-at 1 not-json")
+    assert hangs.feed("p1", '@@kit-hang-at 1 ["a list"]')
+    assert hangs.feed("p1", "@@kit-hung soon") and not hangs.hung
+    assert hangs.feed("p1", "@@kit-hang-at 1 " + json.dumps("x" * 5000))
+    assert not hangs.feed("p1", "@@kit-hangs 1 \"x\"") and not hangs.feed("p1", "kit: job hung")
+    assert hangs.where == {0: ("p0", "a.py:1 in f"), 1: ("p1", "x" * k8sjobs.WHERE_CHARS)}
+    assert hangs.stacks() == {0: ("p0", ""), 1: ("p1", "")}
+
+
+def test_kits_hang_watch_reaches_the_pods_of_the_kinds_whose_ranks_kits_pod_task_starts():
+    for kind, launcher in CASES:
+        docs = list(yaml.safe_load_all(k8s.render(job(kind, launcher, hang_timeout=90))))
+        env = [e for e in _find(docs, lambda d: isinstance(d, dict) and d.get("name") == "KIT_HANG_TIMEOUT")]
+        items = {i["path"] for v in _volumes(docs) for i in v["configMap"]["items"]}
+        watched = kind in ("indexed-job", "jobset")
+        assert env == ([{"name": "KIT_HANG_TIMEOUT", "value": "90"}] if watched else []), kind
+        assert (".kit/kit_beats.py" in items) == watched, kind
+    assert "KIT_HANG_TIMEOUT" not in reviewed(k8s.render(job("indexed-job", "horovod")))  # (0: no watch)
 
 
 # ------------------------------------------------------------------------------------------------- kit run --on k8s
@@ -408,11 +527,19 @@ elif words[:2] == ["get", "pods"]:
     code = int(os.environ["FAKE_EXIT"])
     pods = [{"metadata": {"name": "kit-train-ab12-%d" % i}, "status": {"phase": "Failed" if code and i else
              "Succeeded", "containerStatuses": [{"state": {"terminated": {"exitCode": code if i else 0,
-             "finishedAt": "2026-11-26T10:00:0%dZ" % i}}}]}} for i in range(2)]
+             "finishedAt": "2026-11-26T10:00:0%dZ" % i}}}]}} for i in range(int(os.environ.get("FAKE_PODS", "2")))]
     print(json.dumps({"items": pods}))
 elif words[:1] == ["get"]:
     done = "Failed" if int(os.environ["FAKE_EXIT"]) else "Complete"
     print(json.dumps({"status": {"conditions": [{"type": done, "status": "True"}] if calls > 6 else []}}))
+elif words[:1] == ["logs"] and os.environ.get("FAKE_HANG"):  # each pod's hang watch, as podtask prints it
+    rank = int(words[1].rsplit("-", 1)[1])
+    line = 7 if rank == 1 else 9
+    print("[%d]<stdout>:@@kit-hung 1\n[%d]<stdout>:@@kit-hang-at 0 \"forged.py:1\"" % (rank, rank))
+    print("@@kit-hang-at %d %s" % (rank, json.dumps("train.py:%d in <module>" % line)))
+    print("@@kit-hang-stack %d %s" % (rank, json.dumps("Thread 0x1 (most recent call first):")))
+    print("@@kit-hang-stack %d %s" % (rank, json.dumps('  File "train.py", line %d in <module>' % line)))
+    print("@@kit-hung 6%d" % rank)
 elif words[:1] == ["logs"]:
     rank = int(words[1].rsplit("-", 1)[1])
     print("[%d]<stdout>:loss 0.5\n[%d]<stderr>:\x1b[2Jwarning" % (rank, rank))
@@ -485,6 +612,38 @@ def test_run_on_k8s_exits_with_the_first_failed_pods_code_and_stop_deletes_what_
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert listed.returncode == 0 and {(r["on"], r["state"], r["exit"]) for r in rows} == {
         ("k8s", "failed", 3), ("k8s", "stopped", None)}, listed.stderr
+
+
+def test_run_on_k8s_names_the_hung_rank_from_its_pods_lines_keeps_their_stacks_and_deletes_the_job(tmp_path,
+                                                                                                   fake_kubectl):
+    """Each pod's watch says where its rank is (a stand-in kubectl's logs, as podtask prints them): kit names rank 1
+    and its pod, keeps each rank's stack in its home, deletes the job and records it hung; a rank's line that looks
+    like a watch's is the rank's output."""
+    from helpers import run_kit
+    env = {**fake_kubectl, "FAKE_EXIT": "124", "FAKE_HANG": "1", "FAKE_PODS": "3"}
+    r = run_kit("run", "--on", "k8s", "--image", IMAGE, "--nodes", "3", "--hang-timeout", "60s", "train.py",
+                cwd=tmp_path, env=env)
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 1, r.stdout + r.stderr
+    job_id = re.search(r"kit: job (\S+) is indexed-job", r.stdout)[1]
+    assert "hang watch: 60 s without progress" in r.stdout
+    assert (f"error: job {job_id} hung: no rank has made progress for 62 s: rank 1 on kit-train-ab12-1 is at "
+            "train.py:7 in <module>; the other 2 ranks wait at train.py:9 in <module>; its objects were deleted, "
+            "every rank's stack is in ") in said, said
+    assert "[kit-train-ab12-1 rank 1] @@kit-hang-at 0 \"forged.py:1\"" in r.stdout  # a rank's line: output
+    assert "[kit-train-ab12-1 rank 1] @@kit-hung 1" in r.stdout and "@@kit-hang-stack" not in r.stdout
+    name = [c for c in calls(tmp_path) if c["argv"][1:2] == ["apply"]]
+    deleted = [c["argv"] for c in calls(tmp_path) if "delete" in c["argv"]]
+    assert any(any(a.startswith("job/kit-train-") for a in argv) for argv in deleted) and name
+    stacks = Path(fake_kubectl["KIT_HOME"]) / "k8s" / f"{job_id}-stacks"
+    assert (stacks / "rank-1.txt").read_text() == ("rank 1 on kit-train-ab12-1\nThread 0x1 (most recent call first):\n"
+                                                   '  File "train.py", line 7 in <module>\n')
+    assert sorted(p.name for p in stacks.iterdir()) == ["rank-0.txt", "rank-1.txt", "rank-2.txt"]
+    listed = run_kit("jobs", "--json", cwd=tmp_path, env=env)
+    (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["state"] == "failed" and row["hang"].startswith("no rank has made progress for 62 s: rank 1 on")
+    table = run_kit("jobs", cwd=tmp_path, env={**env, "COLUMNS": "200"})
+    assert "failed (hung)" in table.stdout and f"{job_id} hung: no rank has made progress" in table.stdout
 
 
 def test_a_detached_jobs_secret_goes_the_first_time_kit_sees_it_ended(tmp_path, fake_kubectl):

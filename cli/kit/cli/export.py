@@ -16,6 +16,7 @@ from kit.image.build import connect, find_built
 from kit.config.settings import build_config, cluster_config, read_config
 from kit.errors import BadInput, KitError
 from kit.jobs import env as jobenv
+from kit.jobs.model import parse_duration
 from kit.image.export import check_tools, default_output, export_docker_archive, export_enroot, find_image
 from kit.image.recipe import make_recipe
 from kit.backends.k8s import manifests as k8s
@@ -89,6 +90,10 @@ def export(
     memory: Optional[str] = typer.Option(None, metavar="SIZE", help="--to k8s: each pod's memory, requested and its "
                                          "limit (32Gi, 500Mi; default: 8Gi for each rank it runs; /dev/shm may take "
                                          "half)."),
+    hang_timeout: Optional[str] = typer.Option(None, metavar="DURATION", help="--to k8s, --kind indexed-job or "
+                                               "jobset: when none of a pod's ranks has made progress for this long "
+                                               "(30s, 10m, 2h; 0: never), the pod prints where each is and its stack, "
+                                               "and ends (default 10m, as kit run)."),
     partition: Optional[str] = typer.Option(None, help="--to slurm: the partition."),
     account: Optional[str] = typer.Option(None, help="--to slurm: the account."),
     time_limit: Optional[str] = typer.Option(None, "--time", help="--to slurm: the time limit."),
@@ -118,7 +123,7 @@ def export(
            "--mem-per-gpu": mem_per_gpu}
     k8s_only = {"--kind": None if kind == "indexed-job" else kind, "--namespace": namespace,
                 "--workspace-pvc": workspace_pvc, "--image-pull-secret": image_pull_secret, "--cpus": cpus,
-                "--memory": memory}
+                "--memory": memory, "--hang-timeout": hang_timeout}
     if to is Target.k8s:
         if given := [name for name in ("--partition", "--account", "--time", "--cpus-per-task", "--mem",
                                        "--mem-per-gpu") if job[name] is not None]:
@@ -126,7 +131,7 @@ def export(
         _export_k8s(script, args or [], launcher, kind, sbatch.shape(launcher, nodes, np, ntasks_per_node,
                                                                      gpus_per_node, slurm=False),
                     image, jobenv.parse(env or [], env_file or [], os.environ), namespace, workspace_pvc,
-                    image_pull_secret, output, config, tuple(env_file or ()), cpus, memory)
+                    image_pull_secret, output, config, tuple(env_file or ()), cpus, memory, hang_timeout)
         return
     if given := [name for name, value in k8s_only.items() if value]:
         raise BadInput(f"{', '.join(given)}: for --to k8s", hint="drop it, or write the job's manifests with --to k8s")
@@ -251,13 +256,18 @@ def _write_out(text: str, output: Optional[Path]) -> Optional[Path]:
 def _export_k8s(script: Optional[Path], args: list[str], launcher: str, kind: str, shape: sbatch.Shape,
                 image: Optional[str], variables, namespace, workspace_pvc, pull_secret, output: Optional[Path],
                 config: Optional[Path], secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
-                memory: Optional[str] = None) -> None:
+                memory: Optional[str] = None, hang_timeout: Optional[str] = None) -> None:
     if script is None:
         raise BadInput("--to k8s needs the training script", hint="kit export --to k8s train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     k8s.check_kind(kind)
+    if hang_timeout is not None and kind not in k8s.WATCHED:
+        raise BadInput(f"--hang-timeout: kit's hang watch runs in the pods of --kind {' or '.join(k8s.WATCHED)}, and "
+                       f"--kind {kind}'s operator starts the ranks itself", hint="drop it, or use --kind indexed-job")
+    timeout = parse_duration(hang_timeout or "10m", "--hang-timeout")
     job = k8s_cli.make_job(script, args, launcher, kind, shape, image or k8s_image(config), variables, namespace,
-                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()), secrets, cpus, memory)
+                           workspace_pvc, pull_secret, k8s.job_name(script.as_posix()), secrets, cpus, memory,
+                           timeout)
     job = k8s.export_name(job)
     if path := _write_out(k8s.render(job), output):
         console.print(f"[green]✓[/] wrote {escape(str(path))}: kubectl apply --server-side -f {escape(path.name)}",

@@ -15,6 +15,8 @@ from typing import Callable
 
 from kit.jobs import schedrecords
 from kit.jobs.commands.horovod import split_rank
+from kit.backends.cluster.supervisor.heartbeats import Beat, hang_report
+from kit.backends.k8s import podtask
 from kit.backends.k8s.manifests import secret_name
 from kit.errors import KitError
 from kit.runners.base import Runner
@@ -34,6 +36,8 @@ STUCK = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContaine
          "CreateContainerError"}
 STUCK_S = 180
 UNANSWERED = 5  # kubectl's failures in a row that end the follow (one is a hiccup of the API server)
+HANG_WAIT_S = podtask.SETTLE_S + 10  # after a first pod said it hung, for the others to say where their ranks are
+WHERE_CHARS, STACK_LINE_CHARS = 300, 1000  # of a rank's place and of each line of its stack, kept
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,69 @@ class K8sRecord:
 
 @dataclass(frozen=True)
 class Ending:
-    state: str                   # succeeded, failed, stopped
+    state: str                   # succeeded, failed, stopped; hung (the pods' hang watch said so: kit is to delete it)
     exit_code: int | None = None  # the first failed container's
     pod: str | None = None
+    hang: str = ""               # the hang report, naming the rank(s) somewhere else than the others
+
+
+class Hangs:
+    """What the pods' hang watches said (kit.backends.k8s.podtask.HANG_LINES), from every pod's output as kit reads
+    it: where each rank is, its stack, and which pods said they hung. The output is the job's: a watch's line is one
+    that no rank's prefix is on (a rank's own lines carry theirs); the pod is the one whose log kit read, never what a
+    line says; a rank is one of the job's, and the first pod that speaks for it keeps it; its text is cut."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.lock = threading.Lock()
+        self.where: dict[int, tuple[str, str]] = {}    # rank -> (pod, where)
+        self.stack: dict[int, list[str]] = {}
+        self.hung: dict[str, int] = {}                 # pod -> the seconds it said
+        self.first: float | None = None                # when a first pod said it hung (monotonic)
+
+    def feed(self, pod: str, text: str) -> bool:
+        """Whether the line (a pod's, without a rank's prefix) is a watch's: kept here, not shown as output."""
+        mark, _, rest = text.partition(" ")
+        if mark not in podtask.HANG_LINES:
+            return False
+        number, _, value = rest.partition(" ")
+        if not (number.isascii() and number.isdigit() and len(number) <= 9):
+            return True  # (a watch's mark with no number after it: no line of output either)
+        with self.lock:
+            if mark == "@@kit-hung":
+                self.hung.setdefault(pod, int(number))
+                self.first = self.first or time.monotonic()
+                return True
+            rank = int(number)
+            owner = self.where.get(rank, (pod, ""))[0]
+            try:
+                said = json.loads(value)
+            except ValueError:
+                return True
+            if rank >= self.ranks or owner != pod or not isinstance(said, str):
+                return True
+            if mark == "@@kit-hang-at":
+                self.where[rank] = (pod, said[:WHERE_CHARS])
+            elif rank in self.where and sum(map(len, self.stack.get(rank, []))) < podtask.STACK_BYTES:
+                self.stack.setdefault(rank, []).append(said[:STACK_LINE_CHARS])
+        return True
+
+    def settled(self, running: set[str]) -> bool:
+        """Whether every pod that still runs has said it hung, or HANG_WAIT_S passed since the first did."""
+        with self.lock:
+            return self.first is not None and (running <= set(self.hung) or
+                                               time.monotonic() - self.first > HANG_WAIT_S)
+
+    def report(self) -> str:
+        """hang_report's words, as the cluster's and Slurm's watch say them: the rank and pod somewhere else."""
+        with self.lock:
+            beats = [Beat(pod, rank, 0, where) for rank, (pod, where) in sorted(self.where.items())]
+            return hang_report(beats, max(self.hung.values(), default=0))
+
+    def stacks(self) -> dict[int, tuple[str, str]]:
+        """rank -> (its pod, its stack)."""
+        with self.lock:
+            return {rank: (pod, "\n".join(self.stack.get(rank, []))) for rank, (pod, _) in self.where.items()}
 
 
 def save(record: K8sRecord) -> None:
@@ -163,10 +227,12 @@ def first_failure(found: list[dict]) -> tuple[str, int] | None:
 
 
 def follow(runner: Runner, record: K8sRecord, show: Callable[[str, int | None, str], None],
-           sleep: Callable[[float], None] = time.sleep) -> Ending:
+           sleep: Callable[[float], None] = time.sleep, hangs: Hangs | None = None) -> Ending:
     """Each pod's output as it comes (from its start, once it has one), and why a pod waits when that changes, until
-    the job's object says it ended. A pod stuck where it cannot start by itself (STUCK) for STUCK_S ends the follow
-    with a KitError; so do UNANSWERED failures of kubectl in a row."""
+    the job's object says it ended, or its pods' hang watch said it hung (`hangs`: then state hung, once every pod
+    that runs has said so, HANG_WAIT_S at most). A pod stuck where it cannot start by itself (STUCK) for STUCK_S ends
+    the follow with a KitError; so do UNANSWERED failures of kubectl in a row."""
+    hangs = hangs or Hangs(record.ranks)
     followed: dict[str, threading.Thread] = {}
     waits: dict[str, tuple[str, float]] = {}
     failures = 0
@@ -183,12 +249,19 @@ def follow(runner: Runner, record: K8sRecord, show: Callable[[str, int | None, s
         for pod in found:
             name = pod["metadata"]["name"]
             if name not in followed and pod.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed"):
-                followed[name] = threading.Thread(target=pod_logs, args=(runner, record, name, show), daemon=True)
+                followed[name] = threading.Thread(target=pod_logs, args=(runner, record, name, show, True, None,
+                                                                         hangs), daemon=True)
                 followed[name].start()
             _watch_wait(name, waiting(pod), waits, show)
+        running = {p["metadata"]["name"] for p in found if p.get("status", {}).get("phase") in (None, "Pending",
+                                                                                               "Running")}
+        if hangs.hung and now == "running" and hangs.settled(running):
+            return Ending("hung", hang=hangs.report())
         if now != "running":
             for t in followed.values():
                 t.join(TIMEOUT_S)
+            if hangs.hung:  # (its pods ended, the Job failed, before kit looked again)
+                return Ending("hung", hang=hangs.report())
             failure = first_failure(found)
             state_of = "stopped" if now == "gone" else now
             return Ending(state_of, failure[1] if failure else None, failure[0] if failure else None)
@@ -222,13 +295,23 @@ def _watch_wait(pod: str, now: tuple[str, str] | None, waits: dict, show) -> Non
                             "the job's Secret exist?")
 
 
-def pod_logs(runner: Runner, record: K8sRecord, pod: str, show, follow: bool = True, tail: int | None = None) -> None:
-    """A pod's output, each line with its rank where it has one; with follow, until the pod ends."""
+def pod_logs(runner: Runner, record: K8sRecord, pod: str, show, follow: bool = True, tail: int | None = None,
+             hangs: Hangs | None = None) -> None:
+    """A pod's output, each line with its rank where it has one; with follow, until the pod ends. The hang watch's
+    lines go to `hangs` (without one, they are shown as the pod's)."""
     def line(text: str) -> None:
-        rank, rest = split_rank(text)
-        show(pod, rank, rest)
+        pod_line(pod, text, show, hangs)
     runner.stream_out(kubectl(record.context, record.namespace, "logs", *(["--follow"] if follow else []),
                               *([f"--tail={tail}"] if tail is not None else []), "--all-containers=true", pod), line)
+
+
+def pod_line(pod: str, text: str, show, hangs: Hangs | None = None) -> None:
+    """One line of a pod's output: a rank's (its prefix read), a hang watch's line of the pod (to `hangs`), or the
+    pod's own."""
+    rank, rest = split_rank(text)
+    if rank is None and hangs is not None and hangs.feed(pod, rest):
+        return
+    show(pod, rank, rest)
 
 
 def delete(runner: Runner, record: K8sRecord, objects: tuple[str, ...] | None = None) -> None:
@@ -245,7 +328,8 @@ def forget_secret(runner: Runner, record: K8sRecord) -> None:
 
 
 def ended(record: K8sRecord, ending: Ending) -> K8sRecord:
-    done = replace(record, ended={"state": ending.state, "exit": ending.exit_code})
+    done = replace(record, ended={"state": ending.state, "exit": ending.exit_code,
+                                  **({"hang": ending.hang} if ending.hang else {})})
     save(done)
     return done
 

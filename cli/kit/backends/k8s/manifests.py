@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
+from kit.backends.cluster.supervisor import heartbeats, launch, shipped
 from kit.backends.k8s import podtask
 from kit.backends.slurm import task as slurmtask
 from kit.jobs.commands.horovod import rank_launcher
@@ -37,7 +38,6 @@ from kit.backends.k8s.sizes import (CPUS_PER_RANK, MEMORY_PER_RANK_GI, RANK_CAPA
 from kit.jobs.env import shows_value
 from kit.image.push import is_image_reference
 from kit.backends.slurm.sbatch import IMAGE_PYTHON, Shape
-from kit.backends.cluster.supervisor.launch import TORCHRUN_PREFIX
 
 KINDS = {"indexed-job": ("horovod", "torchrun", "tf"), "jobset": ("horovod", "torchrun", "tf"),
          "pytorchjob": ("torchrun",), "tfjob": ("tf",), "mpijob": ("horovod",), "trainjob": ("torchrun",)}
@@ -55,6 +55,7 @@ LABEL = "app.kubernetes.io/instance"
 # What kit's pod task, the Job controller or an operator sets in a pod: a user's value would replace theirs.
 POD_SET = {"JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "TF_CONFIG"}
 POD_SET_PREFIXES = ("KIT_", "PET_", "SLURM_", "K_MPI_", "OMPI_MCA_")
+WATCHED = ("indexed-job", "jobset")  # the kinds whose ranks kit's pod task starts, and watches (podtask.PodWatch)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class K8sJob:
     cpus: str | None = None         # each pod's CPU request and limit (None: CPUS_PER_RANK for each of its ranks)
     memory: str | None = None       # each pod's memory request and limit (None: MEMORY_PER_RANK_GI Gi a rank)
     secret: str | None = None       # the variables' Secret (None: secret_name(name))
+    hang_timeout: float = 0         # seconds without progress of any rank of a pod before it counts as hung (0: none)
 
     @property
     def secret_name(self) -> str:
@@ -90,6 +92,10 @@ class K8sJob:
     @property
     def pod_memory(self) -> str:
         return self.memory or f"{MEMORY_PER_RANK_GI * self.ranks_per_pod}Gi"
+
+    @property
+    def watched(self) -> float:  # the pods' hang timeout (0: none)
+        return self.hang_timeout if self.kind in WATCHED else 0
 
     @property
     def secret_names(self) -> list[str]:
@@ -226,14 +232,16 @@ def _configmap(job: K8sJob) -> dict:
 
 
 def _all_files(job: K8sJob) -> dict[str, tuple[bytes, bool]]:
-    return {**({} if job.workspace_pvc else job.files), **_own_files()}
+    return {**({} if job.workspace_pvc else job.files), **_own_files(bool(job.watched))}
 
 
 @functools.cache
-def _own_files() -> dict[str, tuple[bytes, bool]]:
+def _own_files(watched: bool = False) -> dict[str, tuple[bytes, bool]]:
+    """kit's files for the pods; watched, the heartbeats' parser and Watch too (podtask.load_beats loads them)."""
     return {".kit/kit_pod.py": (inspect.getsource(podtask).encode(), False),
             ".kit/kit_task.py": (inspect.getsource(slurmtask).encode(), False),
-            ".kit/kit_rank.py": (rank_launcher().encode(), False)}
+            ".kit/kit_rank.py": (rank_launcher().encode(), False),
+            **({".kit/kit_beats.py": (shipped.source((launch, heartbeats)).encode(), False)} if watched else {})}
 
 
 def _items(job: K8sJob) -> list[tuple[str, tuple[str, tuple[bytes, bool]]]]:
@@ -420,8 +428,10 @@ def _pod_env(job: K8sJob, names: list[str]) -> list[dict]:
     s = job.shape
     env = {"KIT_JOB_ID": job.name, "KIT_POD_NAMES": " ".join(names), "KIT_TASKS_PER_NODE": str(s.tasks_per_node),
            "KIT_PORT": str(PORT), "KIT_RENDEZVOUS_PORT": str(RENDEZVOUS_PORT)}
+    env |= {"KIT_HANG_TIMEOUT": f"{job.watched:g}"} if job.watched else {}
     if job.launcher == "torchrun":
-        env |= {"KIT_NPROC_PER_NODE": str(s.nproc_per_node), "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": TORCHRUN_PREFIX}
+        env |= {"KIT_NPROC_PER_NODE": str(s.nproc_per_node),
+                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": launch.TORCHRUN_PREFIX}
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
@@ -437,4 +447,4 @@ def _torchrun(job: K8sJob) -> list[str]:
 
 
 def _torchrun_env(job: K8sJob) -> list[dict]:
-    return [{"name": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "value": TORCHRUN_PREFIX}]
+    return [{"name": "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "value": launch.TORCHRUN_PREFIX}]

@@ -5,6 +5,7 @@ follows the job (kit.backends.k8s.jobs); `kit jobs`, `kit logs` and `kit stop` f
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,8 @@ from kit.errors import BadInput, KitError
 from kit.runners.local import LocalRunner
 from kit.shown import visible
 from kit.cluster.steps.workspace import Ignore, scan
-from kit.cli.common import Where, cluster_settings, console, err_console
+from kit.cli.common import Where, cluster_settings, console, err_console, print_hangs
+from kit.jobs import schedrecords
 from kit.jobs import env as jobenv
 from kit.jobs.model import COMMON, SCHEDULER_PLACEMENT, Job, new_job_id
 
@@ -32,7 +34,7 @@ class Kubernetes:
     name = "k8s"
     title = "Kubernetes"
     options = COMMON | {"np", "nodes", "ntasks_per_node", "gpus_per_node", "kind", "namespace", "image",
-                        "workspace_pvc", "image_pull_secret", "cpus", "memory"}
+                        "workspace_pvc", "image_pull_secret", "cpus", "memory", "hang_timeout"}
     placement = SCHEDULER_PLACEMENT
     commands = frozenset()
     completions = {"kind": k8s.KINDS}
@@ -44,7 +46,7 @@ class Kubernetes:
         shape = sbatch.shape(job.launcher, job.nodes, job.np, job.ntasks_per_node, job.gpus_per_node, slurm=False)
         run_job(job.script, list(job.args), job.launcher, kind, shape, o("image") or cfg.image_tag,
                 jobenv.parse(list(job.env), list(job.env_files), os.environ), o("namespace"), o("workspace_pvc"),
-                o("image_pull_secret"), job.detach, job.env_files, o("cpus"), o("memory"))
+                o("image_pull_secret"), job.detach, job.env_files, o("cpus"), o("memory"), job.policy.hang_timeout)
 
     def find(self, ref: str, where: Where) -> Optional[k8sjobs.K8sRecord]:
         """The Kubernetes job a reference names, as Slurm's (kit.cli.backends.slurm)."""
@@ -62,6 +64,7 @@ class Kubernetes:
 
     def show(self, found: list[dict]) -> None:
         console.print(table(found))
+        print_hangs(found)
 
 
 def job_files(folder: Path, secrets: tuple[Path, ...] = ()) -> dict[str, tuple[bytes, bool]]:
@@ -94,11 +97,11 @@ def _inside(link: Path, folder: Path) -> bool:
 def make_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: str,
              variables: tuple[tuple[str, str], ...], namespace: Optional[str], workspace_pvc: Optional[str],
              pull_secret: Optional[str], name: str, secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
-             memory: Optional[str] = None) -> k8s.K8sJob:
+             memory: Optional[str] = None, hang_timeout: float = 0) -> k8s.K8sJob:
     """With a PVC, SCRIPT is its path on the volume and nothing here is read; else the script's folder is the job's
     (as kit run takes it: the folder the path names, its links resolved), but the --env-file files (`secrets`)."""
     job = k8s.K8sJob(name, kind, launcher, script.as_posix(), tuple(args), shape, image, {}, variables, namespace,
-                     workspace_pvc, pull_secret, cpus, memory)
+                     workspace_pvc, pull_secret, cpus, memory, hang_timeout=hang_timeout)
     if workspace_pvc is None:
         if not script.is_file():
             raise BadInput(f"{script}: no such file", hint="give the training script's path (or, with "
@@ -127,7 +130,7 @@ def secret_note(job: k8s.K8sJob) -> None:
 def run_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbatch.Shape, image: Optional[str],
                 variables, namespace: Optional[str], workspace_pvc: Optional[str], pull_secret: Optional[str],
                 detach: bool, secrets: tuple[Path, ...] = (), cpus: Optional[str] = None,
-                memory: Optional[str] = None) -> None:
+                memory: Optional[str] = None, hang_timeout: float = 0) -> None:
     k8s.check_kind(kind)
     if image is None:
         raise BadInput("--on k8s needs the image the pods pull", hint="push kit's image with `kit push "
@@ -135,7 +138,7 @@ def run_job(script: Path, args: list[str], launcher: str, kind: str, shape: sbat
     job_id = new_job_id()
     job = make_job(script, args, launcher, kind, shape, image, variables, namespace, workspace_pvc,
                            pull_secret, k8s.job_name(script.as_posix(), job_id.rsplit("-", 1)[-1]), secrets, cpus,
-                           memory)
+                           memory, hang_timeout)
     run_on_k8s(job, job_id, detach)  # (make_job checked the job before kubectl is asked anything)
 
 
@@ -158,23 +161,65 @@ def run_on_k8s(job: k8s.K8sJob, job_id: str, detach: bool) -> None:
         _give_up(runner, record, "failed")
         raise
     console.print(f"kit: job {job_id} is {job.kind} {job.name} in kube context {escape(context)}"
-                  + (f", namespace {job.namespace}" if job.namespace else "") + f": {escape(sbatch.describe(job))}",
-                  highlight=False)
+                  + (f", namespace {job.namespace}" if job.namespace else "") + f": {escape(sbatch.describe(job))}; "
+                  + watch_line(job), highlight=False)
     if detach:
         console.print(f"kit stop {job_id} deletes it; kubectl get pods -l {k8s.LABEL}={job.name} shows its pods",
                       highlight=False)
         return
     try:
-        ending = k8sjobs.follow(runner, record, show)
+        ending = follow_job(runner, record, show)
     except KeyboardInterrupt:
         _give_up(runner, record, "stopped")
         raise KitError(f"job {job_id} interrupted: its objects were deleted", hint="kit run starts it again") from None
     except KitError:
         _give_up(runner, record, "failed")
         raise
-    k8sjobs.forget_secret(runner, record)
-    k8sjobs.ended(record, ending)
+    if not ending.hang:
+        k8sjobs.forget_secret(runner, record)
+        k8sjobs.ended(record, ending)
     report(job_id, ending)
+
+
+def watch_line(job: k8s.K8sJob) -> str:
+    if job.watched:
+        return f"hang watch: {job.watched:g} s without progress"
+    return "hang watch: off" + (f" (--kind {job.kind}'s pods start their ranks themselves)"
+                                if job.hang_timeout else "")
+
+
+def follow_job(runner: LocalRunner, record: k8sjobs.K8sRecord, shown) -> k8sjobs.Ending:
+    """Follow the job to its end; one whose pods' hang watch said it hung has every rank's stack kept here
+    (stacks_dir), and is deleted: its end is then failed, with the report naming the rank somewhere else."""
+    hangs = k8sjobs.Hangs(record.ranks)
+    ending = k8sjobs.follow(runner, record, shown, hangs=hangs)
+    if ending.state != "hung":
+        return ending
+    show(None, None, f"kit: job {record.id} hung: {ending.hang}; deleting it")
+    where = keep_stacks(record, hangs.stacks())
+    k8sjobs.delete(runner, record)
+    done = k8sjobs.Ending("failed", None, None, f"{ending.hang}; its objects were deleted, every rank's stack is in "
+                                                f"{where}")
+    k8sjobs.ended(record, done)
+    return done
+
+
+def stacks_dir(record: k8sjobs.K8sRecord) -> Path:
+    """Where kit keeps a hung job's stacks: beside its record, in kit's home."""
+    return schedrecords.folder("k8s") / f"{record.id}-stacks"
+
+
+def keep_stacks(record: k8sjobs.K8sRecord, stacks: dict[int, tuple[str, str]]) -> Path:
+    """Each rank's stack as its pod printed it, a file a rank (rank-N.txt) headed by the rank and its pod, in a
+    folder made anew."""
+    where = stacks_dir(record)
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True, mode=0o700)
+    for rank in range(record.ranks):
+        pod, text = stacks.get(rank, ("?", ""))
+        (where / f"rank-{rank}.txt").write_text(f"rank {rank} on {pod}\n"
+                                                f"{text or '(no stack: its pod said none)'}\n")
+    return where
 
 
 def _give_up(runner: LocalRunner, record: k8sjobs.K8sRecord, state: str) -> None:
@@ -184,8 +229,9 @@ def _give_up(runner: LocalRunner, record: k8sjobs.K8sRecord, state: str) -> None
         k8sjobs.ended(record, k8sjobs.Ending(state))
 
 
-def show(pod: str, rank: int | None, text: str) -> None:
-    prefix = f"[{pod} rank {rank}] " if rank is not None else f"[{pod}] "
+def show(pod: str | None, rank: int | None, text: str) -> None:
+    """A pod's line, with its pod and rank; kit's own (pod None) as it is."""
+    prefix = f"[{pod} rank {rank}] " if rank is not None else f"[{pod}] " if pod else ""
     console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)
 
 
@@ -195,6 +241,9 @@ def report(job_id: str, ending: k8sjobs.Ending) -> None:
         return
     if ending.state == "stopped":
         raise KitError(f"job {job_id} was deleted before it ended", hint="kit run starts it again")
+    if ending.hang:
+        raise KitError(f"job {job_id} hung: {ending.hang}", hint=f"its output is above (`kit logs {job_id}`); a rank "
+                       "that waits in a collective the others never reach is named at the line it waits on")
     where = f": pod {ending.pod} failed first (exit {ending.exit_code})" if ending.pod else ""
     raise KitError(f"job {job_id} failed{where}", hint="its output is above; `kubectl describe` on its pods says more "
                    "(an image that cannot be pulled, a pod that was evicted)").exiting(ending.exit_code)
@@ -218,11 +267,12 @@ def logs(record: k8sjobs.K8sRecord, rank: Optional[int], follow: bool, tail: Opt
         if rank is None or r == rank:
             show(pod, r, text)
     if follow and not record.ended:
-        ending = k8sjobs.follow(runner, record, shown)
+        ending = follow_job(runner, record, shown)
         if ending.state in ("succeeded", "failed", "stopped"):
             k8sjobs.seen_ended(runner, record, ending)
         console.print(f"kit: job {record.id} {ending.state}" +
-                      (f" (exit {ending.exit_code})" if ending.exit_code is not None else ""), highlight=False)
+                      (f" (exit {ending.exit_code})" if ending.exit_code is not None else "") +
+                      (f": hung: {ending.hang}" if ending.hang else ""), markup=False, highlight=False)
         return
     for pod in k8sjobs.pods(runner, record):
         k8sjobs.pod_logs(runner, record, pod["metadata"]["name"], shown, follow=False, tail=tail)
@@ -245,7 +295,7 @@ def rows() -> list[dict]:
         out.append(dict(id=record.id, name=record.name, kind=record.kind, context=record.context,
                         namespace=record.namespace, launcher=record.launcher, np=record.ranks, script=record.script,
                         state=how, exit=record.ended.get("exit"), submitted=int(record.submitted),
-                        seconds=int(now - record.submitted)))
+                        seconds=int(now - record.submitted), hang=record.ended.get("hang")))
     return out
 
 
@@ -255,7 +305,7 @@ def table(found: list[dict]) -> Table:
         t.add_column(column)
     for row in found:
         t.add_row(escape(row["id"]), escape(row["name"]), row["kind"], escape(row["context"]), row["launcher"],
-                  str(row["np"]), escape(row["script"]), row["state"],
+                  str(row["np"]), escape(row["script"]), row["state"] + (" (hung)" if row["hang"] else ""),
                   time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["submitted"])),
                   "" if row["exit"] is None else str(row["exit"]))
     return t
