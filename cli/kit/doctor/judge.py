@@ -7,33 +7,20 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass
 
 from kit.image import gpus as nvidia
 from kit.cluster import state as st
 from kit.jobs.commands.horovod import on_cluster_subnet
 from kit.config.settings import AUTO_FLAVORS, ClusterConfig, cuda_line
+from kit.doctor.finding import FAIL, OK, WARN, Finding
 from kit.doctor.read import Nic, Reading
 from kit.errors import BadInput, KitError
 from kit.cluster.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, HostFacts
 
-OK, WARN, FAIL = "ok", "warn", "fail"
 MIB, GIB = 1 << 20, 1 << 30
 SHM_FAIL, SHM_WARN = 512 * MIB, GIB       # Docker's default /dev/shm is 64 MB: NCCL and DataLoader workers die of it
 DISK_FAIL, DISK_WARN = GIB, 5 * GIB
 CLOCK_FAIL_S, CLOCK_WARN_S = 5.0, 1.0    # from the median of the hosts' clocks
-
-
-@dataclass(frozen=True)
-class Finding:
-    host: str
-    check: str
-    level: str   # ok, warn, fail
-    text: str
-    fix: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, gpu: bool,
