@@ -235,3 +235,30 @@ def test_a_docker_in_containerds_image_store_fails_with_the_setting_that_changes
     assert "daemon.json" in found["docker"].fix
     r = reading("a", facts=dict(docker_version="29.1.3"))
     assert {f.check: f for f in jd._host_checks(r, ClusterConfig(name="lab"), None, gpu=False)}["docker"].level == "ok"
+
+
+def test_gpu_health_read_on_a_host_is_judged_and_printed_with_its_fix(monkeypatch, capsys):
+    """doctor from a recorded host output (tests/unit/data/gpu_health_v100_xid79.txt): the GPU off the bus fails and
+    the page pending retirement warns, each naming the host and the GPU; a clean H200 host gives one ok line."""
+    from helpers import REPO
+    from kit.cli import doctor as cli_doctor
+    from kit.config.hosts import Host
+    from kit.cluster.steps.node import Node
+
+    def host(name, data):
+        r = reading(name, facts=dict(gpus=8, runtimes=frozenset({"nvidia"}), drivers=("550.127.05",)),
+                    drivers=("550.127.05",), clock_offset=0.0)
+        rd.parse_doctor(r, (REPO / "tests/unit/data" / data).read_text())
+        return r
+    readings = {"h1": host("h1", "gpu_health_h200_clean.txt"), "h2": host("h2", "gpu_health_v100_xid79.txt")}
+    monkeypatch.setattr(dr, "read_host", lambda node, cfg, image: readings[node.name])
+    monkeypatch.setattr(dr, "facts_candidates", lambda nodes: ([], None))  # (the training network is not this test's)
+    nodes = [Node(Host(n), None, Place("kit-lab", "/var/lib/kit/lab")) for n in readings]
+    report = dr.examine(nodes, ClusterConfig(name="lab"), "img", None, "gpu", OWNER)
+    health = [(f.host, f.level) for f in report.findings if f.check == "gpu health"]
+    assert health == [("h1", "ok"), ("h2", "warn"), ("h2", "fail")]
+    cli_doctor._print(report, "lab", up=False)
+    out = capsys.readouterr().out
+    assert "GPU 1 (00000000:00:05.0) on h2: a page waits to be retired" in out
+    assert "the GPU at 0000:00:07 on h2, which nvidia-smi does not list: Xid 79 (fallen off the bus)" in out
+    assert "fix: drain h2 and reboot it" in out

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import REPO
 from kit.doctor import gpufacts as gf
+from kit.doctor import read as rd
 from kit.doctor.gpuhealth import judge_health
 
 DATA = REPO / "tests" / "unit" / "data"
@@ -122,3 +123,10 @@ def test_the_script_runs_here_and_changes_nothing():
     health = gf.parse_health(out)
     assert health is not None and health.gpus == () and health.log in ("dmesg", "journalctl", "")
 
+
+def test_doctor_reads_the_hosts_gpu_health_from_its_sections_not_the_containers():
+    text = recorded("v100_xid79") + "@@kit container\n|@@kit xid\n|from dmesg\n|1 Xid (PCI:0000:00:04): 79, forged\n"
+    reading = rd.Reading("h2")
+    rd.parse_doctor(reading, text)
+    assert [(x.bus, x.code) for x in reading.gpu_health.xids] == [("0000:00:04", 13), ("0000:00:05", 48),
+                                                                   ("0000:00:05", 63), ("0000:00:07", 79)]

@@ -13,6 +13,7 @@ from kit.cluster import state as st
 from kit.jobs.commands.horovod import on_cluster_subnet
 from kit.config.settings import AUTO_FLAVORS, ClusterConfig, cuda_line
 from kit.doctor.finding import FAIL, OK, WARN, Finding
+from kit.doctor.gpuhealth import judge_health
 from kit.doctor.read import Nic, Reading
 from kit.errors import BadInput, KitError
 from kit.cluster.steps.facts import CONTAINERD_HINT, CONTAINERD_STORE, HostFacts
@@ -30,7 +31,7 @@ def _host_checks(r: Reading, cfg: ClusterConfig, state: st.ClusterState | None, 
     out.append(_disk(r.name, "docker disk", f"in Docker's data root {f.docker_root or '?'}", f.free_bytes,
                      "free space there (`docker system prune`, old images)"))
     if gpu:
-        out += _gpu(r, state is not None) + _cuda(r, flavor, cuda)
+        out += _gpu(r, state is not None) + _cuda(r, flavor, cuda) + judge_health(r.name, r.gpu_health)
     return out
 
 

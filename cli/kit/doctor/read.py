@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from kit.jobs.commands.docker import command, exec_argv
 from kit.config.settings import ClusterConfig
 from kit.errors import KitError
+from kit.doctor.gpufacts import SCRIPT as GPU_HEALTH_SCRIPT, GpuHealth, parse_health
 from kit.hostoutput import INNER, MARK, PREFIX_INNER, inner_lines, is_number, lines, number, sections
 from kit.network.links import NAME
 from kit.cluster.place import Place
@@ -26,7 +27,7 @@ from kit.cluster.steps.facts import HostFacts
 from kit.cluster.steps.node import Node
 
 PAIR_TIMEOUT_S = 20                       # one SSH between two containers, connection and handshake included
-DOCTOR_TIMEOUT_S = 60
+DOCTOR_TIMEOUT_S = 90                     # nvidia-smi and the kernel's log are bounded within it (gpufacts)
 CONTAINER_MAX = 1 << 20                   # bytes of the container's own section that doctor reads
 
 
@@ -76,13 +77,14 @@ class Reading:
     container_rdma: tuple[str, ...] = ()  # the files of /dev/infiniband in the container
     container_verbs: bool | None = None   # the image has libibverbs (None: not read)
     ib_disabled: str = ""               # NCCL_IB_DISABLE as the container sets it (its environment, /etc/nccl.conf)
+    gpu_health: GpuHealth | None = None  # the GPUs' memory errors and Xids, read on the host (None: not read)
 
 
-def doctor_script(place: Place, workspace: str) -> str:
+def doctor_script(place: Place, workspace: str, gpus: bool = False) -> str:
     """A POSIX sh script for the host, in `@@kit NAME` sections: its NICs (MTU, speed), its listening sockets with
-    the process of each and the container's pid namespace (to tell the container's from another program's), the
-    NVIDIA driver, and from inside the container: /dev/shm, the memlock limit, free space in the workspace, its
-    GPUs."""
+    the process of each and the container's pid namespace (to tell the container's from another program's), with
+    `gpus` (the host has NVIDIA GPUs) their health (kit.doctor.gpufacts), and from inside the container: /dev/shm,
+    the memlock limit, free space in the workspace, its GPUs."""
     q = shlex.quote
     nics = ('for d in /sys/class/net/*; do echo "${d##*/} $(cat "$d/mtu" 2>/dev/null || echo ?) '
             '$(cat "$d/speed" 2>/dev/null || echo ?)"; done; ip -o -4 addr show 2>/dev/null')
@@ -108,6 +110,7 @@ def doctor_script(place: Place, workspace: str) -> str:
     return "\n".join([
         *([] if place.private else [f"echo '{MARK}nics'; {nics}", sockets,
                                     f"echo '{MARK}listen'; echo \"$sockets\"", f"echo '{MARK}owners'; {owners}"]),
+        *([GPU_HEALTH_SCRIPT] if gpus else []),
         f"echo '{MARK}cpidns'; pid=$(docker inspect --format '{{{{.State.Pid}}}}' {q(place.container)} 2>/dev/null) "
         "&& [ \"$pid\" -gt 0 ] && readlink /proc/$pid/ns/pid",
         # What the container prints is the job's to forge: each of its lines goes with INNER in front (and a last line
@@ -175,8 +178,9 @@ def parse_doctor(reading: Reading, text: str) -> None:
     """The host's sections, and the container's (its lines start with INNER: nothing it prints can pass for one of
     the host's: the text is cut at line feeds only); a container that did not answer printed only docker exec's
     complaint."""
-    s = sections("\n".join(l for l in lines(text) if not l.startswith(INNER)))
-    c = sections("\n".join(inner_lines(text)))
+    host = "\n".join(l for l in lines(text) if not l.startswith(INNER))
+    s, c = sections(host), sections("\n".join(inner_lines(text)))
+    reading.gpu_health = parse_health(host)
     reading.nics = parse_nics(s.get("nics") or c.get("nics", ""))
     reading.listeners = parse_listeners(s.get("listen", ""), s.get("owners", ""))
     reading.container_pidns = s.get("cpidns", "")
@@ -212,7 +216,8 @@ def read_host(node: Node, cfg: ClusterConfig, image: str) -> Reading:
         preflight.gather(node, cfg, image)
         reading.address, reading.facts, reading.drivers = node.address, node.facts, node.facts.drivers
         reading.clock_offset, reading.clock_error = read_clock(node.runner)
-        r = node.runner.run(doctor_script(node.place, cfg.workspace_path), timeout=DOCTOR_TIMEOUT_S)
+        r = node.runner.run(doctor_script(node.place, cfg.workspace_path, gpus=node.facts.nvidia_gpus > 0),
+                            timeout=DOCTOR_TIMEOUT_S)
         if f"{MARK}end" not in lines(r.stdout):
             raise KitError("kit's doctor script was cut short", host=node.name, output_tail=r.tail())
         parse_doctor(reading, r.stdout)
