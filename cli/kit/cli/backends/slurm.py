@@ -404,8 +404,8 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
     reader = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
     runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
     try:
-        for start, slurm_id in enumerate((*record.earlier, record.slurm_id)[:-1]):  # a job kit started again: each
-            said(start, slurm_id)                                                    # start's output, in turn
+        for start, slurm_id in enumerate(record.earlier):  # a job kit started again: each start's output, in turn
+            said(start, slurm_id)
             earlier = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
             slurmjobs.read_rest(runner, dataclasses.replace(record, slurm_id=slurm_id), 0, earlier.feed)
         if record.earlier:
