@@ -1,0 +1,97 @@
+"""Each rank's pace from its heartbeats' counters, and the host whose ranks hold the others back (kit.jobs.pace):
+the span each figure is over, the medians, the factor, the window a host must stay slow, a job on one host, and a
+rank that starts again."""
+
+from __future__ import annotations
+
+from kit.jobs.pace import Pace, Sample, ranges
+
+HOSTS = {"h1": (0, 1), "h2": (2, 3), "h3": (4, 5)}
+
+
+def run(pace: Pace, until: float, busy, data=lambda host, now: 0.0, every: float = 5.0, step_s: float = 1.0,
+        start: float = 0.0, counters=None) -> list:
+    """Ranks that step together (each step `step_s`, synchronous: the others wait in collectives for the slowest),
+    each host's ranks busy `busy(host, now)` of a step, waiting for data `data(host, now)` of it; a heartbeat every
+    `every` seconds. What the pace names at each look, in order."""
+    counters = counters if counters is not None else {}
+    named, now = [], start
+    while now <= until:
+        for host, ranks in HOSTS.items():
+            for rank in ranks:
+                t, steps, d, c = counters.get(rank, (0.0, 0, 0.0, 0.0))
+                b = busy(host, now)
+                counters[rank] = (t + every, steps + int(every / step_s), d + every * data(host, now),
+                                  c + every * (1 - b))
+                t, steps, d, c = counters[rank]
+                pace.add(rank, host, Sample(now, t, steps, d, c))
+        named += [(now, s.text()) for s in pace.look(now)]
+        now += every
+    return named
+
+
+def test_a_host_slow_for_the_window_is_named_once_with_what_its_ranks_wait_for():
+    """h3's ranks are busy 0.95 of a step from t=60 s (their data loader starves: 0.7 of it), the others 0.5: h3 is
+    1.9 times slower, named once it has been so for two minutes (and the span's 30 s have caught up), then never
+    again."""
+    pace = Pace()
+    named = run(pace, 600, lambda h, now: 0.95 if h == "h3" and now >= 60 else 0.5,
+                lambda h, now: 0.7 if h == "h3" and now >= 60 else 0.05)
+    assert len(named) == 1, named
+    when, text = named[0]
+    assert 180 <= when <= 240, when
+    assert text == "straggler: host h3 (ranks 4-5) 1.9x slower than the others for 2 min; its ranks wait for data " \
+                   "70% of the time"
+    table = {p.rank: p for p in pace.ranks(600)}
+    assert table[4].steps_per_s == table[0].steps_per_s == 1.0  # the same rate: synchronous steps name nobody
+    assert round(table[4].comm, 2) == 0.05 and round(table[0].comm, 2) == 0.5 and round(table[4].data, 2) == 0.7
+
+
+def test_no_host_is_named_when_all_are_alike_or_one_is_less_than_the_factor_slower():
+    assert run(Pace(), 900, lambda h, now: 0.5 + 0.05 * (hash((h, now)) % 3)) == []   # noise of 10%
+    assert run(Pace(), 900, lambda h, now: 0.7 if h == "h2" else 0.5) == []          # 1.4x: below 1.5x
+    assert run(Pace(factor=1.3), 900, lambda h, now: 0.7 if h == "h2" else 0.5) != []
+
+
+def test_a_host_slow_for_less_than_the_window_is_not_named_and_its_time_starts_again():
+    """Slow 90 s, then well, then slow 90 s again: never two minutes in a row."""
+    slow = lambda h, now: 0.95 if h == "h1" and (60 <= now < 150 or 300 <= now < 390) else 0.5  # noqa: E731
+    assert run(Pace(), 600, slow) == []
+
+
+def test_a_job_on_one_host_names_its_slow_rank():
+    pace = Pace()
+    counters: dict = {}
+    named, now = [], 0.0
+    while now <= 400:
+        for rank in range(4):
+            t, steps, c = counters.get(rank, (0.0, 0, 0.0))
+            busy = 0.9 if rank == 2 else 0.4
+            counters[rank] = (t + 5, steps + 5, c + 5 * (1 - busy))
+            pace.add(rank, "h1", Sample(now, *counters[rank][:2], 0.0, counters[rank][2]))
+        named += [s.text() for s in pace.look(now)]
+        now += 5
+    assert named == ["straggler: rank 2 on h1 2.2x slower than the others for 2 min; it computes 90% of the time"]
+
+
+def test_a_rank_that_starts_again_starts_its_figures_anew_and_is_not_slow_for_it():
+    """A restart: the ranks' counters start again from 0 (and their clock): no step goes back, no negative time,
+    and the time a host was slow starts again too."""
+    pace = Pace()
+    counters: dict = {}
+    slow = lambda h, now: 0.95 if h == "h3" else 0.5  # noqa: E731
+    assert run(pace, 100, slow, counters=counters) == []  # slow 100 s: not yet two minutes
+    counters.clear()  # the job starts again
+    assert run(pace, 200, slow, start=105, counters=counters) == []  # 95 s since the restart: not yet
+    assert all(p.step_s > 0 and p.busy_s >= 0 for p in pace.ranks(200))
+    assert [text for _, text in run(pace, 400, slow, start=205, counters=counters)] == [
+        "straggler: host h3 (ranks 4-5) 1.9x slower than the others for 2 min; its ranks compute 95% of the time"]
+
+
+def test_without_the_collectives_waits_nobody_is_slow():
+    """A script that marks no wait: every busy time is the step time, the same for every rank."""
+    assert run(Pace(), 600, lambda h, now: 1.0) == []
+
+
+def test_ranges():
+    assert ranges([0, 1, 2, 5]) == "0-2, 5" and ranges((7,)) == "7" and ranges([4, 5]) == "4-5"
