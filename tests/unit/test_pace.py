@@ -95,3 +95,63 @@ def test_without_the_collectives_waits_nobody_is_slow():
 
 def test_ranges():
     assert ranges([0, 1, 2, 5]) == "0-2, 5" and ranges((7,)) == "7" and ranges([4, 5]) == "4-5"
+
+
+MARKED = """import time
+import kit_pace
+import horovod.torch.mpi_ops as ops
+from horovod.torch import optimizer
+def batches():
+    for i in range(6):
+        time.sleep(0.1)              # the loader
+        yield i
+for batch in kit_pace.data(batches()):
+    time.sleep(0.05)                 # compute
+    with kit_pace.comm():
+        time.sleep(0.02)             # a wait kit cannot see, marked
+    kit_pace.step()
+    optimizer.synchronize(batch)     # Horovod's wait for the step's allreduce, as its optimizer names it
+time.sleep(1.0)                      # a heartbeat written after the last step
+print("steps done", flush=True)
+time.sleep(3)                        # (its heartbeat is read meanwhile: the launcher removes it as the script ends)
+"""
+# Horovod's layout where the waiting is: mpi_ops.synchronize, which its optimizer imports by name.
+OPS = "import time\ndef synchronize(handle):\n    time.sleep(0.03)\n    return handle\n"
+OPTIMIZER = "from horovod.torch.mpi_ops import synchronize\n"
+
+
+def test_the_rank_launcher_counts_the_steps_and_waits_the_script_marks_and_horovods_own(tmp_path):
+    """A real rank launcher runs a script that marks its steps and its loader (kit_pace) and waits in Horovod's
+    synchronize (a stand-in module of Horovod's layout: its optimizer imports synchronize by name): its heartbeat
+    carries the counters, on the rank's clock, and parse_beats reads them."""
+    import json
+    import subprocess
+    import sys
+
+    from kit.backends.cluster.supervisor.heartbeats import parse_beats
+    from kit.jobs.commands.horovod import rank_launcher
+    for rel, text in (("horovod/__init__.py", ""), ("horovod/torch/__init__.py", ""),
+                      ("horovod/torch/mpi_ops.py", OPS), ("horovod/torch/optimizer.py", OPTIMIZER)):
+        (tmp_path / "lib" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "lib" / rel).write_text(text)
+    (tmp_path / "launcher.py").write_text(rank_launcher(env_dir=str(tmp_path / "env"), every=0.5, look=0.1))
+    (tmp_path / "train.py").write_text(MARKED)
+    env = {"PATH": "/usr/bin:/bin", "KIT_JOB": "20261129-120000-abcd", "HOROVOD_RANK": "0",
+           "KIT_PROGRESS_DIR": str(tmp_path / "progress"), "PYTHONPATH": str(tmp_path / "lib")}
+    beat_file = tmp_path / "progress" / "20261129-120000-abcd" / "0"
+    proc = subprocess.Popen([sys.executable, "launcher.py", "train.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "steps done\n"
+        raw = json.loads(beat_file.read_text())
+    finally:
+        proc.wait(timeout=30)
+    assert raw["steps"] == 6
+    assert 0.55 <= raw["data_s"] < 1.2, raw           # 6 x 0.1 s in the loader
+    assert 6 * (0.02 + 0.03) - 0.01 <= raw["comm_s"] < 0.8, raw  # marked, and Horovod's synchronize
+    (beat,) = parse_beats("h1", json.dumps(raw))
+    assert (beat.steps, beat.data_s, beat.comm_s, beat.t) == (6, raw["data_s"], raw["comm_s"], raw["t"])
+    # A heartbeat with no pace, or with figures that are none, is a heartbeat all the same (for the hang watch)
+    (old,) = parse_beats("h1", json.dumps(dict(rank=0, moves=3, where="x")))
+    (bad,) = parse_beats("h1", json.dumps(dict(rank=0, moves=3, where="x", t="nan", steps=1, data_s=0, comm_s=0)))
+    assert old.t is None and bad.t is None and bad.moves == 3

@@ -36,7 +36,7 @@ import os, sys  # loaded as Python started, before the workspace was on sys.path
 USERS_PATH, OWN = sys.path[:], [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + ["", os.curdir]
 OWN = {{os.path.abspath(p) for p in OWN}} | set(OWN)
 sys.path[:] = [p for p in USERS_PATH if p not in OWN]
-import faulthandler, json, pkgutil, runpy, signal, threading, time
+import contextlib, faulthandler, json, pkgutil, runpy, signal, threading, time, types
 sys.path[:] = USERS_PATH
 def rank_of(env):
     if env.get("HOROVOD_RANK", env.get("RANK", "")).isdigit():
@@ -54,6 +54,49 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
     own = frame and "%s:%s in %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     return inner if own in (None, inner) else inner + " (from " + own + ")"
 ENDED, LOCK, STACK = threading.Event(), threading.Lock(), None
+PACE = dict(steps=0, data_s=0.0, comm_s=0.0)  # the script's steps, and its seconds waiting for data and in collectives
+def hook_horovod():  # Horovod's waits for its collectives count as waiting in collectives (its synchronize, wherever named)
+    ops = sys.modules.get("horovod.torch.mpi_ops")
+    given = getattr(ops, "synchronize", None)
+    if given is None or getattr(given, "kit_pace", False):
+        return
+    def synchronize(*args, **kwargs):
+        began = time.monotonic()
+        try:
+            return given(*args, **kwargs)
+        finally:
+            PACE["comm_s"] += time.monotonic() - began
+    synchronize.kit_pace = True
+    for name, module in list(sys.modules.items()):
+        if (name == "horovod.torch" or name.startswith("horovod.torch.")) and getattr(module, "synchronize", None) is given:
+            module.synchronize = synchronize
+def pace_module():  # `import kit_pace` in the script: its marks for the training loop (docs/jobs.md, Slow ranks)
+    module = types.ModuleType("kit_pace", "kit's marks for a training loop: step() after each step; data(loader) "
+                              "around the loader; with comm(): around a wait for a collective kit cannot see")
+    def step(count=1):
+        hook_horovod()
+        PACE["steps"] += count
+    def data(iterable):
+        items = iter(iterable)
+        while True:
+            began = time.monotonic()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                PACE["data_s"] += time.monotonic() - began
+            yield item
+    @contextlib.contextmanager
+    def comm():
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            PACE["comm_s"] += time.monotonic() - began
+    module.step, module.data, module.comm = step, data, comm
+    return module
+sys.modules["kit_pace"] = pace_module()
 def heartbeat():
     # The main thread moves when it is seen somewhere new; it is looked at {1 / look:g} times a second, so that a loop that
     # waits at one place most of the time is still seen elsewhere now and then. (Its CPU time says nothing: a rank
@@ -75,7 +118,7 @@ def heartbeat():
                     return
                 os.makedirs(os.path.dirname(BEAT), exist_ok=True)
                 with open(BEAT + ".new", "w") as f:
-                    json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where), f)
+                    json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where, t=time.monotonic(), **PACE), f)
                 os.replace(BEAT + ".new", BEAT)
                 if STACK and os.fstat(STACK.fileno()).st_size:  # a stack written (SIGUSR2): on the shared
                     os.fsync(STACK.fileno())                    # filesystem, where the login host reads it

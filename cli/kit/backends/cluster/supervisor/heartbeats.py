@@ -78,6 +78,19 @@ class Beat:
     rank: int
     moves: int     # how often the rank's main thread was seen somewhere else than before
     where: str     # where it is now: file:line in function
+    t: float | None = None  # the rank's own clock when it wrote it (None: a launcher that keeps no pace)
+    steps: int = 0          # the steps the script marked (kit_pace.step), and its seconds waiting for data
+    data_s: float = 0.0     # (kit_pace.data) and in collectives (Horovod's, kit_pace.comm), since it started
+    comm_s: float = 0.0
+
+
+def _pace(raw: dict) -> tuple:
+    """A heartbeat's pace (t, steps, data_s, comm_s), () where it has none or it is no figures (a rank writes it)."""
+    try:
+        t, steps, data_s, comm_s = (float(raw["t"]), int(raw["steps"]), float(raw["data_s"]), float(raw["comm_s"]))
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return ()
+    return (t, steps, data_s, comm_s) if all(0 <= x < 1e12 for x in (t, steps, data_s, comm_s)) else ()
 
 
 def parse_beats(host: str, text: str) -> list[Beat]:
@@ -85,7 +98,7 @@ def parse_beats(host: str, text: str) -> list[Beat]:
     for line in text.splitlines():
         try:
             raw = json.loads(line)
-            beats.append(Beat(host, int(raw["rank"]), int(raw["moves"]), str(raw["where"])[:300]))
+            beats.append(Beat(host, int(raw["rank"]), int(raw["moves"]), str(raw["where"])[:300], *_pace(raw)))
         except (ValueError, KeyError, TypeError):
             continue  # a rank writes these: whatever is not a heartbeat is skipped
     return beats
