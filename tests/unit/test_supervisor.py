@@ -192,6 +192,34 @@ def test_a_job_that_keeps_moving_is_not_hung(tmp_path, ssh_shim):
     assert (folder / "exit").read_text() == "0\n" and not (folder / "hang").exists()
 
 
+STEPS = """import json, os, random, time
+import kit_pace
+busy = 0.2 if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 2 else 0.09   # host c's rank computes longer
+end = time.monotonic() + 16
+while time.monotonic() < end:
+    total = 0
+    began = time.monotonic()
+    while time.monotonic() - began < busy * random.uniform(0.9, 1.1):   # compute (Python work, seen moving)
+        total += 1
+    with kit_pace.comm():                     # the allreduce: the fast ranks wait for the slow one
+        time.sleep(0.23 - busy)
+    kit_pace.step()
+"""
+
+
+def test_a_host_whose_ranks_are_busier_than_the_others_is_named_a_straggler_once(tmp_path, ssh_shim):
+    """Three ranks step together (0.23 s a step); host c's computes 0.2 s of it, the others 0.09 s and wait: c is
+    named, once, in the job's output and its record, with what its rank does most (a window of 5 s here)."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    job = job_id()
+    r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["steps.py"] * 3, hang_timeout=6, pace_window=5))
+    assert (folder / "exit").read_text() == "0\n", (folder / "output.log").read_text()[-2000:]
+    said = [line for line in (folder / "output.log").read_text().splitlines() if "straggler" in line]
+    assert len(said) == 1 and re.fullmatch(r"kit: straggler: host c \(rank 2\) 2\.\dx slower than the others for \d+ "
+                                           r"s; its rank computes [89]\d% of the time", said[0]), said
+    assert (folder / "straggler").read_text().strip() == said[0].removeprefix("kit: ")
+
+
 def test_a_heartbeat_being_written_is_read_once(tmp_path):
     from kit.backends.cluster.supervisor.heartbeats import parse_beats, progress_script
     folder = tmp_path / "j1"

@@ -76,7 +76,8 @@ class Straggler:
         who = f"rank {self.ranks[0]} on {self.host}" if self.alone else \
             f"host {self.host} (rank{'s' if len(self.ranks) > 1 else ''} {ranges(self.ranks)})"
         return (f"straggler: {who} {self.factor:.1f}x slower than the others for {minutes(self.seconds)}; "
-                f"{f'it {singular}' if self.alone else f'its ranks {plural}'} {share:.0%} of the time")
+                f"{'it ' + singular if self.alone else 'its rank ' + singular if len(self.ranks) == 1 else 'its ranks ' + plural}"
+                f" {share:.0%} of the time")
 
 
 def ranges(ranks: tuple[int, ...] | list[int]) -> str:

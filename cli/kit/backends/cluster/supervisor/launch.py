@@ -49,7 +49,7 @@ REAP_ROUNDS, REAP_SETTLE_S = 4, 0.3
 # `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
 # (supervise.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
 # hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
-ENDING = ("env_kept", "restarts", "left_out", "hang", "reaped")
+ENDING = ("env_kept", "restarts", "left_out", "hang", "straggler", "reaped")
 AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (Supervisor.finish)
 
 
@@ -314,6 +314,7 @@ class Plan:
     restarts: int = 0
     min_np: int = 1
     hang_timeout: float = 0          # seconds; 0: no watch
+    pace_window: float = 120.0       # seconds a host must be slow at every look to be named a straggler (kit.jobs.pace)
     env: bool = False                # the job has variables in every container (ENV_DIR), removed at its end
     here: str = ""                   # the address of the host whose container runs the supervisor ("": hosts[0])
     primary: str = ""                # that host's name, when it is none of the job's hosts

@@ -8,9 +8,10 @@ import re
 from types import ModuleType
 
 from kit.backends.cluster.supervisor import heartbeats, launch, starter, supervise
+from kit.jobs import pace
 
 # The modules of the script, in the order they are shipped: each uses names of the ones before it only.
-MODULES = (launch, heartbeats, starter, supervise)
+MODULES = (launch, heartbeats, pace, starter, supervise)
 # The mark of a module's import of another of them: dropped from the script, where that module's names are defined
 # already. An import of kit without it fails the build of the script.
 TOGETHER = "# shipped together"

@@ -23,6 +23,9 @@ from kit.backends.cluster.supervisor.launch import parse_end, reap_script, ssh_a
 from kit.backends.cluster.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats, parse_stacks  # shipped together
 from kit.backends.cluster.supervisor.heartbeats import progress_script, stacks_argv  # shipped together
 from kit.backends.cluster.supervisor.starter import start  # shipped together
+from kit.jobs.pace import Pace, Sample  # shipped together
+
+PACE_EVERY_S = 10.0  # the ranks' heartbeats are read at least this often, for their pace (kit.jobs.pace)
 
 
 class Supervisor:
@@ -157,14 +160,16 @@ class Supervisor:
         # Each host's shared connection, opened while the launcher starts (not when the job's end waits for it); the
         # fanout script reaches the primary over SSH too
         threading.Thread(target=self.connect, args=(hosts,), daemon=True).start()
-        watch = Watch(plan.hang_timeout)
+        watch, pace = Watch(plan.hang_timeout), Pace(window=plan.pace_window)  # (a restart's pace starts anew)
         while proc.poll() is None:
             try:
-                proc.wait(timeout=watch.every)
+                proc.wait(timeout=min(watch.every, PACE_EVERY_S))
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if plan.hang_timeout and watch.stalled(self.beats(hosts)):
+            beats = self.beats(hosts)
+            self.keep_pace(pace, beats)
+            if plan.hang_timeout and watch.stalled(beats):
                 self.hung(hosts, watch)
                 proc.send_signal(signal.SIGINT)
                 try:
@@ -196,6 +201,17 @@ class Supervisor:
     def beats(self, hosts: list[Slot]) -> list[Beat]:
         found = self.on_all(hosts, ["sh", "-c", progress_script(self.plan.id)])
         return [b for h, r in zip(hosts, found) for b in parse_beats(h.host, r.stdout)]
+
+    def keep_pace(self, pace: "Pace", beats: list[Beat]) -> None:
+        """The ranks' pace from their heartbeats; a host that holds the others back is named, once, in the job's
+        output and its record (straggler)."""
+        now = time.monotonic()
+        for b in beats:
+            if b.t is not None:
+                pace.add(b.rank, b.host, Sample(now, b.t, b.steps, b.data_s, b.comm_s))
+        for slow in pace.look(now):
+            self.say(slow.text())
+            self.record("straggler", "\n".join([*filter(None, [self.ending.get("straggler")]), slow.text()]))
 
     def hung(self, hosts: list[Slot], watch: "Watch") -> None:
         """Every rank's stack into the job's folder, and which rank(s) differ from the others, named."""
