@@ -267,10 +267,13 @@ def where(name: Optional[str], config: Optional[Path]) -> Where:
 
 
 def print_hangs(rows: list[dict]) -> None:
-    """Under a table of `kit jobs`, each hung job's report (a rank's text: shown, never markup)."""
+    """Under a table of `kit jobs`, each hung job's report, and the stragglers kit named in each job (a rank's text:
+    shown, never markup)."""
     for row in rows:
         if row.get("hang"):
             console.print(f"{escape(row['id'])} hung: {escape(visible(row['hang'], one_line=True))}", highlight=False)
+        for line in (row.get("straggler") or "").splitlines():
+            console.print(f"{escape(row['id'])} {escape(visible(line, one_line=True))}", highlight=False)
 
 
 def need_state(cfg: ClusterConfig, identity: Identity, state: st.ClusterState | None) -> st.ClusterState:

@@ -75,6 +75,7 @@ class SlurmRecord:
     restarts: int = 0        # how often kit run --restarts submitted it again (slurm_id is the last start's)
     left_out: tuple[str, ...] = ()  # the nodes those restarts left out
     earlier: tuple[str, ...] = ()   # the Slurm ids of its earlier starts, first first
+    straggler: tuple[str, ...] = ()  # what kit's watch said of the nodes that held the others back (kit.jobs.pace)
 
     @property
     def output(self) -> str:
@@ -87,7 +88,8 @@ def save(record: SlurmRecord) -> None:
 
 def _record(data: dict) -> SlurmRecord:
     record = SlurmRecord(**data)
-    record = replace(record, left_out=tuple(record.left_out), earlier=tuple(record.earlier))
+    record = replace(record, left_out=tuple(record.left_out), earlier=tuple(record.earlier),
+                     straggler=tuple(str(line) for line in record.straggler))
     for slurm_id in (record.slurm_id, *record.earlier):
         if not re.fullmatch(r"\d{1,12}", slurm_id):  # it reaches the login host's shell
             raise ValueError(slurm_id)

@@ -18,11 +18,13 @@ import shlex
 import tarfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Callable
 
 from kit.backends.cluster.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats
 from kit.backends.slurm.jobs import Ending
 from kit.backends.slurm.output import Reader
+from kit.jobs.pace import Pace, Sample
 from kit.runners.base import Runner
 
 READ_EVERY_S = 5.0         # the heartbeats are read at least this often (the watch's own period may be less)
@@ -91,6 +93,8 @@ class SlurmWatch:
         self.mark = "@@kit-beat-" + secrets.token_hex(8)  # (a rank's file cannot end its part early: it cannot guess)
         self.written: dict[int, tuple[str, float]] = {}  # rank -> (its file's INODE:MTIME, when kit saw it so first)
         self.there: set[int] = set()  # the ranks whose heartbeat the last reading found
+        self.pace = Pace()            # the ranks' pace (kit.jobs.pace): the nodes that hold the others back
+        self.stragglers: list[str] = []  # what kit said of them, once each
 
     @property
     def ranks(self) -> int:
@@ -104,6 +108,9 @@ class SlurmWatch:
         self.next = self.clock() + min(self.watch.every, READ_EVERY_S)
         r = self.runner.run(_each(self.folder, "[0-9]*", self.mark, 2000), timeout=REMOTE_TIMEOUT_S)
         beats = self.beats(r.stdout) if r.ok else []  # (no reading: no progress either)
+        for slow in self.pace.look(self.clock()):
+            self.stragglers.append(slow.text())
+            self.reader.show(None, None, f"kit: {slow.text()}")
         if self.find_lost and (lost := self.lost()):
             return Ending("lost", None, None, lost=tuple(sorted(lost)))
         if not self.watch.timeout:
@@ -119,8 +126,11 @@ class SlurmWatch:
         for rank, body in _split(text, self.mark, "", written).items():
             for beat in parse_beats("", body)[:1]:
                 if beat.rank == rank < self.ranks:
-                    found.append(Beat(self.reader.node_of(rank) or "?", rank, beat.moves, beat.where))
+                    found.append(replace(beat, host=self.reader.node_of(rank) or "?"))
         now = self.clock()
+        for b in found:
+            if b.t is not None and b.host != "?":
+                self.pace.add(b.rank, b.host, Sample(now, b.t, b.steps, b.data_s, b.comm_s))
         self.there = {b.rank for b in found}
         for rank in self.there:
             if self.written.get(rank, ("",))[0] != written.get(rank):

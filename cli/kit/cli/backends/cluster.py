@@ -142,7 +142,7 @@ class Cluster:
         now = time.time()
         return [dict(id=r.id, launcher=r.launcher, np=len(r.hosts), hosts=sorted(set(r.hosts)), state=r.state,
                      started=r.started, seconds=r.seconds(now), exit=r.exit_code, restarts=r.restarts,
-                     left_out=list(r.left_out), hang=r.hang, environment=r.environment)
+                     left_out=list(r.left_out), hang=r.hang, straggler=r.straggler, environment=r.environment)
                 for r in records]
 
     def show(self, rows: list[dict]) -> None:

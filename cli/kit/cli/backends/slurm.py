@@ -155,11 +155,12 @@ def _follow_restarting(runner, record: slurmjobs.SlurmRecord, show, policy: Poli
         while True:
             reader = slurmoutput.Reader(record.launcher, record.ranks, show, per_node=record.per_node)
             ending, watch = _follow(runner, record, reader, beats=record.restarts < policy.restarts)
-            record = dataclasses.replace(record, ranks=reader.ranks)
+            record = dataclasses.replace(record, ranks=reader.ranks,
+                                         straggler=(*record.straggler, *watch.stragglers))
             if record.restarts >= policy.restarts or ending.state not in slurmrestart.RESTARTED:
                 return record, ending
             again = slurmrestart.plan(reader.nodes, record.per_node, policy.min_np or record.ranks,
-                                      watch.silent_nodes() if watch else {}, slurmrestart.ended_nodes(reader),
+                                      watch.silent_nodes(), slurmrestart.ended_nodes(reader),
                                       slurmrestart.node_states(runner, partition))
             try:
                 if not ending.lost:  # (kit said why it ended a start that lost a node)
@@ -248,12 +249,13 @@ def _remember_end(record: slurmjobs.SlurmRecord, ending: slurmjobs.Ending) -> No
 
 
 def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, first: int = 0,
-            beats: bool = False) -> tuple[slurmjobs.Ending, Optional[slurmwatch.SlurmWatch]]:
-    """Follow the job to its end, under kit's hang watch where the job has one: a job that made no progress for its
-    hang timeout has every rank's stack kept in its folder (slurmwatch.take_stacks) and is cancelled. beats: read the
-    ranks' heartbeats all the same (a job that may restart: which ranks went silent). How it ended, and the watch."""
+            beats: bool = False) -> tuple[slurmjobs.Ending, slurmwatch.SlurmWatch]:
+    """Follow the job to its end under kit's watch: the ranks' pace (a node that holds the others back is named),
+    and where the job has a hang timeout, a job that made no progress for it has every rank's stack kept in its
+    folder (slurmwatch.take_stacks) and is cancelled. beats: a job that may restart (a node whose ranks went silent
+    while the others ended is lost). How it ended, and the watch."""
     watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, reader, record.hang_timeout,
-                                  find_lost=beats) if record.hang_timeout or beats else None
+                                  find_lost=beats)  # (with no hang timeout too: the ranks' pace)
     ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)
     if ending.state == "lost":  # (srun waits for the lost nodes, the others idle: a restart follows, without them)
         lost = ", ".join(f"{node} (its ranks wrote no heartbeat for {watch.silent_nodes().get(node, 0):.0f} s and left "
@@ -368,7 +370,8 @@ def rows(connect_timeout: int) -> list[dict]:
                 out.append(dict(id=record.id, slurm_id=record.slurm_id, login=login or "local", launcher=record.launcher,
                                 np=record.ranks, script=record.script, state=state, exit=code,
                                 submitted=int(record.submitted), seconds=int(now - record.submitted),
-                                hang=record.ended.get("hang"), restarts=record.restarts,
+                                hang=record.ended.get("hang"), straggler="\n".join(record.straggler),
+                                restarts=record.restarts,
                                 left_out=list(record.left_out)))
         finally:
             if runner is not None:
