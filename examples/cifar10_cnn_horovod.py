@@ -27,6 +27,13 @@ import horovod.torch as hvd
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+try:  # kit's rank launcher: the loop's steps and its waits for data, for kit's watch of each rank's pace
+    import kit_pace
+except ImportError:  # run without kit: nothing is counted
+    class kit_pace:  # noqa: N801
+        data = staticmethod(lambda loader: loader)
+        step = staticmethod(lambda count=1: None)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -127,12 +134,13 @@ def main() -> None:
         sampler.set_epoch(epoch)
         model.train()
         started, seen, total_loss = time.monotonic(), 0, 0.0
-        for images, labels in loader:
+        for images, labels in kit_pace.data(loader):
             images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
+            kit_pace.step()
             seen += len(images)
             total_loss += loss.item() * len(images)
         rate = hvd.allreduce(torch.tensor(seen / (time.monotonic() - started)), op=hvd.Sum, name="rate").item()
