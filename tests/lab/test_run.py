@@ -406,3 +406,36 @@ def test_a_jobs_servers_and_sshd_listen_on_the_cluster_address_only(project, lab
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+def test_the_preflight_names_a_host_whose_link_runs_at_a_tenth_and_exclude_bad_runs_on_the_others(project, lab,
+                                                                                                   cluster):
+    """Every host's link at 2 Gbit/s, h3's at a tenth of it: `kit run --preflight` measures the ring (each host to
+    the next, at once), then each end of a slow ring link with a good host, and names h3 with its figure within 30
+    s, and the job does not start; with --exclude-bad it runs on the other two (-np 3 becomes 2) and says so."""
+    h3 = lab.hosts[2]
+    try:
+        lab.shape("2gbit")
+        lab.shape("200mbit", [h3])
+        began = time.monotonic()
+        r = kit(project, lab, "run", "--preflight", "--np", "3", LOOP, "--", "--seconds", "5")
+        took = time.monotonic() - began
+        assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+        said = " ".join(r.stdout.split())
+        found = re.search(rf"preflight: {re.escape(h3.address)}: its links run at ([\d.]+) Gbit/s \(\S+ -> \S+\), the "
+                          r"others' at ([\d.]+)", said)
+        assert found and float(found[2]) >= 5 * float(found[1]), said
+        took_said = re.search(r"preflight: 3 hosts in (\d+) s: (\S+) would hold the job back", said)
+        assert took_said and int(took_said[1]) <= 30 and took_said[2] == h3.address and took < 60, said
+        assert f"error: the preflight names {h3.address}: the job would run at its speed" in " ".join(r.stderr.split())
+        assert "--exclude-bad runs it on" in r.stderr and not re.search(r"^kit: job \S+ ", r.stdout, re.M)
+        r = kit(project, lab, "run", "--preflight", "--exclude-bad", "--np", "3", LOOP, "--", "--seconds", "5")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        others = ", ".join(h.address for h in lab.hosts[:2])
+        assert f"preflight: --exclude-bad: the job runs on {others}, -np 2 (of 3)" in " ".join(r.stdout.split())
+        ranks = set(re.findall(r"^\[(\S+) rank \d\] ", r.stdout, re.M))
+        assert ranks == {h.address for h in lab.hosts[:2]}, r.stdout[-3000:]
+    finally:
+        lab.unshape()
+    healthy = kit(project, lab, "run", "--preflight", "--np", "3", LOOP, "--", "--seconds", "3")
+    assert healthy.returncode == 0 and "compute and links alike" in healthy.stdout, healthy.stdout[-3000:]

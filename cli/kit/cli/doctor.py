@@ -9,6 +9,9 @@ import typer
 from rich.markup import escape
 
 from kit.doctor import check as dr
+from kit.doctor import deep as deep_check
+from kit.errors import BadInput
+from kit.network import measure
 from kit.cluster import state as st
 from kit.cluster.lifecycle import state_cfg
 from kit.config.settings import AUTO_FLAVORS, build_config, cuda_line, requested_flavor, uses_gpus
@@ -29,6 +32,8 @@ def doctor(
     config: Optional[Path] = CONFIG,
     name: Optional[str] = NAME,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of lines."),
+    deep: bool = typer.Option(False, "--deep", help="Also measure every host's compute and links (seconds), as "
+                              "`kit run --preflight` does, and name a host that would hold a job back."),
 ) -> None:
     """Check the cluster: SSH, Docker, image, ports, NICs, clocks, disk, /dev/shm, the shared workspace, GPUs;
     Slurm (controller, nodes, munge keys) where kit.yaml has a slurm section or the primary has slurm.conf.
@@ -50,9 +55,16 @@ def doctor(
     else:
         nodes = [Node(h.host, connect(h.host), h.place, address=h.address) for h in state.hosts]
         cfg, image, flavor, cuda, where = state_cfg(state), state.image, state.flavor, state.cuda or None, ""
+    if deep and state is None:
+        raise BadInput("--deep measures in the cluster's containers: it needs a cluster that is up",
+                       hint="kit up --hosts hosts.txt first, or leave out --deep (or --hosts)")
     try:
         report = dr.examine(nodes, cfg, image, state, flavor, identity.owner, cuda=cuda, where=where,
                             slurm="slurm" in cfg_file.sections)
+        if deep and len(nodes) > 1:
+            compute = deep_check.measure_compute(nodes)
+            ring, pairs = deep_check.measure_links(nodes, {h: m.address for h, m in measure.route(state).items()})
+            report.findings.extend(deep_check.findings(compute, ring, pairs, [n.name for n in nodes]))
     finally:
         for n in nodes:
             n.runner.close()

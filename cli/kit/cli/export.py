@@ -20,6 +20,7 @@ from kit.jobs.model import parse_duration
 from kit.image.export import check_tools, default_output, export_docker_archive, export_enroot, find_image
 from kit.image.recipe import make_recipe
 from kit.backends.k8s import manifests as k8s
+from kit.backends.slurm import folder as slurmfolder
 from kit.backends.slurm import sbatch
 from kit.cli.backends import k8s as k8s_cli, slurm as slurm_cli
 from kit.cli.common import app, console, err_console, one_of, progress_bar, reports_errors
@@ -173,15 +174,15 @@ def _export_slurm(script: Optional[Path], args: list[str], launcher: str, nodes,
         raise BadInput("--to slurm needs the training script", hint="kit export --to slurm train.py [ARGS] [--nodes N]")
     check_launcher(launcher)
     shape = sbatch.shape(launcher, nodes, np, ntasks_per_node, gpus_per_node)
-    env_file = slurm_cli.variables_file(variables)[0] if variables else None
+    env_file = slurmfolder.variables_file(variables)[0] if variables else None
     text = slurm_cli.export_script(read_config(config), script.as_posix(), args, launcher, shape, partition, account,
                                    time_limit, output.name if output else "THIS_FILE", env_file, **resources)
     if output is not None:
         writable(output.absolute())
     # (once the script is known good: bad input writes nothing)
-    wrote = [f"kit's files for its tasks in {slurm_cli.write_helpers(Path.cwd())}"]
+    wrote = [f"kit's files for its tasks in {slurmfolder.write_helpers(Path.cwd())}"]
     if variables:
-        slurm_cli.write_variables(variables, Path.cwd())
+        slurmfolder.write_variables(variables, Path.cwd())
         wrote.insert(0, f"the job's variables ({', '.join(name for name, _ in variables)}) in {sbatch.ENV_DIR}/"
                         f"{env_file} (mode 0600)")
     err_console.print(f"kit: {' and '.join(wrote)}, here: the script reads them, so submit it from this folder",

@@ -58,6 +58,11 @@ def run(
     hang_timeout: str = typer.Option("10m", help="When no rank has made progress for this long (30s, 10m, 2h; 0: "
                                      "never), every rank's stack goes in the job's folder and the job is stopped "
                                      "(or restarted)."),
+    preflight: bool = typer.Option(False, "--preflight", help="Before the job, every host's compute and links are "
+                                   "measured (seconds), and a host that would hold the job back is named with its "
+                                   "figure; the job then does not start."),
+    exclude_bad: bool = typer.Option(False, "--exclude-bad", help="With --preflight: start the job on the hosts it "
+                                     "did not name (-np at most their slots)."),
     on: str = typer.Option("cluster", "--on", autocompletion=one_of(*backends.BACKENDS),
                            help="cluster (kit's containers on the hosts of `kit up`), slurm (submitted to Slurm as "
                                 "kit.yaml's slurm: section says) or k8s (applied with kubectl to its current "

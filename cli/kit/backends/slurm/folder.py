@@ -4,6 +4,7 @@ and the job's variables (0600, never in the script), for its first start and eac
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shlex
@@ -13,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from kit.backends.slurm.sbatch import ENV_DIR, SCRIPT_NAME, helper_files
+from kit.backends.slurm.sbatch import ENV_DIR, SCRIPT_NAME, helper_files, helpers, helpers_dir
+from kit.cluster.identity import write_file, write_secret
 from kit.cluster.steps.workspace import Ignore, scan
 from kit.data.transfer import tar_member
 from kit.errors import KitError
@@ -121,3 +123,31 @@ def variables_name(job_id: str, start: int) -> str:
     """The name of a start's variables' file in ENV_DIR: the job's id, then `.N` for the Nth start after the first
     (the batch script of the last start may remove its own as the next one begins: templates/sbatch.j2)."""
     return f"{job_id}.{start}" if start else job_id
+
+
+def variables_file(variables: tuple[tuple[str, str], ...]) -> tuple[str, bytes]:
+    """kit export --to slurm's -e and --env-file: (the file's name in ENV_DIR, from what it holds: another
+    export of other values is another file; its content, JSON as each rank reads it)."""
+    data = json.dumps(dict(variables), sort_keys=True).encode()
+    return "export-" + hashlib.sha256(data).hexdigest()[:12], data
+
+
+def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str:
+    """The variables' file in the folder's ENV_DIR (mode 0600 in a 0700 folder), never in the script; its
+    name."""
+    name, data = variables_file(variables)
+    env_dir = folder / ENV_DIR
+    env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env_dir.chmod(0o700)  # (one that was there already, too)
+    write_secret(env_dir / name, data)
+    return name
+
+
+def write_helpers(folder: Path) -> str:
+    """kit's files for the tasks of an exported script, in the folder's HELPERS_DIR-... (written where they
+    are not there as kit made them); that folder."""
+    for rel, data in helper_files().items():
+        path = folder / rel
+        if not path.is_file() or path.read_bytes() != data:
+            write_file(path, data, 0o644)
+    return helpers_dir(helpers())

@@ -28,6 +28,7 @@ from kit.backends.cluster import run as jobs
 from kit.jobs.commands.horovod import (ENV_DIR, HorovodOptions, Slot, check_knobs, check_np, exit_report, parse_hosts,
                                        pick_hosts, rank_command, split_rank)
 from kit.network import measure
+from kit.doctor import deep
 from kit.errors import BadInput, KitError
 from kit.shown import visible
 from kit.cli.common import Where, connector, console, locked, need_state, print_hangs
@@ -40,7 +41,7 @@ class Cluster:
     title = "kit's cluster"
     options = COMMON | {"np", "hosts", "nproc_per_node", "workdir", "fusion_threshold_mb", "cycle_time_ms",
                         "fp16_allreduce", "timeline", "verbose_horovod", "start_timeout", "restarts", "min_np",
-                        "hang_timeout"}
+                        "hang_timeout", "preflight", "exclude_bad"}
     placement = "-np and -H place a job on the cluster's hosts"
     commands = frozenset({"attach", "stacks"})
 
@@ -68,11 +69,17 @@ class Cluster:
         variables = jobenv.parse(list(job.env), list(job.env_files), os.environ)
         if job.option("fp16_allreduce"):
             variables = (("KIT_FP16_ALLREDUCE", "1"), *((k, v) for k, v in variables if k != "KIT_FP16_ALLREDUCE"))
+        if job.option("exclude_bad") and not job.option("preflight"):
+            raise BadInput("--exclude-bad: it leaves out the hosts the preflight names",
+                           hint="give --preflight with it")
+        np = job.np
         with locked(job.name, job.config) as (cfg, identity, state):  # no up or down changes the cluster under it
             state = need_state(cfg, identity, state)
             _check_launcher(launcher, state)
+            if job.option("preflight"):
+                picked, np = preflight(cfg, state, picked, np, job.option("exclude_bad"))
             options = HorovodOptions(fusion, cycle, timeline, verbose, job.option("start_timeout"))
-            run_job(cfg, state, job.script, list(job.args), job.np, job.workdir, options, variables,
+            run_job(cfg, state, job.script, list(job.args), np, job.workdir, options, variables,
                     job_printer(launcher), launcher, per_node, job.detach, job.policy, hosts=picked,
                     secrets=job.env_files)
 
@@ -169,6 +176,47 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
         prefix = f"[{host} rank {rank}] " if rank is not None else "" if text.startswith("kit: ") else label + " "
         console.print(f"{prefix}{visible(text, one_line=True)}", markup=False, highlight=False)  # as printed
     return show
+
+
+def preflight(cfg: ClusterConfig, state: st.ClusterState, picked: Optional[list[tuple[str, int | None]]],
+              np: Optional[int], exclude: bool) -> tuple[Optional[list[tuple[str, int | None]]], Optional[int]]:
+    """kit run --preflight: the job's hosts' compute and links measured (kit.doctor.deep), each named host said with
+    its figure. A host named stops the job before it starts, unless exclude: then it runs on the others, -np at most
+    their slots (-H and -np as a restart leaves them). (-H, -np) for the job."""
+    slots = {h.name: h.slots or 1 for h in state.hosts}
+    names = [h for h, _ in picked] if picked is not None else [h.name for h in state.hosts]
+    hosts = [h for h in state.hosts if h.name in names]
+    if len(hosts) < 2:
+        console.print("preflight: one host: no link to measure, nobody to compare with", highlight=False)
+        return picked, np
+    began = time.monotonic()
+    nodes = recorded_nodes(hosts, connector(cfg.connect_timeout))
+    try:
+        compute = deep.measure_compute(nodes)
+        ring, pairs = deep.measure_links(nodes, {h: m.address for h, m in measure.route(state).items()})
+    finally:
+        for n in nodes:
+            n.runner.close()
+    found = deep.findings(compute, ring, pairs, [h.name for h in hosts])
+    bad = list(dict.fromkeys(f.host for f in found if f.level != "ok"))
+    took = time.monotonic() - began
+    for f in found:
+        if f.level != "ok":
+            console.print(f"preflight: {escape(f.host)}: {escape(f.text)}", highlight=False)
+    console.print(f"preflight: {len(hosts)} hosts in {took:.0f} s: " + (
+        f"{', '.join(bad)} would hold the job back" if bad else "compute and links alike"), highlight=False)
+    if not bad:
+        return picked, np
+    good = [h.name for h in hosts if h.name not in bad]
+    if not exclude:
+        raise KitError(f"the preflight names {', '.join(bad)}: the job would run at its speed",
+                       hint=f"--exclude-bad runs it on {', '.join(good)}; or see to {', '.join(bad)} first (the "
+                            "figures above say what is slow)")
+    kept = [(h, dict(picked or []).get(h)) for h in good]
+    fit = sum(dict(picked or []).get(h) or slots[h] for h in good)
+    console.print(f"preflight: --exclude-bad: the job runs on {', '.join(good)}" +
+                  (f", -np {min(np, fit)} (of {np})" if np is not None and np > fit else ""), highlight=False)
+    return kept, min(np, fit) if np is not None else None
 
 
 def _check_launcher(launcher: str, state: st.ClusterState) -> None:

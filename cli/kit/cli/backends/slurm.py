@@ -180,13 +180,12 @@ def _follow_restarting(runner, record: slurmjobs.SlurmRecord, show, policy: Poli
 
 def _submit_again(runner, record: slurmjobs.SlurmRecord, again: slurmrestart.Again, policy: Policy,
                   variables: dict[str, str]) -> slurmjobs.SlurmRecord:
-    record = slurmrestart.submit_again(runner, record, again, variables)
+    r = slurmrestart.submit_again(runner, record, again, variables)
     out = "".join(f"left out {node} ({why}); " for node, why in sorted(again.left_out.items()))
     nodes = f"{again.low}" + (f" to {again.high}" if again.high != again.low else "")
-    console.print(f"kit: restart {record.restarts} of {policy.restarts}: {out}job {record.id} is Slurm job "
-                  f"{record.slurm_id} now, on {nodes} node(s), KIT_RESTART={record.restarts}", markup=False,
-                  highlight=False)
-    return record
+    console.print(f"kit: restart {r.restarts} of {policy.restarts}: {out}job {r.id} is Slurm job {r.slurm_id} now, "
+                  f"on {nodes} node(s), KIT_RESTART={r.restarts}", markup=False, highlight=False)
+    return r
 
 
 def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: str, shape: sbatch.Shape,
@@ -198,38 +197,6 @@ def export_script(cfg_file: ConfigFile, script: str, args: list[str], launcher: 
     settings = slurm_settings(cfg_file, partition, account, time_limit, **resources)
     return sbatch.render(sbatch.SbatchJob(sbatch.EXPORTED_JOB_ID, script, tuple(args), launcher, shape, settings,
                                           variables=env_file is not None, filename=filename, env_file=env_file))
-
-
-def variables_file(variables: tuple[tuple[str, str], ...]) -> tuple[str, bytes]:
-    """kit export --to slurm's -e and --env-file: (the file's name in sbatch.ENV_DIR, from what it holds: another
-    export of other values is another file; its content, JSON as each rank reads it)."""
-    import hashlib
-    import json
-    data = json.dumps(dict(variables), sort_keys=True).encode()
-    return "export-" + hashlib.sha256(data).hexdigest()[:12], data
-
-
-def write_variables(variables: tuple[tuple[str, str], ...], folder: Path) -> str:
-    """The variables' file in the folder's sbatch.ENV_DIR (mode 0600 in a 0700 folder), never in the script; its
-    name."""
-    from kit.cluster.identity import write_secret
-    name, data = variables_file(variables)
-    env_dir = folder / sbatch.ENV_DIR
-    env_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    env_dir.chmod(0o700)  # (one that was there already, too)
-    write_secret(env_dir / name, data)
-    return name
-
-
-def write_helpers(folder: Path) -> str:
-    """kit's files for the tasks of an exported script, in the folder's sbatch.HELPERS_DIR-... (written where they
-    are not there as kit made them); that folder."""
-    from kit.cluster.identity import write_file
-    for rel, data in sbatch.helper_files().items():
-        path = folder / rel
-        if not path.is_file() or path.read_bytes() != data:
-            write_file(path, data, 0o644)
-    return sbatch.helpers_dir(sbatch.helpers())
 
 
 def _script_in(script: Path, folder: Path) -> str:

@@ -1,0 +1,179 @@
+"""Before a long job (`kit run --preflight`, `kit doctor --deep`): every host's compute and links measured in a few
+seconds, each compared with the others', and the host that would hold the job back named with its figure.
+
+- Compute: a matrix product of fixed size timed in each host's container, all at once (torch; on the GPU where the
+  container has one). A host FACTOR times slower than the median of the others is named.
+- Links: a ring first, every host sending to the next at once (one round, one link a host each way, so each figure
+  is that link's alone). A ring link slower than the median ring link by FACTOR names two suspects, its ends; each
+  suspect is then measured with a host whose ring links were fine (the halves: suspects on one side, good hosts on
+  the other, all pairs at once), both ways, and a suspect slow with a good partner too is the bad host. With no good
+  host to pair with (two hosts), the host every slow link touches is named.
+- GPUs: their health since boot (kit.doctor.gpuhealth), where the hosts have GPUs.
+
+The measuring runs through kit.bench.net's helper (TCP between the containers, on the training network).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from kit.bench import net as netbench
+from kit.cluster.fanout import fan_out
+from kit.cluster.steps.node import Node
+from kit.doctor.finding import FAIL, OK, WARN, Finding
+from kit.jobs.commands.docker import command, exec_argv
+
+FACTOR = 1.5         # slower than the others' median by this much: named
+LINK_S = 1.0         # each link measured this long
+SIZE = 512           # the matrix product's side
+TIMEOUT_S = 60       # the compute check on one host
+
+COMPUTE = r"""
+import json, time
+import torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+n = int(__import__("sys").argv[1])
+a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+torch.mm(a, b)
+reps, began = 0, time.perf_counter()
+while time.perf_counter() - began < 1.0:
+    torch.mm(a, b)
+    reps += 1
+if device == "cuda":
+    torch.cuda.synchronize()
+took = time.perf_counter() - began
+print(json.dumps({"gflops": 2 * n ** 3 * reps / took / 1e9, "device": device}))
+"""
+
+
+@dataclass(frozen=True)
+class Compute:
+    host: str
+    gflops: float
+    device: str
+
+
+def ring(names: list[str]) -> list[tuple[str, str]]:
+    """Each host sends to the next, the last to the first: one link a host each way, all at once. Pure."""
+    if len(names) < 2:
+        return []
+    return [(names[i], names[(i + 1) % len(names)]) for i in range(len(names))] if len(names) > 2 else \
+        [(names[0], names[1]), (names[1], names[0])]
+
+
+def reference(links: list[netbench.Link]) -> float:
+    """What a link runs at here: the median of the faster half (a bad host slows two links of a ring: in a ring of
+    three or four, half of them). Pure."""
+    fast = sorted((l.gbits for l in links), reverse=True)[:max(1, (len(links) + 1) // 2)]
+    return statistics.median(fast) if fast else 0.0
+
+
+def slow_links(links: list[netbench.Link], factor: float = FACTOR) -> list[netbench.Link]:
+    """The links slower than the others (reference) by `factor`. Pure."""
+    if len(links) < 2:
+        return []
+    return [l for l in links if l.gbits * factor <= reference(links)]
+
+
+def halves(names: list[str], slow: list[netbench.Link]) -> list[tuple[str, str]]:
+    """Each suspect (an end of a slow ring link) with a host none of whose ring links was slow, both ways, each
+    good host in one pair at most where there are enough (so all pairs run at once). Pure."""
+    suspects = sorted({end for l in slow for end in (l.source, l.target)}, key=names.index)
+    good = [n for n in names if n not in suspects]
+    if not good:
+        return []
+    pairs = []
+    for i, suspect in enumerate(suspects):
+        partner = good[i % len(good)]
+        pairs += [(suspect, partner), (partner, suspect)]
+    return pairs
+
+
+def bad_hosts(names: list[str], ring_links: list[netbench.Link], pair_links: list[netbench.Link],
+              factor: float = FACTOR) -> dict[str, str]:
+    """host -> its figure, for each host that holds the links back: a suspect slow with a good host too; with no
+    good host to pair with, the one every slow ring link touches. Pure."""
+    slow = slow_links(ring_links, factor)
+    if not slow:
+        return {}
+    middle = statistics.median(l.gbits for l in ring_links if l not in slow)
+    if pair_links:
+        found = {}
+        for suspect in {end for l in slow for end in (l.source, l.target)}:
+            mine = [l for l in pair_links if suspect in (l.source, l.target)]
+            if mine and all(l.gbits * factor <= middle for l in mine):
+                low = min(mine, key=lambda l: l.gbits)
+                found[suspect] = (f"its links run at {low.gbits:.2f} Gbit/s ({low.source} -> {low.target}), the "
+                                  f"others' at {middle:.2f}")
+        return found
+    common = set.intersection(*({l.source, l.target} for l in slow))
+    if len(common) == 1 and len(slow) > 1:
+        (host,) = common
+        low = min(slow, key=lambda l: l.gbits)
+        return {host: f"its links run at {low.gbits:.2f} Gbit/s, the others' at {middle:.2f}"}
+    return {}
+
+
+def slow_compute(found: list[Compute], factor: float = FACTOR) -> dict[str, str]:
+    """host -> its figure, for each host whose matrix product is `factor` times slower than the others' median. Pure."""
+    out = {}
+    for c in found:
+        others = [o.gflops for o in found if o.host != c.host]
+        if others and c.gflops * factor <= statistics.median(others):
+            out[c.host] = (f"its {SIZE}x{SIZE} matrix product ({c.device}) runs at {c.gflops:.1f} GFLOP/s, the "
+                           f"others' at {statistics.median(others):.1f}")
+    return out
+
+
+def measure_compute(nodes: list[Node]) -> list[Compute]:
+    """The matrix product timed in every host's container at once."""
+    def one(node: Node) -> Compute:
+        r = node.runner.run(command(["timeout", str(TIMEOUT_S), *exec_argv(
+            node.place.container, ["python", "-I", "-c", COMPUTE, str(SIZE)])]), timeout=TIMEOUT_S + 10)
+        r.check("kit's compute check failed", hint="`kit doctor` says whether the host's container and its image "
+                "are as kit made them")
+        raw = json.loads(r.stdout.strip().splitlines()[-1])
+        return Compute(node.name, float(raw["gflops"]), str(raw["device"]))
+    return fan_out("the compute check", nodes, one, lambda n: n.name)
+
+
+def measure_links(nodes: list[Node], at: dict[str, str],
+                  measure: Callable[..., netbench.Link] = netbench.measure) -> tuple[list[netbench.Link],
+                                                                                  list[netbench.Link]]:
+    """The ring's links, then the halves' where the ring has a slow one: (ring links, pair links)."""
+    by_name = {n.name: n for n in nodes}
+    names = [n.name for n in nodes]
+
+    def each(pairs: list[tuple[str, str]]) -> list[netbench.Link]:
+        return fan_out("the link check", pairs, lambda p: measure(by_name[p[0]], by_name[p[1]], LINK_S,
+                                                                  at.get(p[1], "")),
+                       lambda p: f"{p[0]} -> {p[1]}")
+    ring_links = each(ring(names))
+    slow = slow_links(ring_links)
+    return ring_links, each(halves(names, slow)) if slow else []
+
+
+def findings(compute: list[Compute], ring_links: list[netbench.Link], pair_links: list[netbench.Link],
+             names: list[str]) -> list[Finding]:
+    """What the preflight says of each host: ok, or the figure that names it."""
+    out = []
+    slow_links_of = bad_hosts(names, ring_links, pair_links)
+    slow_cpu = slow_compute(compute)
+    for name in names:
+        if name in slow_links_of:
+            out.append(Finding(name, "links", FAIL, slow_links_of[name],
+                               "look at its NIC and cable (`ethtool` on the host: its speed, errors); "
+                               "`kit run --exclude-bad` runs the job on the other hosts"))
+        if name in slow_cpu:
+            out.append(Finding(name, "compute", WARN, slow_cpu[name],
+                               "another job on its CPUs or GPUs, a throttled or failing device (`kit doctor`); "
+                               "`kit run --exclude-bad` runs the job on the other hosts"))
+        if name not in slow_links_of and name not in slow_cpu:
+            mine = [l.gbits for l in ring_links if name in (l.source, l.target)]
+            cpu = next((c for c in compute if c.host == name), None)
+            out.append(Finding(name, "preflight", OK, ", ".join(filter(None, [
+                f"links {min(mine):.2f} Gbit/s" if mine else "", f"{cpu.gflops:.1f} GFLOP/s" if cpu else ""]))))
+    return out

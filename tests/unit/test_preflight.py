@@ -1,0 +1,69 @@
+"""Before a long job (kit.doctor.deep): the ring of links, the halves where a ring link is slow, the host that holds
+the links back, the host whose compute is slow; what each host is told."""
+
+from __future__ import annotations
+
+from kit.bench.net import Link
+from kit.doctor import deep
+
+NAMES = ["h1", "h2", "h3", "h4"]
+
+
+def speeds(slow_host: str | None, fast: float = 9.0, slow: float = 0.9):
+    """A link's speed where one host's NIC runs at a tenth of the others'."""
+    return lambda a, b: slow if slow_host in (a, b) else fast
+
+
+def links(pairs, speed) -> list[Link]:
+    return [Link(a, b, speed(a, b)) for a, b in pairs]
+
+
+def test_the_ring_is_one_link_a_host_each_way():
+    assert deep.ring(NAMES) == [("h1", "h2"), ("h2", "h3"), ("h3", "h4"), ("h4", "h1")]
+    assert deep.ring(["a", "b"]) == [("a", "b"), ("b", "a")] and deep.ring(["a"]) == []
+
+
+def test_a_host_whose_nic_runs_at_a_tenth_is_found_by_the_ring_then_the_halves():
+    speed = speeds("h3")
+    ring = links(deep.ring(NAMES), speed)
+    slow = deep.slow_links(ring)
+    assert [(l.source, l.target) for l in slow] == [("h2", "h3"), ("h3", "h4")]
+    pairs = deep.halves(NAMES, slow)  # the suspects h2, h3, h4, each with the one good host h1, both ways
+    assert pairs == [("h2", "h1"), ("h1", "h2"), ("h3", "h1"), ("h1", "h3"), ("h4", "h1"), ("h1", "h4")]
+    assert deep.bad_hosts(NAMES, ring, links(pairs, speed)) == {
+        "h3": "its links run at 0.90 Gbit/s (h3 -> h1), the others' at 9.00"}
+
+
+def test_three_hosts_as_the_lab_has_and_two_with_no_good_host_to_pair_with():
+    names = ["h1", "h2", "h3"]
+    speed = speeds("h3")
+    ring = links(deep.ring(names), speed)  # h1->h2 fast, h2->h3 and h3->h1 slow: h1 and h2 both suspects
+    pairs = deep.halves(names, deep.slow_links(ring))
+    assert deep.bad_hosts(names, ring, links(pairs, speed)).keys() == {"h3"}
+    two = links(deep.ring(["a", "b"]), lambda a, b: 9.0 if a == "a" else 0.9)  # no median to stand out from: none
+    assert deep.bad_hosts(["a", "b"], two, []) == {}
+
+
+def test_a_cluster_whose_links_are_alike_names_none_and_measures_the_ring_alone():
+    measured = []
+
+    def measure(sender, receiver, seconds, at):
+        measured.append((sender.name, receiver.name, seconds, at))
+        return Link(sender.name, receiver.name, 9.0 + 0.3 * len(measured) % 1)
+
+    class Node:
+        def __init__(self, name):
+            self.name = name
+    ring, pairs = deep.measure_links([Node(n) for n in NAMES], {"h2": "192.168.9.2"}, measure)
+    assert pairs == [] and len(ring) == 4 and deep.bad_hosts(NAMES, ring, pairs) == {}
+    assert sorted(measured)[0] == ("h1", "h2", deep.LINK_S, "192.168.9.2")  # on the training network's address
+
+
+def test_a_host_with_slow_compute_is_named_with_its_figure_and_the_others_are_ok():
+    found = [deep.Compute("h1", 40.0, "cpu"), deep.Compute("h2", 42.0, "cpu"), deep.Compute("h3", 20.0, "cpu")]
+    assert deep.slow_compute(found) == {"h3": "its 512x512 matrix product (cpu) runs at 20.0 GFLOP/s, the others' "
+                                              "at 41.0"}
+    assert deep.slow_compute(found[:2]) == {}
+    ring = links(deep.ring(["h1", "h2", "h3"]), speeds(None))
+    said = {(f.host, f.check, f.level) for f in deep.findings(found, ring, [], ["h1", "h2", "h3"])}
+    assert said == {("h1", "preflight", "ok"), ("h2", "preflight", "ok"), ("h3", "compute", "warn")}
