@@ -439,3 +439,34 @@ def test_the_preflight_names_a_host_whose_link_runs_at_a_tenth_and_exclude_bad_r
         lab.unshape()
     healthy = kit(project, lab, "run", "--preflight", "--np", "3", LOOP, "--", "--seconds", "3")
     assert healthy.returncode == 0 and "compute and links alike" in healthy.stdout, healthy.stdout[-3000:]
+
+
+def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(project, lab, cluster):
+    """CIFAR on three hosts; after its first epoch h3's container gets a fifth of its CPU (docker update: the quota
+    halved twice over): within 3 minutes kit names h3 (rank 2), how much slower its rank is outside collectives, and
+    what it does most of its time; `kit jobs` shows it. (--straggler-window 30s here; 2m by default.)"""
+    h3 = lab.hosts[2]
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--np", "3", "--straggler-window", "30s",
+                             str(REPO / "examples" / "cifar10_cnn_horovod.py"), "--", "--epochs", "40", "--samples",
+                             "1536"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200"}, text=True)
+    try:
+        seen = read_until(proc, lambda seen: any("] epoch 1: loss" in line for line in seen), 300)
+        assert not any("straggler" in line for line in seen), "".join(seen)  # no false alarm while all are alike
+        h3.docker("update", "--cpus", "0.15", "kit-lab")
+        slowed = time.monotonic()
+        seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
+        named = time.monotonic() - slowed
+        proc.send_signal(signal.SIGINT)  # (Ctrl-C: the job stopped on every host)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        h3.docker("update", "--cpu-quota", "-1", "kit-lab", check=False)
+        proc.kill()
+    said = [line for line in seen if "straggler:" in line]
+    assert len(said) == 1 and named < 180, "".join(seen)[-3000:]
+    found = re.search(rf"kit: straggler: host {re.escape(h3.address)} \(rank 2\) ([\d.]+)x slower than the others "
+                      r"for \d+ s; its rank (waits for data|computes|waits in collectives) (\d+)% of the time", said[0])
+    assert found and float(found[1]) >= 1.5, said
+    job = last_job(project, lab)
+    assert job["straggler"] == said[0].split("kit: ", 1)[1].strip(), job
+    assert left_after(lab, "cifar10_cnn_horovod") == {}

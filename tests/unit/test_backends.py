@@ -29,7 +29,7 @@ VALUES = {"launcher": "torchrun", "np": "2", "hosts": "a:1", "nproc_per_node": "
           "gpus_per_node": "1", "kind": "jobset", "namespace": "ml", "image": "registry.lab:5000/kit:1",
           "workspace_pvc": "data", "image_pull_secret": "pull", "cpus": "4", "memory": "8Gi", "partition": "gpu",
           "account": "lab", "cpus_per_task": "4", "mem": "64G", "mem_per_gpu": "16G", "time_limit": "2:00:00",
-          "config": "kit.yaml", "name": "lab", "preflight": None, "exclude_bad": None}
+          "config": "kit.yaml", "name": "lab", "preflight": None, "exclude_bad": None, "straggler_window": "30s"}
 OWN = sorted(n for n in PARAMS if n not in ("script", "args", "on"))
 
 

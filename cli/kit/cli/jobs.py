@@ -63,6 +63,9 @@ def run(
                                    "figure; the job then does not start."),
     exclude_bad: bool = typer.Option(False, "--exclude-bad", help="With --preflight: start the job on the hosts it "
                                      "did not name (-np at most their slots)."),
+    straggler_window: str = typer.Option("2m", help="How long a host's ranks must be 1.5x slower than the others' "
+                                         "(their time a step outside collectives) before kit names it (30s, 2m; 0: "
+                                         "never)."),
     on: str = typer.Option("cluster", "--on", autocompletion=one_of(*backends.BACKENDS),
                            help="cluster (kit's containers on the hosts of `kit up`), slurm (submitted to Slurm as "
                                 "kit.yaml's slurm: section says) or k8s (applied with kubectl to its current "
@@ -119,7 +122,8 @@ def run(
     given = {p.name: p.opts[0] for p in ctx.command.params if _given(ctx, p.name)}
     if refusal := refused(b, given, backends.BACKENDS):
         raise refusal
-    policy = Policy(restarts, min_np, parse_duration(hang_timeout, "--hang-timeout"))
+    policy = Policy(restarts, min_np, parse_duration(hang_timeout, "--hang-timeout"),
+                    parse_duration(straggler_window, "--straggler-window"))
     job = Job(script, tuple(args or ()), launcher, np, hosts, nproc_per_node, nodes, ntasks_per_node, gpus_per_node,
               workdir, tuple(env or ()), tuple(env_file or ()), detach, policy,
               {n: ctx.params[n] for n in b.options - COMMON - JOB_FIELDS},
@@ -129,7 +133,7 @@ def run(
 
 # kit run's parameters that are fields of kit.jobs.model.Job; the others a back end takes are its own options.
 JOB_FIELDS = {"np", "hosts", "nproc_per_node", "nodes", "ntasks_per_node", "gpus_per_node", "workdir", "restarts",
-              "min_np", "hang_timeout"}
+              "min_np", "hang_timeout", "straggler_window"}
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

@@ -89,6 +89,7 @@ class Policy:
     restarts: int = 0              # start it again after a failure, on the hosts that answer, this many times
     min_np: int | None = None      # ... with at least this many processes (None: all of them)
     hang_timeout: float = 600      # seconds without progress of any rank before it counts as hung (0: never)
+    straggler_window: float = 120  # seconds a host must be slower than the others before it is named (0: never)
 
     def check(self, launcher: str) -> None:
         """--restarts and --min-np as every back end that restarts a job reads them; bad input is refused."""

@@ -76,6 +76,7 @@ class SlurmRecord:
     left_out: tuple[str, ...] = ()  # the nodes those restarts left out
     earlier: tuple[str, ...] = ()   # the Slurm ids of its earlier starts, first first
     straggler: tuple[str, ...] = ()  # what kit's watch said of the nodes that held the others back (kit.jobs.pace)
+    straggler_window: float = 120    # how long a node must be slow before it is named (0: never)
 
     @property
     def output(self) -> str:

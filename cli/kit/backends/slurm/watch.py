@@ -83,7 +83,7 @@ class SlurmWatch:
     node, or killed, without the exit line its launcher prints."""
 
     def __init__(self, runner: Runner, folder: str, slurm_id: str, job_id: str, reader: Reader, timeout: float,
-                 clock: Callable[[], float] = time.monotonic, find_lost: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, find_lost: bool = False, window: float = 120) -> None:
         self.runner, self.reader, self.clock, self.find_lost = runner, reader, clock, find_lost
         self.folder = progress_dir(folder, slurm_id, job_id)
         self.watch = Watch(timeout, clock)
@@ -93,7 +93,7 @@ class SlurmWatch:
         self.mark = "@@kit-beat-" + secrets.token_hex(8)  # (a rank's file cannot end its part early: it cannot guess)
         self.written: dict[int, tuple[str, float]] = {}  # rank -> (its file's INODE:MTIME, when kit saw it so first)
         self.there: set[int] = set()  # the ranks whose heartbeat the last reading found
-        self.pace = Pace()            # the ranks' pace (kit.jobs.pace): the nodes that hold the others back
+        self.pace = Pace(window=window)  # the ranks' pace (kit.jobs.pace): the nodes that hold the others back
         self.stragglers: list[str] = []  # what kit said of them, once each
 
     @property
@@ -108,7 +108,7 @@ class SlurmWatch:
         self.next = self.clock() + min(self.watch.every, READ_EVERY_S)
         r = self.runner.run(_each(self.folder, "[0-9]*", self.mark, 2000), timeout=REMOTE_TIMEOUT_S)
         beats = self.beats(r.stdout) if r.ok else []  # (no reading: no progress either)
-        for slow in self.pace.look(self.clock()):
+        for slow in self.pace.look(self.clock()) if self.pace.window else ():
             self.stragglers.append(slow.text())
             self.reader.show(None, None, f"kit: {slow.text()}")
         if self.find_lost and (lost := self.lost()):

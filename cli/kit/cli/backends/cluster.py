@@ -41,7 +41,7 @@ class Cluster:
     title = "kit's cluster"
     options = COMMON | {"np", "hosts", "nproc_per_node", "workdir", "fusion_threshold_mb", "cycle_time_ms",
                         "fp16_allreduce", "timeline", "verbose_horovod", "start_timeout", "restarts", "min_np",
-                        "hang_timeout", "preflight", "exclude_bad"}
+                        "hang_timeout", "straggler_window", "preflight", "exclude_bad"}
     placement = "-np and -H place a job on the cluster's hosts"
     commands = frozenset({"attach", "stacks"})
 

@@ -36,7 +36,7 @@ class Slurm:
     name = "slurm"
     title = "Slurm"
     options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
-                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "restarts",
+                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "straggler_window", "restarts",
                         "min_np"}
     placement = SCHEDULER_PLACEMENT
     commands = frozenset()
@@ -125,7 +125,8 @@ def run_on_slurm(settings: SlurmConfig, script: Path, args: list[str], workdir: 
         remote = slurmfolder.job_folder(runner, settings.workdir, job_id)
         slurmfolder.stage(runner, folder, remote, text, dict(variables), job_id, secrets)
         record = slurmjobs.SlurmRecord(job_id, "", settings.login, remote, launcher, rel, shape.ranks, time.time(),
-                                       hang_timeout=policy.hang_timeout, per_node=shape.ranks // shape.nodes)
+                                       hang_timeout=policy.hang_timeout, per_node=shape.ranks // shape.nodes,
+                                       straggler_window=policy.straggler_window)
         try:
             slurm_id = slurmjobs.submit(runner, remote, [name for name, _ in variables])
         except KitError:
@@ -222,7 +223,7 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     folder (slurmwatch.take_stacks) and is cancelled. beats: a job that may restart (a node whose ranks went silent
     while the others ended is lost). How it ended, and the watch."""
     watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, reader, record.hang_timeout,
-                                  find_lost=beats)  # (with no hang timeout too: the ranks' pace)
+                                  find_lost=beats, window=record.straggler_window)  # (no hang timeout too: the pace)
     ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)
     if ending.state == "lost":  # (srun waits for the lost nodes, the others idle: a restart follows, without them)
         lost = ", ".join(f"{node} (its ranks wrote no heartbeat for {watch.silent_nodes().get(node, 0):.0f} s and left "

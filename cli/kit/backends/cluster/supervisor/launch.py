@@ -314,7 +314,8 @@ class Plan:
     restarts: int = 0
     min_np: int = 1
     hang_timeout: float = 0          # seconds; 0: no watch
-    pace_window: float = 120.0       # seconds a host must be slow at every look to be named a straggler (kit.jobs.pace)
+    pace_window: float = 120.0       # seconds a host must be slow at every look to be named a straggler (kit.jobs.pace;
+                                     # 0: never)
     env: bool = False                # the job has variables in every container (ENV_DIR), removed at its end
     here: str = ""                   # the address of the host whose container runs the supervisor ("": hosts[0])
     primary: str = ""                # that host's name, when it is none of the job's hosts

@@ -209,7 +209,7 @@ class Supervisor:
         for b in beats:
             if b.t is not None:
                 pace.add(b.rank, b.host, Sample(now, b.t, b.steps, b.data_s, b.comm_s))
-        for slow in pace.look(now):
+        for slow in pace.look(now) if pace.window else ():
             self.say(slow.text())
             self.record("straggler", "\n".join([*filter(None, [self.ending.get("straggler")]), slow.text()]))
 
