@@ -66,7 +66,8 @@ def test_a_back_end_takes_the_options_it_declares_and_refuses_the_others_in_the_
         assert r.exit_code == 0 and handed["on"] == on, r.output
         job: Job = handed["job"]
         field = {"env_file": "env_files"}.get(option, option)
-        value = getattr(job.policy, option) if option in ("restarts", "min_np", "hang_timeout", "straggler_window") else \
+        policy = ("restarts", "min_np", "hang_timeout", "straggler_window")
+        value = getattr(job.policy, option) if option in policy else \
             getattr(job, field) if field in Job.__dataclass_fields__ else job.option(option)
         assert value not in (None, False, (), PARAMS[option].default), (option, value)
         return

@@ -67,3 +67,19 @@ def test_a_host_with_slow_compute_is_named_with_its_figure_and_the_others_are_ok
     ring = links(deep.ring(["h1", "h2", "h3"]), speeds(None))
     said = {(f.host, f.check, f.level) for f in deep.findings(found, ring, [], ["h1", "h2", "h3"])}
     assert said == {("h1", "preflight", "ok"), ("h2", "preflight", "ok"), ("h3", "compute", "warn")}
+
+
+def test_the_preflight_names_a_gpu_off_the_bus_and_a_page_waiting_to_retire_with_the_host_and_fix():
+    """The recorded V100 host (an Xid 79, a page waiting to be retired): the preflight says what doctor says of it,
+    the host named with each GPU and its fix; a clean host (the recorded H200) gets its ok line alone."""
+    from helpers import REPO
+    from kit.doctor import gpufacts
+    data = REPO / "tests" / "unit" / "data"
+    gpus = {"h1": gpufacts.parse_health((data / "gpu_health_h200_clean.txt").read_text()),
+            "h2": gpufacts.parse_health((data / "gpu_health_v100_xid79.txt").read_text())}
+    compute = [deep.Compute("h1", 900.0, "cuda"), deep.Compute("h2", 880.0, "cuda")]
+    ring = links(deep.ring(["h1", "h2"]), speeds(None))
+    found = deep.findings(compute, ring, [], ["h1", "h2"], gpus)
+    assert [(f.host, f.level) for f in found] == [("h2", "warn"), ("h2", "fail"), ("h1", "ok")]
+    assert found[0].text.startswith("GPU 1 (00000000:00:05.0) on h2: a page waits to be retired")
+    assert "Xid 79 (fallen off the bus)" in found[1].text and found[1].fix.startswith("drain h2 and reboot it")

@@ -23,7 +23,10 @@ from typing import Callable
 from kit.bench import net as netbench
 from kit.cluster.fanout import fan_out
 from kit.cluster.steps.node import Node
+from kit.doctor import gpufacts
 from kit.doctor.finding import FAIL, OK, WARN, Finding
+from kit.doctor.gpufacts import GpuHealth
+from kit.doctor.gpuhealth import judge_health
 from kit.jobs.commands.docker import command, exec_argv
 
 FACTOR = 1.5         # slower than the others' median by this much: named
@@ -156,10 +159,19 @@ def measure_links(nodes: list[Node], at: dict[str, str],
     return ring_links, each(halves(names, slow)) if slow else []
 
 
+def measure_gpu_health(nodes: list[Node]) -> dict[str, GpuHealth | None]:
+    """Each host's GPUs' health since boot, read on the host (kit.doctor.gpufacts), all at once."""
+    def one(node: Node) -> GpuHealth | None:
+        bound = gpufacts.NVIDIA_SMI_TIMEOUT_S * 2 + gpufacts.LOG_TIMEOUT_S * 3 + 10
+        r = node.runner.run(gpufacts.SCRIPT, timeout=bound)
+        return gpufacts.parse_health(r.stdout) if r.ok else None
+    return dict(zip((n.name for n in nodes), fan_out("the GPUs' health", nodes, one, lambda n: n.name)))
+
+
 def findings(compute: list[Compute], ring_links: list[netbench.Link], pair_links: list[netbench.Link],
-             names: list[str]) -> list[Finding]:
-    """What the preflight says of each host: ok, or the figure that names it."""
-    out = []
+             names: list[str], gpus: dict[str, GpuHealth | None] | None = None) -> list[Finding]:
+    """What the preflight says of each host: ok, or the figure that names it (its GPUs' health too, where read)."""
+    out = [f for name in names for f in judge_health(name, (gpus or {}).get(name)) if f.level != OK]
     slow_links_of = bad_hosts(names, ring_links, pair_links)
     slow_cpu = slow_compute(compute)
     for name in names:
@@ -171,7 +183,7 @@ def findings(compute: list[Compute], ring_links: list[netbench.Link], pair_links
             out.append(Finding(name, "compute", WARN, slow_cpu[name],
                                "another job on its CPUs or GPUs, a throttled or failing device (`kit doctor`); "
                                "`kit run --exclude-bad` runs the job on the other hosts"))
-        if name not in slow_links_of and name not in slow_cpu:
+        if name not in slow_links_of and name not in slow_cpu and not any(f.host == name for f in out):
             mine = [l.gbits for l in ring_links if name in (l.source, l.target)]
             cpu = next((c for c in compute if c.host == name), None)
             out.append(Finding(name, "preflight", OK, ", ".join(filter(None, [

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from kit.cluster import state as st
 from kit.cluster.steps.preflight import recorded_nodes
-from kit.config.settings import CONTENTS, FLAVORS, ClusterConfig, framework
+from kit.config.settings import CONTENTS, FLAVORS, ClusterConfig, framework, uses_gpus
 from kit.jobs import env as jobenv
 from kit.jobs.model import COMMON, Job, Policy, new_job_id, resolve_job
 from kit.jobs.commands.launchers import FRAMEWORK_LAUNCHERS
@@ -194,10 +194,11 @@ def preflight(cfg: ClusterConfig, state: st.ClusterState, picked: Optional[list[
     try:
         compute = deep.measure_compute(nodes)
         ring, pairs = deep.measure_links(nodes, {h: m.address for h, m in measure.route(state).items()})
+        gpus = deep.measure_gpu_health(nodes) if uses_gpus(state.flavor) else None
     finally:
         for n in nodes:
             n.runner.close()
-    found = deep.findings(compute, ring, pairs, [h.name for h in hosts])
+    found = deep.findings(compute, ring, pairs, [h.name for h in hosts], gpus)
     bad = list(dict.fromkeys(f.host for f in found if f.level != "ok"))
     took = time.monotonic() - began
     for f in found:

@@ -55,7 +55,7 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
     return inner if own in (None, inner) else inner + " (from " + own + ")"
 ENDED, LOCK, STACK = threading.Event(), threading.Lock(), None
 PACE = dict(steps=0, data_s=0.0, comm_s=0.0)  # the script's steps, and its seconds waiting for data and in collectives
-def hook_horovod():  # Horovod's waits for its collectives count as waiting in collectives (its synchronize, wherever named)
+def hook_horovod():  # Horovod's waits for its collectives count as time in collectives (its synchronize, by any name)
     ops = sys.modules.get("horovod.torch.mpi_ops")
     given = getattr(ops, "synchronize", None)
     if given is None or getattr(given, "kit_pace", False):
@@ -68,7 +68,7 @@ def hook_horovod():  # Horovod's waits for its collectives count as waiting in c
             PACE["comm_s"] += time.monotonic() - began
     synchronize.kit_pace = True
     for name, module in list(sys.modules.items()):
-        if (name == "horovod.torch" or name.startswith("horovod.torch.")) and getattr(module, "synchronize", None) is given:
+        if name.partition(".torch")[0] == "horovod" and getattr(module, "synchronize", None) is given:
             module.synchronize = synchronize
 def pace_module():  # `import kit_pace` in the script: its marks for the training loop (docs/jobs.md, Slow ranks)
     module = types.ModuleType("kit_pace", "kit's marks for a training loop: step() after each step; data(loader) "
