@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import read_until, wait_for
+from harness import cpu_group, read_until, release_cpu_groups, wait_for
 from helpers import REPO, run_kit
 from kit.bench import figures as benchfigures
 from kit.backends.slurm import sbatch
@@ -434,6 +434,52 @@ def test_a_job_that_lost_a_node_starts_again_on_the_others_from_its_checkpoint(s
         f"kit: start 1 of job {job} (KIT_RESTART=1), Slurm job {again[2]}:" in logs, logs[-3000:]
     assert logs.index("] start 0 ranks 3 step 0") < logs.index("start 1 of job") < logs.index("] start 1 ranks 2 "), logs
     wait_for("no process of the job", lambda: not any(h.processes("resumed.py") for h in slurm.hosts), timeout=60)
+
+
+def throttle(h, pattern: str, cores: float) -> None:
+    """The host's processes that match `pattern` get `cores` of a CPU from now on (a cgroup of their own, as
+    Lab.cpu_per_host makes one; release_cpu_groups takes them back)."""
+    group = cpu_group() / h.name
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))
+    for pid in h.processes(pattern):
+        with contextlib.suppress(OSError):
+            (group / "cgroup.procs").write_text(str(pid))
+
+
+def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs, users, tmp_path):
+    """CIFAR on three nodes; after its first epoch the ranks on rank 2's node get a sixth of a CPU: kit's watch,
+    reading the heartbeats from the login host, names that node within 3 minutes (--straggler-window 30s here), with
+    what its rank does; `kit jobs` keeps it."""
+    folder = user_project(slurm, tmp_path / "slowed", users[0], envs["horovod"])
+    shutil.copy(EXAMPLES / "cifar10_cnn_horovod.py", folder)
+    env = {**os.environ, **slurm.lab.env, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3", "--cpus-per-task",
+                             "1", "--straggler-window", "30s", "cifar10_cnn_horovod.py", "--epochs", "40",
+                             "--samples", "1536"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+    try:
+        seen = read_until(proc, lambda seen: any("] epoch 1: loss" in line for line in seen), 300)
+        assert not any("straggler" in line for line in seen), "".join(seen)
+        node = ranks_by_node("".join(seen))[2]
+        throttle(next(h for h in slurm.hosts if slurm.nodes[h.address] == node), "cifar10_cnn_horovod", 0.15)
+        slowed = time.monotonic()
+        seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
+        named = time.monotonic() - slowed
+        proc.send_signal(signal.SIGINT)  # (Ctrl-C: kit cancels the job)
+        proc.communicate(timeout=120)
+    finally:
+        release_cpu_groups()
+        proc.kill()
+    said = [line for line in seen if "straggler:" in line]
+    assert len(said) == 1 and named < 180, "".join(seen)[-3000:]
+    assert re.fullmatch(rf"kit: straggler: host {re.escape(node)} \(rank 2\) [\d.]+x slower than the others for \d+ "
+                        r"s; its rank (waits for data|computes|waits in collectives) \d+% of the time\n", said[0]), said
+    job = re.search(r"^kit: job (\S+) is Slurm job", "".join(seen), re.M)[1]
+    rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
+    assert rows[job]["straggler"] == said[0].removeprefix("kit: ").strip(), rows[job]
+    wait_for("no process of the job", lambda: not any(h.processes("cifar10_cnn") for h in slurm.hosts), timeout=60)
 
 
 CONNECT = """import socket, sys

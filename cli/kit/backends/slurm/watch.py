@@ -83,8 +83,10 @@ class SlurmWatch:
     node, or killed, without the exit line its launcher prints."""
 
     def __init__(self, runner: Runner, folder: str, slurm_id: str, job_id: str, reader: Reader, timeout: float,
-                 clock: Callable[[], float] = time.monotonic, find_lost: bool = False, window: float = 120) -> None:
+                 clock: Callable[[], float] = time.monotonic, find_lost: bool = False, window: float = 120,
+                 say: Callable[[str], None] | None = None) -> None:
         self.runner, self.reader, self.clock, self.find_lost = runner, reader, clock, find_lost
+        self.say = say or (lambda text: reader.show(None, None, text))  # kit's own lines (a straggler named)
         self.folder = progress_dir(folder, slurm_id, job_id)
         self.watch = Watch(timeout, clock)
         self.started = False
@@ -110,7 +112,7 @@ class SlurmWatch:
         beats = self.beats(r.stdout) if r.ok else []  # (no reading: no progress either)
         for slow in self.pace.look(self.clock()) if self.pace.window else ():
             self.stragglers.append(slow.text())
-            self.reader.show(None, None, f"kit: {slow.text()}")
+            self.say(f"kit: {slow.text()}")
         if self.find_lost and (lost := self.lost()):
             return Ending("lost", None, None, lost=tuple(sorted(lost)))
         if not self.watch.timeout:

@@ -222,8 +222,11 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     and where the job has a hang timeout, a job that made no progress for it has every rank's stack kept in its
     folder (slurmwatch.take_stacks) and is cancelled. beats: a job that may restart (a node whose ranks went silent
     while the others ended is lost). How it ended, and the watch."""
+    def said(text: str) -> None:  # a straggler named: said, and kept in the record at once (a Ctrl-C may follow)
+        console.print(text, markup=False, highlight=False)
+        slurmjobs.save(dataclasses.replace(record, straggler=(*record.straggler, *watch.stragglers)))
     watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, reader, record.hang_timeout,
-                                  find_lost=beats, window=record.straggler_window)  # (no hang timeout too: the pace)
+                                  find_lost=beats, window=record.straggler_window, say=said)  # (and with no timeout)
     ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)
     if ending.state == "lost":  # (srun waits for the lost nodes, the others idle: a restart follows, without them)
         lost = ", ".join(f"{node} (its ranks wrote no heartbeat for {watch.silent_nodes().get(node, 0):.0f} s and left "
