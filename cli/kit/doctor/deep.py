@@ -35,18 +35,25 @@ SIZE = 512           # the matrix product's side
 TIMEOUT_S = 60       # the compute check on one host
 
 COMPUTE = r"""
-import json, time
-import torch
-device = "cuda" if torch.cuda.is_available() else "cpu"
-n = int(__import__("sys").argv[1])
-a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-torch.mm(a, b)
+import json, sys, time
+n = int(sys.argv[1])
+try:  # torch (on the GPU where there is one); a TensorFlow image's numpy else
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    product, done = torch.mm, (torch.cuda.synchronize if device == "cuda" else lambda: None)
+except ImportError:
+    import numpy
+    device, done = "cpu, numpy", lambda: None
+    a, b = numpy.random.rand(n, n).astype("float32"), numpy.random.rand(n, n).astype("float32")
+    product = numpy.matmul
+product(a, b)
+done()
 reps, began = 0, time.perf_counter()
 while time.perf_counter() - began < 1.0:
-    torch.mm(a, b)
+    product(a, b)
     reps += 1
-if device == "cuda":
-    torch.cuda.synchronize()
+done()
 took = time.perf_counter() - began
 print(json.dumps({"gflops": 2 * n ** 3 * reps / took / 1e9, "device": device}))
 """
