@@ -1,8 +1,8 @@
 """Before a long job (`kit run --preflight`, `kit doctor --deep`): every host's compute and links measured in a few
 seconds, each compared with the others', and the host that would hold the job back named with its figure.
 
-- Compute: a matrix product of fixed size timed in each host's container, all at once (torch; on the GPU where the
-  container has one). A host FACTOR times slower than the median of the others is named.
+- Compute: a matrix product of fixed size timed in each host's container, all at once (torch, on the GPU where the
+  container has one; on a CPU, one core's). A host FACTOR times slower than the median of the others is named.
 - Links: a ring first, every host sending to the next at once (one round, one link a host each way, so each figure
   is that link's alone). A ring link slower than the median ring link by FACTOR names two suspects, its ends; each
   suspect is then measured with a host whose ring links were fine (the halves: suspects on one side, good hosts on
@@ -35,11 +35,14 @@ SIZE = 512           # the matrix product's side
 TIMEOUT_S = 60       # the compute check on one host
 
 COMPUTE = r"""
-import json, sys, time
+import json, os, sys, time
 n = int(sys.argv[1])
+for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # on a CPU: one core's figure, as on
+    os.environ[name] = "1"                                                   # every host (no thread fights another)
 try:  # torch (on the GPU where there is one); a TensorFlow image's numpy else
     import torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(1)
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     product, done = torch.mm, (torch.cuda.synchronize if device == "cuda" else lambda: None)
 except ImportError:
