@@ -652,6 +652,18 @@ def remove_local_clusters() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def throttle(h, pattern: str, cores: float) -> None:
+    """The host's processes that match `pattern` get `cores` of a CPU from now on (a cgroup of their own, as
+    Lab.cpu_per_host makes one, one group a host; release_cpu_groups takes them back)."""
+    group = cpu_group() / h.name
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))
+    for pid in h.processes(pattern):
+        with contextlib.suppress(OSError):
+            (group / "cgroup.procs").write_text(str(pid))
+
+
 def release_cpu_groups() -> None:
     """The lab hosts' CPU quotas (Lab.cpu_per_host) removed: their processes back in the root group, the groups gone."""
     for group in cpu_group().glob(f"{PREFIX}-*") if cpu_group() else ():

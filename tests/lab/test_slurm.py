@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import cpu_group, read_until, release_cpu_groups, wait_for
+from harness import read_until, release_cpu_groups, throttle, wait_for
 from helpers import REPO, run_kit
 from kit.bench import figures as benchfigures
 from kit.backends.slurm import sbatch
@@ -436,22 +436,10 @@ def test_a_job_that_lost_a_node_starts_again_on_the_others_from_its_checkpoint(s
     wait_for("no process of the job", lambda: not any(h.processes("resumed.py") for h in slurm.hosts), timeout=60)
 
 
-def throttle(h, pattern: str, cores: float) -> None:
-    """The host's processes that match `pattern` get `cores` of a CPU from now on (a cgroup of their own, as
-    Lab.cpu_per_host makes one; release_cpu_groups takes them back)."""
-    group = cpu_group() / h.name
-    group.mkdir(exist_ok=True)
-    (group / "cpu.cfs_period_us").write_text("100000")
-    (group / "cpu.cfs_quota_us").write_text(str(round(cores * 100000)))
-    for pid in h.processes(pattern):
-        with contextlib.suppress(OSError):
-            (group / "cgroup.procs").write_text(str(pid))
-
-
 def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs, users, tmp_path):
     """CIFAR on three nodes; after its first epoch the ranks on rank 2's node get a sixth of a CPU: kit's watch,
     reading the heartbeats from the login host, names that node within 3 minutes (--straggler-window 30s here), with
-    what its rank does; `kit jobs` keeps it."""
+    what its rank does; `kit jobs` keeps it, and `kit jobs --ranks` shows the node against the others meanwhile."""
     folder = user_project(slurm, tmp_path / "slowed", users[0], envs["horovod"])
     shutil.copy(EXAMPLES / "cifar10_cnn_horovod.py", folder)
     env = {**os.environ, **slurm.lab.env, "COLUMNS": "200"}
@@ -467,6 +455,7 @@ def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs,
         slowed = time.monotonic()
         seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
         named = time.monotonic() - slowed
+        ranks = kit_as(slurm, folder, "jobs", "--ranks", "--json")  # (read from the login host while it runs)
         proc.send_signal(signal.SIGINT)  # (Ctrl-C: kit cancels the job)
         proc.communicate(timeout=120)
     finally:
@@ -479,6 +468,9 @@ def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs,
     job = re.search(r"^kit: job (\S+) is Slurm job", "".join(seen), re.M)[1]
     rows = {row["id"]: row for row in map(json.loads, kit_as(slurm, folder, "jobs", "--json").stdout.splitlines())}
     assert rows[job]["straggler"] == said[0].removeprefix("kit: ").strip(), rows[job]
+    paces = {row["rank"]: row for row in map(json.loads, ranks.stdout.splitlines())}
+    assert sorted(paces) == [0, 1, 2] and paces[2]["host"] == node, ranks.stdout
+    assert paces[2]["vs_others"] >= 1.5 > paces[0]["vs_others"], paces
     wait_for("no process of the job", lambda: not any(h.processes("cifar10_cnn") for h in slurm.hosts), timeout=60)
 
 

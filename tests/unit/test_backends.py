@@ -154,3 +154,21 @@ def test_the_cluster_is_asked_last_and_listed_last():
     lists its table after theirs (a script that reads the last line of `kit jobs --json` gets the cluster's newest)."""
     assert [b.name for b in backends.in_turn()][-1] == "cluster"
     assert list(backends.BACKENDS) == ["cluster", "slurm", "k8s"]  # as --on offers them
+
+
+def test_the_ranks_pace_is_for_the_back_ends_that_read_heartbeats_and_named_only_with_ranks(tmp_path, monkeypatch):
+    """kit jobs ID --ranks on the cluster and Slurm; Kubernetes has none (its pods watch their own ranks), refused
+    in the words of every job command a back end lacks; a job named without --ranks, and --ranks on kit logs without
+    -f, are refused before anything is read."""
+    assert "ranks" in backends.BACKENDS["cluster"].commands and "ranks" in backends.BACKENDS["slurm"].commands
+    with pytest.raises(BadInput) as e:
+        backends.needs(backends.BACKENDS["k8s"], "ranks", "20261129-080000-abcd")
+    assert str(e.value).startswith("kit jobs --ranks: job 20261129-080000-abcd runs on Kubernetes, where kit has no "
+                                   "ranks' pace")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["jobs", "20261129-080000-abcd"], prog_name="kit")
+    assert r.exit_code == 2 and "a job is named only with --ranks" in r.output, r.output
+    r = CliRunner().invoke(app, ["logs", "last", "--ranks", "60"], prog_name="kit")
+    assert r.exit_code == 2 and "give -f with it" in r.output, r.output
+    r = CliRunner().invoke(app, ["logs", "last", "-f", "--ranks", "5"], prog_name="kit")
+    assert r.exit_code == 2 and "--ranks: 5 s is not from 20 s to a day" in r.output, r.output

@@ -155,3 +155,35 @@ def test_the_rank_launcher_counts_the_steps_and_waits_the_script_marks_and_horov
     (old,) = parse_beats("h1", json.dumps(dict(rank=0, moves=3, where="x")))
     (bad,) = parse_beats("h1", json.dumps(dict(rank=0, moves=3, where="x", t="nan", steps=1, data_s=0, comm_s=0)))
     assert old.t is None and bad.t is None and bad.moves == 3
+
+
+def test_two_readings_give_each_ranks_figures_between_them_and_each_host_against_the_others():
+    """kit jobs ID --ranks: two readings 10 s apart; h3's ranks busy 0.9 s a step and h1's and h2's 0.45: h3 is 2x
+    the others, the others 0.5x of theirs (the median of h2's and h3's, 0.675, is 1.5x h1's: not named)."""
+    from kit.jobs.pace import against_others, two_readings
+    readings = iter([
+        [(r, h, 100.0, 10, 1.0, 5.0) for h, ranks in HOSTS.items() for r in ranks],
+        [(r, h, 110.0, 20, 1.0 + (7.0 if h == "h3" else 0.5), 5.0 + (1.0 if h == "h3" else 5.5))
+         for h, ranks in HOSTS.items() for r in ranks],
+    ])
+    slept, clock = [], iter([0.0, 10.0, 10.0])
+    paces = two_readings(lambda: next(readings), 10.0, slept.append, lambda: next(clock))
+    assert slept == [10.0]
+    by_rank = {p.rank: p for p in paces}
+    assert sorted(by_rank) == [0, 1, 2, 3, 4, 5]
+    assert by_rank[4].steps == 20 and abs(by_rank[4].steps_per_s - 1.0) < 1e-9
+    assert abs(by_rank[4].busy_s - 0.9) < 1e-9 and abs(by_rank[0].busy_s - 0.45) < 1e-9
+    assert abs(by_rank[4].data - 0.7) < 1e-9 and abs(by_rank[4].comm - 0.1) < 1e-9
+    against = against_others(paces)
+    assert abs(against[4] - 2.0) < 1e-9 and against[4] == against[5]
+    assert abs(against[0] - 0.45 / 0.675) < 1e-9
+
+
+def test_a_rank_with_no_step_between_the_readings_has_no_figure_and_one_host_compares_rank_by_rank():
+    from kit.jobs.pace import against_others, two_readings
+    readings = iter([[(0, "a", 1.0, 5, 0, 0), (1, "a", 1.0, 5, 0, 0), (2, "a", 1.0, 5, 0, 0)],
+                     [(0, "a", 11.0, 15, 0, 4.0), (1, "a", 11.0, 15, 0, 4.0), (2, "a", 11.0, 5, 0, 0)]])
+    paces = two_readings(lambda: next(readings), 10.0, lambda s: None, iter([0.0, 10.0, 10.0]).__next__)
+    assert [p.rank for p in paces] == [0, 1]   # rank 2 made no step: no figure
+    assert against_others(paces) == {0: 1.0, 1: 1.0}
+    assert against_others(paces[:1]) == {}     # no other to compare with

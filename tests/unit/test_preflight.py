@@ -83,3 +83,41 @@ def test_the_preflight_names_a_gpu_off_the_bus_and_a_page_waiting_to_retire_with
     assert [(f.host, f.level) for f in found] == [("h2", "warn"), ("h2", "fail"), ("h1", "ok")]
     assert found[0].text.startswith("GPU 1 (00000000:00:05.0) on h2: a page waits to be retired")
     assert "Xid 79 (fallen off the bus)" in found[1].text and found[1].fix.startswith("drain h2 and reboot it")
+
+
+def test_against_the_baseline_a_host_below_its_own_figures_is_named_even_alone_or_when_all_are_alike(tmp_path):
+    """kit bench baseline keeps each host's matrix product and fastest ring link; later every host runs at half its
+    link speed (a switch port renegotiated: all alike, so no host is slower than the others) and h2's matrix product
+    at 0.4 of its own: both named against the baseline, with the figure and its share; a product on another device
+    than the baseline's is not compared, and one host alone is compared too."""
+    names = ["h1", "h2", "h3"]
+    ring = links(deep.ring(names), speeds(None, fast=10.0))
+    then = deep.figures_of([deep.Compute(h, 20.0, "cpu") for h in names], ring, names)
+    assert then["h1"] == deep.Figures(20.0, "cpu", 10.0)
+    saved = deep.save_baseline(tmp_path, then, when=1_780_000_000)
+    assert oct(saved.stat().st_mode & 0o777) == "0o600"
+    baseline = deep.load_baseline(tmp_path)
+    assert baseline == (1_780_000_000, then)
+    compute = [deep.Compute("h1", 19.0, "cpu"), deep.Compute("h2", 8.0, "cpu"), deep.Compute("h3", 12.0, "cuda")]
+    slower = links(deep.ring(names), speeds(None, fast=5.0))
+    found = {(f.host, f.check): f for f in deep.findings(compute, slower, [], names, baseline=baseline)}
+    assert deep.slow_links(slower) == [] and ("h1", "preflight") not in found
+    assert found["h2", "compute"].level == "warn" and found["h2", "compute"].text.startswith(  # (and the others')
+        "its 512x512 matrix product (cpu) runs at 8.0 GFLOP/s, the others' at 15.5; 0.40 of its baseline (20.0 on ")
+    alike = [deep.Compute(h, 9.0, "cpu") for h in names]  # (all alike: named against the baseline alone)
+    assert [f.text[:58] for f in deep.findings(alike, ring, [], names, baseline=baseline)] == [
+        "its 512x512 matrix product (cpu) runs at 9.0 GFLOP/s, 0.45"] * 3
+    assert found["h1", "links"].text.startswith("its fastest link runs at 5.00 Gbit/s, 0.50 of its baseline (10.00 on ")
+    assert ("h3", "compute") not in found and ("h3", "links") in found  # (another device: not compared)
+    alone = deep.findings([deep.Compute("h1", 9.0, "cpu")], [], [], ["h1"], baseline=baseline)
+    assert [(f.host, f.check, f.level) for f in alone] == [("h1", "compute", "warn")]
+    healthy = deep.findings([deep.Compute(h, 18.0, "cpu") for h in names], ring, [], names, baseline=baseline)
+    assert {f.level for f in healthy} == {"ok"}
+
+
+def test_a_baseline_that_is_not_one_is_none(tmp_path):
+    assert deep.load_baseline(tmp_path) is None
+    (tmp_path / deep.BASELINE).write_text('{"taken": 1, "hosts": {"h1": {"gflops": "fast", "gbits": -3}}}')
+    assert deep.load_baseline(tmp_path) == (1.0, {"h1": deep.Figures(None, "", None)})
+    (tmp_path / deep.BASELINE).write_text("[1, 2]")
+    assert deep.load_baseline(tmp_path) is None

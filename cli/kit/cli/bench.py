@@ -21,6 +21,7 @@ from kit.bench import figures as bf
 from kit import shipped_folder
 from kit.backends.cluster import run as jobs
 from kit.bench import net as netbench
+from kit.doctor import deep
 from kit.cluster import state as st
 from kit.network import measure
 from kit.cluster.steps.preflight import recorded_nodes
@@ -34,7 +35,8 @@ from kit.cli.backends.cluster import run_job
 
 bench = typer.Typer(no_args_is_help=True, short_help="Measure links, allreduce and training speed",
                     help="Measure the cluster: `kit bench net` (every link's TCP throughput), "
-                    "`kit bench allreduce` (bus bandwidth against the link), `kit bench train` (scaling over hosts).")
+                    "`kit bench allreduce` (bus bandwidth against the link), `kit bench train` (scaling over hosts), "
+                    "`kit bench baseline` (every host's figures, kept for the preflight to compare with).")
 app.add_typer(bench, name="bench")
 JOB_FOLDER = "kit-bench"   # the workspace's folder for the bench jobs' scripts and what they write
 
@@ -83,6 +85,51 @@ def net(
     console.print(f"slowest: {escape(low[0].source)} -> {escape(low[0].target)} {low[0].gbits:.2f} Gbit/s"
                   + (f"; every link within 10% of it touches [bold]{escape(host)}[/]" if host else ""))
     console.print(f"saved {saved}", style="dim")
+
+
+@bench.command()
+@reports_errors
+def baseline(
+    config: Optional[Path] = CONFIG,
+    name: Optional[str] = NAME,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every host's compute and links, measured as `kit run --preflight` measures them (a matrix product in each
+    container; a ring of links, all at once), and kept as the cluster's baseline: the preflight and `kit doctor
+    --deep` then name a host that runs well below its own figures ("its matrix product runs at 0.55 of its
+    baseline"). Run it when the cluster is healthy, and again after a change of hardware."""
+    with locked(name, config) as (cfg, identity, state):  # no up or down changes the cluster under it
+        state = need_state(cfg, identity, state)
+        names = [h.name for h in state.hosts]
+        nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
+        try:
+            at = {h: m.address for h, m in measure.route(state).items()}
+            with (err_console if as_json else console).status("measuring every host's compute and links"):
+                compute, ring, pairs, _ = deep.measure_all(nodes, at)
+        finally:
+            for n in nodes:
+                n.runner.close()
+        named = {f.host: f.text for f in deep.findings(compute, ring, pairs, names) if f.level != "ok"}
+        figures = deep.figures_of(compute, ring, names)
+        saved = deep.save_baseline(identity.folder, figures)
+    data = {"cluster": state.cluster, "network": _over(state), "saved": str(saved),
+            "hosts": {h: {"gflops": f.gflops, "device": f.device, "gbits": f.gbits} for h, f in figures.items()},
+            "outliers": named}
+    if as_json:
+        console.print_json(data=data)
+        return
+    table = Table(title=f"baseline of {escape(state.cluster)} over {escape(_over(state))}")
+    for column, justify in (("host", "left"), ("matrix product, GFLOP/s", "right"), ("device", "left"),
+                            ("fastest ring link, Gbit/s", "right")):
+        table.add_column(column, justify=justify)
+    for h, f in figures.items():
+        table.add_row(escape(h), "—" if f.gflops is None else f"{f.gflops:.1f}", escape(f.device),
+                      "—" if f.gbits is None else f"{f.gbits:.2f}")
+    console.print(table)
+    for host, text in named.items():  # (kept all the same: the user says when the cluster is as it should be)
+        console.print(f"[yellow]warning[/] {escape(host)} is an outlier already: {escape(text)}; the baseline keeps "
+                      "its figure as it is: run `kit bench baseline` again once it is seen to", highlight=False)
+    console.print(f"saved {saved}: `kit run --preflight` and `kit doctor --deep` compare with it", style="dim")
 
 
 def _measure_links(cfg: ClusterConfig, state: st.ClusterState, seconds: float,

@@ -61,10 +61,10 @@ def doctor(
     try:
         report = dr.examine(nodes, cfg, image, state, flavor, identity.owner, cuda=cuda, where=where,
                             slurm="slurm" in cfg_file.sections)
-        if deep and len(nodes) > 1:
-            compute = deep_check.measure_compute(nodes)
-            ring, pairs = deep_check.measure_links(nodes, {h: m.address for h, m in measure.route(state).items()})
-            report.findings.extend(deep_check.findings(compute, ring, pairs, [n.name for n in nodes]))
+        baseline = deep_check.load_baseline(identity.folder) if deep else None
+        if deep and (len(nodes) > 1 or baseline):  # (GPUs' health: examine read it already)
+            measured = deep_check.measure_all(nodes, {h: m.address for h, m in measure.route(state).items()})
+            report.findings.extend(deep_check.findings(*measured[:3], [n.name for n in nodes], baseline=baseline))
     finally:
         for n in nodes:
             n.runner.close()

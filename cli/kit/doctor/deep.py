@@ -9,6 +9,9 @@ seconds, each compared with the others', and the host that would hold the job ba
   the other, all pairs at once), both ways, and a suspect slow with a good partner too is the bad host. With no good
   host to pair with (two hosts), the host every slow link touches is named.
 - GPUs: their health since boot (kit.doctor.gpuhealth), where the hosts have GPUs.
+- Against the cluster's baseline (`kit bench baseline`: the same measurements, kept): a host whose matrix product,
+  or whose fastest ring link, runs FACTOR times slower than its own figure there is named too, so a host is named
+  even where it has no other to be compared with, or all are slow alike.
 
 The measuring runs through kit.bench.net's helper (TCP between the containers, on the training network).
 """
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 from kit.bench import net as netbench
 from kit.cluster.fanout import fan_out
+from kit.cluster.identity import write_file
 from kit.cluster.steps.node import Node
 from kit.doctor import gpufacts
 from kit.doctor.finding import FAIL, OK, WARN, Finding
@@ -67,6 +73,78 @@ class Compute:
     host: str
     gflops: float
     device: str
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A host's figures, as the checks measure them: its matrix product, and its fastest ring link (a host's ring
+    links are to and from two others: its fastest one is its own speed where a neighbour is slow)."""
+
+    gflops: float | None = None
+    device: str = ""
+    gbits: float | None = None
+
+
+def figures_of(compute: list[Compute], ring_links: list[netbench.Link], names: list[str]) -> dict[str, Figures]:
+    """host -> its figures. Pure."""
+    cpu = {c.host: c for c in compute}
+    out = {}
+    for name in names:
+        mine = [l.gbits for l in ring_links if name in (l.source, l.target)]
+        c = cpu.get(name)
+        out[name] = Figures(c.gflops if c else None, c.device if c else "", max(mine) if mine else None)
+    return out
+
+
+BASELINE = "baseline.json"  # in the cluster's folder on this machine (kit bench baseline)
+
+
+def save_baseline(folder: Path, figures: dict[str, Figures], when: float | None = None) -> Path:
+    """The cluster's baseline, written anew (0600 in kit's own folder, as its other records)."""
+    path = folder / BASELINE
+    data = {"taken": when if when is not None else time.time(), "hosts": {h: asdict(f) for h, f in figures.items()}}
+    write_file(path, (json.dumps(data, indent=2) + "\n").encode(), 0o600)
+    return path
+
+
+def load_baseline(folder: Path) -> tuple[float, dict[str, Figures]] | None:
+    """(when it was taken, host -> its figures), or None where there is none (or it is not one: kit wrote it, but a
+    user may have edited it)."""
+    try:
+        raw = json.loads((folder / BASELINE).read_text())
+        hosts = {str(h): Figures(_positive(f.get("gflops")), str(f.get("device") or ""), _positive(f.get("gbits")))
+                 for h, f in raw["hosts"].items()}
+        return float(raw["taken"]), hosts
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _positive(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 else None
+
+
+def against_baseline(now: dict[str, Figures], baseline: tuple[float, dict[str, Figures]] | None,
+                     factor: float = FACTOR) -> dict[str, list[tuple[str, str, str]]]:
+    """host -> [(check, its figure, its share of its baseline's)], for each figure `factor` times below its
+    baseline's (a matrix product on another device than the baseline's is not compared). Pure."""
+    if baseline is None:
+        return {}
+    taken, base = baseline
+    day = time.strftime("%Y-%m-%d", time.localtime(taken))
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for host, f in now.items():
+        b = base.get(host)
+        if b is None:
+            continue
+        if f.gflops and b.gflops and f.device == b.device and f.gflops * factor <= b.gflops:
+            out.setdefault(host, []).append((
+                "compute", f"its {SIZE}x{SIZE} matrix product ({f.device}) runs at {f.gflops:.1f} GFLOP/s",
+                f"{f.gflops / b.gflops:.2f} of its baseline ({b.gflops:.1f} on {day})"))
+        if f.gbits and b.gbits and f.gbits * factor <= b.gbits:
+            out.setdefault(host, []).append((
+                "links", f"its fastest link runs at {f.gbits:.2f} Gbit/s",
+                f"{f.gbits / b.gbits:.2f} of its baseline ({b.gbits:.2f} on {day})"))
+    return out
 
 
 def ring(names: list[str]) -> list[tuple[str, str]]:
@@ -126,7 +204,8 @@ def bad_hosts(names: list[str], ring_links: list[netbench.Link], pair_links: lis
     if len(common) == 1 and len(slow) > 1:
         (host,) = common
         low = min(slow, key=lambda l: l.gbits)
-        return {host: f"its links run at {low.gbits:.2f} Gbit/s, the others' at {middle:.2f}"}
+        return {host: f"its links run at {low.gbits:.2f} Gbit/s ({low.source} -> {low.target}), the others' at "
+                      f"{middle:.2f}"}
     return {}
 
 
@@ -179,12 +258,23 @@ def measure_gpu_health(nodes: list[Node]) -> dict[str, GpuHealth | None]:
 
 
 def findings(compute: list[Compute], ring_links: list[netbench.Link], pair_links: list[netbench.Link],
-             names: list[str], gpus: dict[str, GpuHealth | None] | None = None) -> list[Finding]:
-    """What the preflight says of each host: ok, or the figure that names it (its GPUs' health too, where read)."""
+             names: list[str], gpus: dict[str, GpuHealth | None] | None = None,
+             baseline: tuple[float, dict[str, Figures]] | None = None) -> list[Finding]:
+    """What the preflight says of each host: ok, or the figure that names it (its GPUs' health too, where read; and
+    its figures against the cluster's baseline, where there is one)."""
     out = [f for name in names for f in judge_health(name, (gpus or {}).get(name)) if f.level != OK]
     slow_links_of = bad_hosts(names, ring_links, pair_links)
     slow_cpu = slow_compute(compute)
+    below = against_baseline(figures_of(compute, ring_links, names), baseline)
     for name in names:
+        for check, figure, share in below.get(name, ()):
+            named = slow_links_of if check == "links" else slow_cpu
+            if name in named:  # (slower than the others too: said once, with both)
+                named[name] += f"; {share}"
+            else:
+                out.append(Finding(name, check, WARN, f"{figure}, {share}",
+                                   "`kit doctor` on the host (its devices, its NIC's speed); `kit bench baseline` "
+                                   "records the cluster anew once it changed for good"))
         if name in slow_links_of:
             out.append(Finding(name, "links", FAIL, slow_links_of[name],
                                "look at its NIC and cable (`ethtool` on the host: its speed, errors); "
@@ -199,3 +289,12 @@ def findings(compute: list[Compute], ring_links: list[netbench.Link], pair_links
             out.append(Finding(name, "preflight", OK, ", ".join(filter(None, [
                 f"links {min(mine):.2f} Gbit/s" if mine else "", f"{cpu.gflops:.1f} GFLOP/s" if cpu else ""]))))
     return out
+
+
+def measure_all(nodes: list[Node], at: dict[str, str], gpus: bool = False) -> tuple[
+        list[Compute], list[netbench.Link], list[netbench.Link], dict[str, GpuHealth | None] | None]:
+    """(compute, ring links, pair links, GPUs' health or None): what the preflight measures, on these hosts (links
+    only where there are two or more)."""
+    compute = measure_compute(nodes)
+    ring_links, pairs = measure_links(nodes, at) if len(nodes) > 1 else ([], [])
+    return compute, ring_links, pairs, measure_gpu_health(nodes) if gpus else None

@@ -75,9 +75,10 @@ class Straggler:
                                         key=lambda c: c[1])
         who = f"rank {self.ranks[0]} on {self.host}" if self.alone else \
             f"host {self.host} (rank{'s' if len(self.ranks) > 1 else ''} {ranges(self.ranks)})"
+        does = "it " + singular if self.alone else \
+            "its rank " + singular if len(self.ranks) == 1 else "its ranks " + plural
         return (f"straggler: {who} {self.factor:.1f}x slower than the others for {minutes(self.seconds)}; "
-                f"{'it ' + singular if self.alone else 'its rank ' + singular if len(self.ranks) == 1 else 'its ranks ' + plural}"
-                f" {share:.0%} of the time")
+                f"{does} {share:.0%} of the time")
 
 
 def ranges(ranks: tuple[int, ...] | list[int]) -> str:
@@ -142,22 +143,11 @@ class Pace:
 
     def look(self, now: float) -> list[Straggler]:
         """The hosts that have been slow at every look for the window, each named once (the first time)."""
-        paces = self.ranks(now)
-        by_host: dict[str, list[RankPace]] = {}
-        for p in paces:
-            by_host.setdefault(p.host, []).append(p)
-        alone = len(by_host) == 1
-        groups = {f"{p.host} rank {p.rank}": [p] for p in paces} if alone else by_host  # (one host: rank by rank)
-        figure = {name: statistics.median(p.busy_s for p in group) for name, group in groups.items()}
+        groups, ratios, alone = compared(self.ranks(now))
         found = []
         for name, group in groups.items():
-            others = [v for other, v in figure.items() if other != name]
-            if not others or statistics.median(others) <= 0:
-                slow = False
-            else:
-                ratio = figure[name] / statistics.median(others)
-                slow = ratio >= self.factor
-            if not slow:
+            ratio = ratios.get(name)
+            if ratio is None or ratio < self.factor:
                 self.slow_since.pop(name, None)
                 continue
             since = self.slow_since.setdefault(name, now)
@@ -170,5 +160,42 @@ class Pace:
         return found
 
 
+def compared(paces: list[RankPace]) -> tuple[dict[str, list[RankPace]], dict[str, float], bool]:
+    """(the groups compared: each host's ranks, or on one host each rank alone; each group's busy time a step over
+    the median of the others', where the others have one; whether the job is on one host)."""
+    by_host: dict[str, list[RankPace]] = {}
+    for p in paces:
+        by_host.setdefault(p.host, []).append(p)
+    alone = len(by_host) == 1
+    groups = {f"{p.host} rank {p.rank}": [p] for p in paces} if alone else by_host  # (one host: rank by rank)
+    figure = {name: statistics.median(p.busy_s for p in group) for name, group in groups.items()}
+    ratios = {}
+    for name in groups:
+        others = [v for other, v in figure.items() if other != name]
+        if others and statistics.median(others) > 0:
+            ratios[name] = figure[name] / statistics.median(others)
+    return groups, ratios, alone
+
+
+def against_others(paces: list[RankPace]) -> dict[int, float]:
+    """rank -> its host's busy time a step over the other hosts' (on one host: its own over the other ranks'), as
+    the straggler check compares them; a rank with no others to compare with has none."""
+    groups, ratios, _ = compared(paces)
+    return {p.rank: ratios[name] for name, group in groups.items() if name in ratios for p in group}
+
+
 def clamp(x: float) -> float:
     return min(1.0, max(0.0, x))
+
+
+def two_readings(read, wait: float, sleep, clock) -> list[RankPace]:
+    """Each rank's figures between two readings of the heartbeats `wait` seconds apart (kit jobs ID --ranks): read()
+    gives (rank, host, t, steps, data_s, comm_s) a heartbeat."""
+    pace = Pace(span=float("inf"))
+    for first in (True, False):
+        if not first:
+            sleep(wait)
+        now = clock()
+        for rank, host, t, steps, data_s, comm_s in read():
+            pace.add(rank, host, Sample(now, t, steps, data_s, comm_s))
+    return pace.ranks(clock())

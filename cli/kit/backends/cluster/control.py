@@ -247,6 +247,15 @@ def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
     return {(n.name, rank): text for n, by_rank in zip(nodes, found) for rank, text in by_rank.items()}
 
 
+def beats(nodes: list[Node], job_id: str) -> list[heartbeats.Beat]:
+    """Every rank's heartbeat now, read in each host's container at once (as the supervisor reads them)."""
+    def one(n: Node) -> list[heartbeats.Beat]:
+        r = n.runner.run(command(exec_argv(n.place.container, ["sh", "-c", heartbeats.progress_script(job_id)])),
+                         timeout=60)
+        return heartbeats.parse_beats(n.name, r.check(f"cannot read the heartbeats of job {job_id}").stdout)
+    return [b for found in fan_out("reading every rank's heartbeat", nodes, one, lambda n: n.name) for b in found]
+
+
 @dataclass
 class Stopped:
     ended_by_itself: bool                 # the launcher ended on SIGINT within the bound

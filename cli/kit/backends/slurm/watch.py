@@ -124,11 +124,8 @@ class SlurmWatch:
 
     def beats(self, text: str) -> list[Beat]:
         """Each rank's heartbeat, with the node Slurm put it on; a file named for no rank of the job is none."""
-        found, written = [], {}
-        for rank, body in _split(text, self.mark, "", written).items():
-            for beat in parse_beats("", body)[:1]:
-                if beat.rank == rank < self.ranks:
-                    found.append(replace(beat, host=self.reader.node_of(rank) or "?"))
+        written: dict[int, str] = {}
+        found = beats_of(text, self.mark, self.reader, written)
         now = self.clock()
         for b in found:
             if b.t is not None and b.host != "?":
@@ -160,6 +157,24 @@ class SlurmWatch:
         its task): their slurmd and tasks died with them, and srun waits for them until Slurm gives them up (the
         node's SlurmdTimeout, 300 s by default), the job doing nothing meanwhile."""
         return self.silent_nodes() if self.reader.exits or self.reader.srun_errors else {}
+
+
+def beats_of(text: str, mark: str, reader: Reader, written: dict[int, str] | None = None) -> list[Beat]:
+    """Each rank's heartbeat in _each's output, with the node Slurm put it on (reader's); a file named for no rank of
+    the job is none."""
+    found = []
+    for rank, body in _split(text, mark, "", written).items():
+        for beat in parse_beats("", body)[:1]:
+            if beat.rank == rank < reader.ranks:
+                found.append(replace(beat, host=reader.node_of(rank) or "?"))
+    return found
+
+
+def read_beats(runner: Runner, folder: str, slurm_id: str, job_id: str, reader: Reader) -> list[Beat]:
+    """Every rank's heartbeat now (kit jobs ID --ranks), read from the login host."""
+    mark = "@@kit-beat-" + secrets.token_hex(8)
+    r = runner.run(_each(progress_dir(folder, slurm_id, job_id), "[0-9]*", mark, 2000), timeout=REMOTE_TIMEOUT_S)
+    return beats_of(r.check(f"cannot read the heartbeats of job {job_id}").stdout, mark, reader)
 
 
 def take_stacks(runner: Runner, folder: str, slurm_id: str, job_id: str, reader: Reader, ranks: list[int],

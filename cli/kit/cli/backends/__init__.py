@@ -41,10 +41,16 @@ def find(ref: str, where: Where) -> tuple[Any, Any]:
     return next((b, found) for b in in_turn() if (found := b.find(ref, where)) is not None)
 
 
+# The commands a back end may lack that are not `kit COMMAND`: (how a user types it, what it reads)
+SAID = {"ranks": ("kit jobs --ranks", "ranks' pace")}
+
+
 def needs(b, command: str, ref: str) -> None:
-    """A command a back end does not have (kit attach, kit stacks), refused in the same words for each."""
+    """A command a back end does not have (kit attach, kit stacks, kit jobs --ranks), refused in the same words for
+    each."""
     if command not in b.commands:
         has = [n.title for n in BACKENDS.values() if command in n.commands]
-        raise BadInput(f"kit {command}: job {ref} runs on {b.title}, where kit has no {command}",
-                       hint=f"kit {command} is for jobs on {' and '.join(has)}; `kit logs {ref} -f` follows this "
+        typed, what = SAID.get(command, (f"kit {command}", command))
+        raise BadInput(f"{typed}: job {ref} runs on {b.title}, where kit has no {what}",
+                       hint=f"{typed} is for jobs on {' and '.join(has)}; `kit logs {ref} -f` follows this "
                             "one's output")

@@ -43,7 +43,7 @@ class Cluster:
                         "fp16_allreduce", "timeline", "verbose_horovod", "start_timeout", "restarts", "min_np",
                         "hang_timeout", "straggler_window", "preflight", "exclude_bad"}
     placement = "-np and -H place a job on the cluster's hosts"
-    commands = frozenset({"attach", "stacks"})
+    commands = frozenset({"attach", "stacks", "ranks"})
 
     def run(self, job: Job) -> None:
         launcher = job.launcher
@@ -77,7 +77,7 @@ class Cluster:
             state = need_state(cfg, identity, state)
             _check_launcher(launcher, state)
             if job.option("preflight"):
-                picked, np = preflight(cfg, state, picked, np, job.option("exclude_bad"))
+                picked, np = preflight(cfg, state, picked, np, job.option("exclude_bad"), identity.folder)
             options = HorovodOptions(fusion, cycle, timeline, verbose, job.option("start_timeout"))
             run_job(cfg, state, job.script, list(job.args), np, job.workdir, options, variables,
                     job_printer(launcher), launcher, per_node, job.detach, job.policy, hosts=picked,
@@ -114,16 +114,20 @@ class Cluster:
     def stacks(self, ref: str, where: Where) -> None:
         with the_job(ref, where) as (state, nodes, record):
             job = record.id
-            if record.state not in jobrecords.ACTIVE:
-                raise BadInput(f"job {job} is not running ({record.state})",
-                               hint=f"a hung job's stacks, taken when it was stopped, are in "
-                                    f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
+            _running(record, "stacks", f"a hung job's stacks, taken when it was stopped, are in "
+                                       f"{state.primary.place.job_dir(job)}/stacks on {state.primary.name}")
             found = jobcontrol.stacks(nodes, job)
         if not found:
             console.print(f"no rank of job {job} is running a Python script now")
         for (host, rank), text in sorted(found.items(), key=lambda item: item[0][1]):
             console.print(f"[bold]rank {rank} on {escape(host)}[/]")
             console.print(visible(text), markup=False, highlight=False)
+
+    def ranks(self, ref: str, where: Where, measure: Callable) -> tuple[str, list]:
+        """(the job's id, each rank's pace): measure(read) reads its ranks' heartbeats twice, on every host."""
+        with the_job(ref, where) as (state, nodes, record):
+            _running(record, "ranks")
+            return record.id, measure(lambda: jobcontrol.beats(nodes, record.id))
 
     def stop(self, ref: str, where: Where) -> str:
         with the_job(ref, where) as (state, nodes, record):
@@ -179,40 +183,47 @@ def job_printer(launcher: str) -> Callable[[int | None, str | None, str], None]:
 
 
 def preflight(cfg: ClusterConfig, state: st.ClusterState, picked: Optional[list[tuple[str, int | None]]],
-              np: Optional[int], exclude: bool) -> tuple[Optional[list[tuple[str, int | None]]], Optional[int]]:
-    """kit run --preflight: the job's hosts' compute and links measured (kit.doctor.deep), each named host said with
-    its figure. A host named stops the job before it starts, unless exclude: then it runs on the others, -np at most
-    their slots (-H and -np as a restart leaves them). (-H, -np) for the job."""
+              np: Optional[int], exclude: bool, folder: Path) -> tuple[Optional[list[tuple[str, int | None]]],
+                                                                       Optional[int]]:
+    """kit run --preflight: the job's hosts' compute and links measured (kit.doctor.deep), against each other and
+    the cluster's baseline (in `folder`, where `kit bench baseline` kept one), each named host said with its figure.
+    A host named stops the job before it starts, unless exclude: then it runs on the others, -np at most their slots
+    (-H and -np as a restart leaves them). (-H, -np) for the job."""
     slots = {h.name: h.slots or 1 for h in state.hosts}
     names = [h for h, _ in picked] if picked is not None else [h.name for h in state.hosts]
     hosts = [h for h in state.hosts if h.name in names]
-    if len(hosts) < 2:
-        console.print("preflight: one host: no link to measure, nobody to compare with", highlight=False)
+    baseline = deep.load_baseline(folder)
+    if len(hosts) < 2 and baseline is None:
+        console.print("preflight: one host, and no baseline to compare it with (`kit bench baseline` keeps one)",
+                      highlight=False)
         return picked, np
     began = time.monotonic()
     nodes = recorded_nodes(hosts, connector(cfg.connect_timeout))
     try:
-        compute = deep.measure_compute(nodes)
-        ring, pairs = deep.measure_links(nodes, {h: m.address for h, m in measure.route(state).items()})
-        gpus = deep.measure_gpu_health(nodes) if uses_gpus(state.flavor) else None
+        measured = deep.measure_all(nodes, {h: m.address for h, m in measure.route(state).items()},
+                                    gpus=uses_gpus(state.flavor))
     finally:
         for n in nodes:
             n.runner.close()
-    found = deep.findings(compute, ring, pairs, [h.name for h in hosts], gpus)
+    found = deep.findings(*measured[:3], [h.name for h in hosts], measured[3], baseline)
     bad = list(dict.fromkeys(f.host for f in found if f.level != "ok"))
     took = time.monotonic() - began
     for f in found:
         if f.level != "ok":
             console.print(f"preflight: {escape(f.host)}: {escape(f.text)}", highlight=False)
-    console.print(f"preflight: {len(hosts)} hosts in {took:.0f} s: " + (
-        f"{', '.join(bad)} would hold the job back" if bad else "compute and links alike"), highlight=False)
+    console.print(f"preflight: {len(hosts)} host{'s' if len(hosts) > 1 else ''} in {took:.0f} s"
+                  + ("" if baseline else " (no baseline: `kit bench baseline` keeps one)") + ": " + (
+                      f"{', '.join(bad)} would hold the job back" if bad else "compute and links alike"),
+                  highlight=False)
     if not bad:
         return picked, np
     good = [h.name for h in hosts if h.name not in bad]
-    if not exclude:
-        raise KitError(f"the preflight names {', '.join(bad)}: the job would run at its speed",
-                       hint=f"--exclude-bad runs it on {', '.join(good)}; or see to {', '.join(bad)} first (the "
-                            "figures above say what is slow)")
+    if not exclude or not good:
+        raise KitError(f"the preflight names {', '.join(bad)}: the job would run at "
+                       f"{'its' if len(bad) == 1 else 'their'} speed",
+                       hint=(f"--exclude-bad runs it on {', '.join(good)}; or see" if good else "see")
+                       + f" to {', '.join(bad)} first (the figures above say what is slow)"
+                       + ("" if good else "; `kit bench baseline` records the cluster anew if it changed for good"))
     kept = [(h, dict(picked or []).get(h)) for h in good]
     fit = sum(dict(picked or []).get(h) or slots[h] for h in good)
     console.print(f"preflight: --exclude-bad: the job runs on {', '.join(good)}" +
@@ -396,6 +407,13 @@ def the_job(job: str, where: Where):
     finally:
         for n in nodes:
             n.runner.close()
+
+
+def _running(record: jobrecords.Record, what: str, hint: str | None = None) -> None:
+    """A job's stacks and pace are read while it runs."""
+    if record.state not in jobrecords.ACTIVE:
+        raise BadInput(f"job {record.id} is not running ({record.state}): it has no {what} to read now",
+                       hint=hint or "`kit jobs` shows how it ended, and the straggler kit named, if any")
 
 
 def _duration(seconds: int | None) -> str:

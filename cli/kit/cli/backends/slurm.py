@@ -39,7 +39,7 @@ class Slurm:
                         "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "straggler_window", "restarts",
                         "min_np"}
     placement = SCHEDULER_PLACEMENT
-    commands = frozenset()
+    commands = frozenset({"ranks"})
 
     def run(self, job: Job) -> None:
         cfg_file, cfg = cluster_settings(job.config, dict(name=job.name))
@@ -62,6 +62,9 @@ class Slurm:
 
     def stop(self, record: slurmjobs.SlurmRecord, where: Where) -> str:
         return stop(record, where.cfg.connect_timeout)
+
+    def ranks(self, record: slurmjobs.SlurmRecord, where: Where, measure) -> tuple[str, list]:
+        return record.id, ranks(record, where.cfg.connect_timeout, measure)
 
     def rows(self, where: Where) -> list[dict]:
         return rows(where.cfg.connect_timeout)
@@ -399,6 +402,24 @@ def logs(record: slurmjobs.SlurmRecord, rank: Optional[int], follow: bool, tail:
             console.print(f"kit: job {record.id} {ending.state}" +
                           (f" (exit {ending.code})" if ending.code is not None else "") +
                           (f": hung: {ending.hang}" if ending.hang else ""), markup=False, highlight=False)
+    finally:
+        runner.close()
+
+
+def ranks(record: slurmjobs.SlurmRecord, connect_timeout: int, measure) -> list:
+    """Each rank's pace (kit jobs ID --ranks): measure(read) reads the ranks' heartbeats twice from the login host,
+    each rank on the node its output's node list puts it."""
+    if record.ended:
+        raise BadInput(f"job {record.id} is not running ({record.ended['state']}): it has no ranks to read now",
+                       hint="`kit jobs` shows how it ended, and the straggler kit named, if any")
+    reader = slurmoutput.Reader(record.launcher, record.ranks, lambda *_: None, per_node=record.per_node)
+    runner = slurmjobs.login_runner(SlurmConfig(login=record.login), connect_timeout)
+    try:
+        poll, _ = slurmjobs.read_rest(runner, record, 0, reader.feed)
+        if poll.state in (None, *slurmjobs.ENDED):
+            raise BadInput(f"job {record.id} is not running (Slurm job {record.slurm_id}: {poll.state or 'gone'})",
+                           hint="`kit jobs` shows how it ended")
+        return measure(lambda: slurmwatch.read_beats(runner, record.folder, record.slurm_id, record.id, reader))
     finally:
         runner.close()
 
