@@ -80,6 +80,19 @@ def read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
     return seen
 
 
+def interrupt(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Ctrl-C to a running kit, and the rest of its (stdout, stderr) once it ended; one that has not ended within
+    the timeout fails the test with where each of its threads is (kit started with PYTHONFAULTHANDLER=1: SIGABRT
+    prints them)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"kit did not end {timeout:g} s after Ctrl-C:\n{out[-3000:]}\n{err[-8000:]}") from None
+
+
 class LabHost:
     def __init__(self, index: int) -> None:
         self.index = index

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import kit, lab_cluster, make_project, read_until, release_cpu_groups, throttle, wait_for
+from harness import (interrupt, kit, lab_cluster, make_project, read_until, release_cpu_groups, throttle,
+                     wait_for)
 from helpers import REPO
 
 pytestmark = pytest.mark.lab
@@ -471,7 +472,7 @@ def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(pr
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--np", "3", "--straggler-window", "30s",
                              str(REPO / "examples" / "cifar10_cnn_horovod.py"), "--", "--epochs", "400", "--samples",
                              "1536"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200"}, text=True)
+                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"}, text=True)
     try:
         seen = read_until(proc, lambda seen: any("] epoch 0: loss" in line for line in seen), 300)
         for h in lab.hosts:  # (each rank's process on a host; a quota of its own host's)
@@ -483,8 +484,7 @@ def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(pr
         seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
         named = time.monotonic() - slowed
         ranks = kit(project, lab, "jobs", "--ranks", "--json")
-        proc.send_signal(signal.SIGINT)  # (Ctrl-C: the job stopped on every host)
-        proc.communicate(timeout=120)
+        interrupt(proc, 120)  # (Ctrl-C: the job stopped on every host)
     finally:
         release_cpu_groups()
         proc.kill()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import read_until, release_cpu_groups, throttle, wait_for
+from harness import interrupt, read_until, release_cpu_groups, throttle, wait_for
 from helpers import REPO, run_kit
 from kit.bench import figures as benchfigures
 from kit.backends.slurm import sbatch
@@ -442,9 +442,9 @@ def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs,
     what its rank does; `kit jobs` keeps it, and `kit jobs --ranks` shows the node against the others meanwhile."""
     folder = user_project(slurm, tmp_path / "slowed", users[0], envs["horovod"])
     shutil.copy(EXAMPLES / "cifar10_cnn_horovod.py", folder)
-    env = {**os.environ, **slurm.lab.env, "COLUMNS": "200"}
+    env = {**os.environ, **slurm.lab.env, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--on", "slurm", "--nodes", "3", "--cpus-per-task",
-                             "1", "--straggler-window", "30s", "cifar10_cnn_horovod.py", "--epochs", "40",
+                             "1", "--straggler-window", "30s", "cifar10_cnn_horovod.py", "--epochs", "400",
                              "--samples", "1536"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             text=True)
     try:
@@ -456,8 +456,7 @@ def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs,
         seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
         named = time.monotonic() - slowed
         ranks = kit_as(slurm, folder, "jobs", "--ranks", "--json")  # (read from the login host while it runs)
-        proc.send_signal(signal.SIGINT)  # (Ctrl-C: kit cancels the job)
-        proc.communicate(timeout=120)
+        interrupt(proc, 120)  # (Ctrl-C: kit cancels the job)
     finally:
         release_cpu_groups()
         proc.kill()
