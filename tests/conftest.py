@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,11 @@ STREAMS = os.environ.get("KIT_TEST_STREAMS")
 
 
 def pytest_configure(config):
+    # Tests send kit Ctrl-C (SIGINT) as a user does. A suite started in the background of a script has SIGINT ignored,
+    # which every process it starts inherits (Python then installs no KeyboardInterrupt for it): the suite's own
+    # processes get SIGINT's default back, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other stream's tests "
                                        "use: tests/run's other stream waits while it runs")
 

@@ -80,6 +80,33 @@ def test_no_flood_of_made_up_folders_hides_a_running_job_or_the_one_named(tmp_pa
         supervisor.wait()
 
 
+def test_a_supervisor_with_the_whole_shipped_source_on_its_command_line_is_seen_alive(tmp_path):
+    """kit jobs and the follower tell a live supervisor by its command line, whose first argument is the shipped
+    source, larger than 64 KiB: the plan's path after it is read all the same."""
+    from kit.backends.cluster.supervisor import shipped
+    root = tmp_path / "jobs"
+    running = root / "20261129-100000-cccc"
+    running.mkdir(parents=True)
+    (running / "plan.json").write_text("{}")
+    (running / "output.log").write_text("a line of the job\n")
+    code = "import time; time.sleep(60)\n#" + "x" * len(shipped.source())
+    supervisor = subprocess.Popen([sys.executable, "-c", code, str(running / "plan.json")],
+                                  env={"KIT_SUPERVISOR": running.name})
+    try:
+        r = subprocess.run(here(jobrecords.records_command("kit-lab", str(root))), capture_output=True, timeout=60)
+        assert [jobrecords.Record.parse(line).state for line in r.stdout.decode().splitlines()] == ["running"]
+        follower = subprocess.Popen(here(jobcontrol.follow_command("kit-lab", str(running), running.name)),
+                                    stdout=subprocess.PIPE)
+        time.sleep(12)  # (a follower that does not see the supervisor ends after 10 s)
+        assert follower.poll() is None
+        supervisor.kill()
+        out, _ = follower.communicate(timeout=30)
+        assert out.startswith(b"a line of the job\n") and jobcontrol.END_MARK.encode() in out, out
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+
+
 def bounded(argv: list[str], most: int = 1 << 20, seconds: float = 30) -> bytes:
     """What argv prints, read up to `most` bytes or `seconds` (then it is killed): a flood or a block fails, and is
     not kept."""

@@ -76,3 +76,16 @@ def test_an_import_of_kit_that_is_not_marked_fails_the_script(tmp_path):
     lonely = module("lonely", "from __future__ import annotations\nimport json\nimport kit.errors\n")
     with pytest.raises(ValueError, match=r"lonely:3: `import kit.errors` cannot be shipped"):
         shipped.source((marked, lonely))
+
+
+def test_the_supervisors_command_line_fits_one_argument_and_what_looks_for_it_reads_it_whole():
+    """The supervisor runs as `python -I -c SOURCE PLAN`: the kernel takes one argument up to MAX_ARG_STRLEN (32
+    pages: 128 KiB), and the scripts that tell a live supervisor by its command line's last word (the follower, kit
+    jobs) read that much of it and more. (They once read 64 KiB, and the source outgrew it: every job seemed to have
+    lost its supervisor 10 s after it started.)"""
+    from kit.backends.cluster.supervisor.launch import SUPERVISOR_APART
+    size = len(shipped.source().encode())
+    assert size < 112 << 10, f"the supervisor's source is {size} bytes: near the kernel's 128 KiB for an argument"
+    bound = {}
+    exec(SUPERVISOR_APART.split("\ndef ")[0], bound)
+    assert bound["CMDLINE_MAX"] >= (128 << 10) + 4096

@@ -128,7 +128,7 @@ def alive():
     for pid in os.listdir("/proc"):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
-                if not pid.isdigit() or f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1] != plan:
+                if not pid.isdigit() or f.read(CMDLINE_MAX).rstrip(b"\0").split(b"\0")[-1] != plan:
                     continue
             if OUTSIDE and not apart(pid):
                 continue

@@ -40,7 +40,7 @@ def supervisors():
     for pid in os.listdir("/proc"):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
-                last = f.read(1 << 16).rstrip(b"\0").split(b"\0")[-1].decode("utf-8", "replace")
+                last = f.read(CMDLINE_MAX).rstrip(b"\0").split(b"\0")[-1].decode("utf-8", "replace")
             if not pid.isdigit() or not last.startswith(root + "/") or (OUTSIDE and not apart(pid)):
                 continue
             with open("/proc/%s/environ" % pid, "rb") as f:

@@ -234,14 +234,15 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     if ending.state == "lost":  # (srun waits for the lost nodes, the others idle: a restart follows, without them)
         lost = ", ".join(f"{node} (its ranks wrote no heartbeat for {watch.silent_nodes().get(node, 0):.0f} s and left "
                          "no exit line)" for node in ending.lost)
-        reader.show(None, None, f"kit: job {record.id} lost {lost}, while its other ranks ended; cancelling Slurm job "
-                                f"{record.slurm_id} (Slurm waits for a lost node until its SlurmdTimeout)")
+        console.print(f"kit: job {record.id} lost {lost}, while its other ranks ended; cancelling Slurm job "
+                      f"{record.slurm_id} (Slurm waits for a lost node until its SlurmdTimeout)",
+                      markup=False, highlight=False)  # (kit's own line, not one of the job's output)
         slurmjobs.cancel(runner, record)
         return slurmjobs.Ending("failed", None, reader.first_failure(), lost=ending.lost), watch
     if ending.state != "hung":
         return ending, watch
-    reader.show(None, None, f"kit: job {record.id} hung: {ending.hang}; taking every rank's stack, then cancelling "
-                            f"Slurm job {record.slurm_id}")
+    console.print(f"kit: job {record.id} hung: {ending.hang}; taking every rank's stack, then cancelling Slurm job "
+                  f"{record.slurm_id}", markup=False, highlight=False)
     try:
         where, _ = slurmwatch.take_stacks(runner, record.folder, record.slurm_id, record.id, reader,
                                           list(range(record.ranks)), lambda: slurmjobs.cancel(runner, record, "USR2"))

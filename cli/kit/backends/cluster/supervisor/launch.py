@@ -218,7 +218,11 @@ ORPHANS = (
 # Python, for kit's scripts that find a job's supervisor in a container's process table (jobcontrol's FOLLOW_SCRIPT,
 # jobrecords' RECORDS_SCRIPT; os imported): in kit's containers (pid 1 named sshd) a supervisor is kit's
 # `docker exec -d`, its parent outside the container (PPid 0), which no process of a job can make its own.
-SUPERVISOR_APART = """def kits_container():  # pid 1 is sshd by its name, which no other process can change
+# The most of a process's command line the scripts that look for a supervisor read: its `python -I -c SOURCE PLAN`
+# holds the whole shipped source (kit.backends.cluster.supervisor.shipped), one argument, which the kernel takes up to
+# MAX_ARG_STRLEN (128 KiB); the plan's path comes last.
+SUPERVISOR_APART = """CMDLINE_MAX = 1 << 20
+def kits_container():  # pid 1 is sshd by its name, which no other process can change
     try:
         with open("/proc/1/comm") as f:
             return f.read().strip() == "sshd"
