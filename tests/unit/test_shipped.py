@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -84,7 +85,7 @@ def test_the_supervisors_command_line_fits_one_argument_and_what_looks_for_it_re
     jobs) read that much of it and more. (They once read 64 KiB, and the source outgrew it: every job seemed to have
     lost its supervisor 10 s after it started.)"""
     from kit.backends.cluster.supervisor.launch import SUPERVISOR_APART
-    size = len(shipped.source().encode())
+    size = len(shlex.quote(shipped.source()).encode())  # (quoted: as it goes in the one argument of the host's sh -c)
     assert size < 112 << 10, f"the supervisor's source is {size} bytes: near the kernel's 128 KiB for an argument"
     bound = {}
     exec(SUPERVISOR_APART.split("\ndef ")[0], bound)
