@@ -157,6 +157,47 @@ def test_the_rank_launcher_counts_the_steps_and_waits_the_script_marks_and_horov
     assert old.t is None and bad.t is None and bad.moves == 3
 
 
+LONG_WAIT = """import time
+import kit_pace
+with kit_pace.comm():
+    print("waiting", flush=True)
+    time.sleep(3)                    # one wait, longer than a heartbeat's period
+print("done", flush=True)
+time.sleep(2)
+"""
+
+
+def test_a_heartbeat_counts_the_wait_going_on_so_far(tmp_path):
+    """A wait is counted as it goes, not only once it ended: a heartbeat written 2 s into a 3 s wait says about 2 s
+    (else a reading taken then, and one after the wait, would give the whole wait to the span between them, more
+    than its length, and a rank that waits for a slow one would seem to compute nothing)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from kit.jobs.commands.horovod import rank_launcher
+    (tmp_path / "launcher.py").write_text(rank_launcher(env_dir=str(tmp_path / "env"), every=0.5, look=0.1))
+    (tmp_path / "train.py").write_text(LONG_WAIT)
+    env = {"PATH": "/usr/bin:/bin", "KIT_JOB": "20261129-120000-abcd", "HOROVOD_RANK": "0",
+           "KIT_PROGRESS_DIR": str(tmp_path / "progress")}
+    beat_file = tmp_path / "progress" / "20261129-120000-abcd" / "0"
+    proc = subprocess.Popen([sys.executable, "launcher.py", "train.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(2.2)
+        during = json.loads(beat_file.read_text())
+        assert proc.stdout.readline() == "done\n"
+        time.sleep(1.0)
+        after = json.loads(beat_file.read_text())
+    finally:
+        proc.wait(timeout=30)
+    assert 1.0 <= during["comm_s"] <= 2.6, during
+    assert 2.9 <= after["comm_s"] < 3.5 and after["comm_s"] - during["comm_s"] <= after["t"] - during["t"], (during,
+                                                                                                           after)
+
+
 def test_two_readings_give_each_ranks_figures_between_them_and_each_host_against_the_others():
     """kit jobs ID --ranks: two readings 10 s apart; h3's ranks busy 0.9 s a step and h1's and h2's 0.45: h3 is 2x
     the others, the others 0.5x of theirs (the median of h2's and h3's, 0.675, is 1.5x h1's: not named)."""

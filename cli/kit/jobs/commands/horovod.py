@@ -55,17 +55,27 @@ def place(frame):  # where the main thread is: its innermost frame, and the inne
     return inner if own in (None, inner) else inner + " (from " + own + ")"
 ENDED, LOCK, STACK = threading.Event(), threading.Lock(), None
 PACE = dict(steps=0, data_s=0.0, comm_s=0.0)  # the script's steps, and its seconds waiting for data and in collectives
+OPEN = dict(data_s=None, comm_s=None)  # when the wait going on now began: a heartbeat counts it so far
+def waited(kind, began):
+    OPEN[kind] = None  # (first: a heartbeat meanwhile counts this wait once at most, never twice)
+    PACE[kind] += time.monotonic() - began
+def paced():  # the counters now, the waits going on counted so far (read PACE first: see waited)
+    now, counts = time.monotonic(), dict(PACE)
+    for kind, began in list(OPEN.items()):
+        if began is not None:
+            counts[kind] += max(0.0, now - began)
+    return now, counts
 def hook_horovod():  # Horovod's waits for its collectives count as time in collectives (its synchronize, by any name)
     ops = sys.modules.get("horovod.torch.mpi_ops")
     given = getattr(ops, "synchronize", None)
     if given is None or getattr(given, "kit_pace", False):
         return
     def synchronize(*args, **kwargs):
-        began = time.monotonic()
+        began = OPEN["comm_s"] = time.monotonic()
         try:
             return given(*args, **kwargs)
         finally:
-            PACE["comm_s"] += time.monotonic() - began
+            waited("comm_s", began)
     synchronize.kit_pace = True
     for name, module in list(sys.modules.items()):
         if name.partition(".torch")[0] == "horovod" and getattr(module, "synchronize", None) is given:
@@ -79,21 +89,21 @@ def pace_module():  # `import kit_pace` in the script: its marks for the trainin
     def data(iterable):
         items = iter(iterable)
         while True:
-            began = time.monotonic()
+            began = OPEN["data_s"] = time.monotonic()
             try:
                 item = next(items)
             except StopIteration:
                 return
             finally:
-                PACE["data_s"] += time.monotonic() - began
+                waited("data_s", began)
             yield item
     @contextlib.contextmanager
     def comm():
-        began = time.monotonic()
+        began = OPEN["comm_s"] = time.monotonic()
         try:
             yield
         finally:
-            PACE["comm_s"] += time.monotonic() - began
+            waited("comm_s", began)
     module.step, module.data, module.comm = step, data, comm
     return module
 sys.modules["kit_pace"] = pace_module()
@@ -117,8 +127,9 @@ def heartbeat():
                 if ENDED.is_set():
                     return
                 os.makedirs(os.path.dirname(BEAT), exist_ok=True)
+                now, counts = paced()
                 with open(BEAT + ".new", "w") as f:
-                    json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where, t=time.monotonic(), **PACE), f)
+                    json.dump(dict(rank=RANK, pid=os.getpid(), moves=moves, where=where, t=now, **counts), f)
                 os.replace(BEAT + ".new", BEAT)
                 if STACK and os.fstat(STACK.fileno()).st_size:  # a stack written (SIGUSR2): on the shared
                     os.fsync(STACK.fileno())                    # filesystem, where the login host reads it
