@@ -478,7 +478,8 @@ def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(pr
     proc = subprocess.Popen([sys.executable, "-m", "kit", "run", "--np", "3", "--straggler-window", "10s",
                              str(REPO / "examples" / "cifar10_cnn_horovod.py"), "--", "--epochs", "400", "--samples",
                              "1536"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"}, text=True)
+                            env={**__import__("os").environ, **lab.env, "COLUMNS": "200", "PYTHONFAULTHANDLER": "1"},
+                            text=True)
     try:
         seen = read_until(proc, lambda seen: any("] epoch 1: loss" in line for line in seen), 300)
         for h in lab.hosts:  # (each rank's process on a host; a quota of its own host's)

@@ -74,7 +74,8 @@ class Job:
                     nics=list(self.nics), args=[*self.options.argv(), *self.command] if self.launcher == "horovod"
                     else list(self.command), nodes=list(self.fanout), restarts=self.policy.restarts,
                     min_np=self.np if self.policy.min_np is None else self.policy.min_np,
-                    hang_timeout=self.policy.hang_timeout, pace_window=self.policy.straggler_window, env=bool(self.env), here=self.state.primary.address,
+                    hang_timeout=self.policy.hang_timeout, pace_window=self.policy.straggler_window,
+                    env=bool(self.env), here=self.state.primary.address,
                     primary="" if self.state.primary.address in addresses else self.state.primary.name,
                     spread=not self.state.workspace_shared and len(addresses | {self.state.primary.address}) > 1)
 

@@ -36,8 +36,8 @@ class Slurm:
     name = "slurm"
     title = "Slurm"
     options = COMMON | {"np", "workdir", "nodes", "ntasks_per_node", "gpus_per_node", "partition", "account",
-                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "straggler_window", "restarts",
-                        "min_np"}
+                        "cpus_per_task", "mem", "mem_per_gpu", "time_limit", "hang_timeout", "straggler_window",
+                        "restarts", "min_np"}
     placement = SCHEDULER_PLACEMENT
     commands = frozenset({"ranks"})
 
