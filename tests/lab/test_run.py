@@ -470,7 +470,7 @@ def test_the_preflight_names_a_host_whose_link_runs_at_a_tenth_and_exclude_bad_r
 
 
 def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(project, lab, cluster):
-    """CIFAR on three hosts, each rank on a CPU quota of 0.6 of a core; after its first epoch h3's quota is halved:
+    """CIFAR on three hosts; after its first epoch each rank gets a CPU quota of 0.6 of a core, and h3's half of it:
     within 3 minutes kit names h3 (rank 2), how much slower its rank is outside collectives, and what it does most of
     its time; `kit jobs` keeps it, and `kit jobs ID --ranks` shows h3 against the others while the job runs.
     (--straggler-window 10s here; 2m by default.)"""
@@ -482,11 +482,8 @@ def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(pr
                             text=True)
     try:
         seen = read_until(proc, lambda seen: any("] epoch 1: loss" in line for line in seen), 300)
-        for h in lab.hosts:  # (each rank's process on a host; a quota of its own host's)
-            throttle(h, "cifar10_cnn_horovod", 0.6)
-        seen += read_until(proc, lambda more: any("] epoch 12: loss" in line for line in more), 300)
-        assert not any("straggler" in line for line in seen), "".join(seen)  # no false alarm while all are alike
-        throttle(h3, "cifar10_cnn_horovod", 0.3)
+        for h in lab.hosts:  # (each rank's process on a host; a quota of its own host's, h3's half the others')
+            throttle(h, "cifar10_cnn_horovod", 0.3 if h is h3 else 0.6)
         slowed = time.monotonic()
         seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
         named = time.monotonic() - slowed
