@@ -444,7 +444,7 @@ def test_the_preflight_names_a_host_whose_link_runs_at_a_tenth_and_exclude_bad_r
         assert took_said and int(took_said[1]) <= 30 and took_said[2] == h3.address and took < 60, said
         assert f"error: the preflight names {h3.address}: the job would run at its speed" in " ".join(r.stderr.split())
         assert "--exclude-bad runs it on" in r.stderr and not re.search(r"^kit: job \S+ ", r.stdout, re.M)
-        r = kit(project, lab, "run", "--preflight", "--exclude-bad", "--np", "3", LOOP, "--", "--seconds", "5")
+        r = kit(project, lab, "run", "--preflight", "--exclude-bad", "--np", "3", LOOP, "--", "--seconds", "1")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         others = ", ".join(h.address for h in lab.hosts[:2])
         assert f"preflight: --exclude-bad: the job runs on {others}, -np 2 (of 3)" in " ".join(r.stdout.split())
@@ -459,7 +459,7 @@ def test_the_preflight_names_a_host_whose_link_runs_at_a_tenth_and_exclude_bad_r
                              r"its baseline \([\d.]+ on \d{4}-\d\d-\d\d\)", said), said
         assert "the job would run at their speed" in " ".join(r.stderr.split()), r.stderr
         lab.unshape()  # (links as fast as they come: above the baseline's)
-        healthy = kit(project, lab, "run", "--preflight", "--np", "3", LOOP, "--", "--seconds", "3")
+        healthy = kit(project, lab, "run", "--preflight", "--np", "3", LOOP, "--", "--seconds", "1")
         assert healthy.returncode == 0 and "compute and links alike" in healthy.stdout, healthy.stdout[-3000:]
     finally:
         lab.unshape()
