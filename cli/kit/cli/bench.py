@@ -103,7 +103,7 @@ def baseline(
         names = [h.name for h in state.hosts]
         nodes = recorded_nodes(state.hosts, connector(cfg.connect_timeout))
         try:
-            at = {h: m.address for h, m in measure.route(state).items()}
+            at = measure.addresses(state)
             with (err_console if as_json else console).status("measuring every host's compute and links"):
                 compute, ring, pairs, _ = deep.measure_all(nodes, at)
         finally:
@@ -141,7 +141,7 @@ def _measure_links(cfg: ClusterConfig, state: st.ClusterState, seconds: float,
         with progress or contextlib.nullcontext():
             return netbench.bench_net(nodes, seconds, on_link=lambda l: progress and progress.update(
                 f"measuring the links: {escape(l.source)} -> {escape(l.target)} {l.gbits:.2f} Gbit/s"),
-                at={h: m.address for h, m in measure.route(state).items()})
+                at=measure.addresses(state))
     finally:
         for n in nodes:
             n.runner.close()

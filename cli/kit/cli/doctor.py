@@ -63,7 +63,7 @@ def doctor(
                             slurm="slurm" in cfg_file.sections)
         baseline = deep_check.load_baseline(identity.folder) if deep else None
         if deep and (len(nodes) > 1 or baseline):  # (GPUs' health: examine read it already)
-            measured = deep_check.measure_all(nodes, {h: m.address for h, m in measure.route(state).items()})
+            measured = deep_check.measure_all(nodes, measure.addresses(state))
             report.findings.extend(deep_check.findings(*measured[:3], [n.name for n in nodes], baseline=baseline))
     finally:
         for n in nodes:

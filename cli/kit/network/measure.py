@@ -204,6 +204,11 @@ def route(state: st.ClusterState) -> dict[str, Member]:
     return out
 
 
+def addresses(state: st.ClusterState) -> dict[str, str]:
+    """host -> its address on the training network (route's): where a measurement between the containers goes."""
+    return {h: m.address for h, m in route(state).items()}
+
+
 def described(state: st.ClusterState, hosts: set[str]) -> str:
     """A job's line of its network, on a cluster of servers: `10.232.0.0/24 (fabric0), not the hosts.txt network`."""
     found = recorded(state)

@@ -200,7 +200,7 @@ def preflight(cfg: ClusterConfig, state: st.ClusterState, picked: Optional[list[
     began = time.monotonic()
     nodes = recorded_nodes(hosts, connector(cfg.connect_timeout))
     try:
-        measured = deep.measure_all(nodes, {h: m.address for h, m in measure.route(state).items()},
+        measured = deep.measure_all(nodes, measure.addresses(state),
                                     gpus=uses_gpus(state.flavor))
     finally:
         for n in nodes:
