@@ -43,9 +43,7 @@ def logs(
     every = _every(ranks)
     at = where(name, config)
     b, found = backends.find(ref, at)
-    if every:
-        backends.needs(b, "ranks", ref)
-    with live_ranks(b, found, at, every) if every else contextlib.nullcontext():
+    with _live(b, found, at, ref, every):
         b.logs(found, at, rank, follow, tail)
 
 
@@ -59,17 +57,7 @@ def attach(
 ) -> None:
     """Follow a job to its end as `kit run` does: its output from the start, how it ended, its exit code. Ctrl-C
     stops it on every host (`kit logs ID -f` follows without that)."""
-    every = _every(ranks)
-    if not every:
-        _one(job, name, config, "attach")
-        return
-    ref = check_job_ref(job)
-    at = where(name, config)
-    b, found = backends.find(ref, at)
-    backends.needs(b, "attach", ref)
-    backends.needs(b, "ranks", ref)
-    with live_ranks(b, found, at, every):
-        b.attach(found, at)
+    _one(job, name, config, "attach", _every(ranks))
 
 
 @app.command(short_help="Every rank's Python stack, now")
@@ -91,10 +79,20 @@ def _every(ranks: Optional[float]) -> float:
     return ranks or 0.0
 
 
-def _one(job: str, name: Optional[str], config: Optional[Path], command: str) -> None:
-    """kit attach, kit stacks: where the back end of the job has them."""
+def _live(b, found, at, ref: str, every: float):
+    """While following a job: its ranks' table every `every` seconds (0: none), where its back end reads them."""
+    if not every:
+        return contextlib.nullcontext()
+    backends.needs(b, "ranks", ref)
+    return live_ranks(b, found, at, every)
+
+
+def _one(job: str, name: Optional[str], config: Optional[Path], command: str, every: float = 0.0) -> None:
+    """kit attach, kit stacks: where the back end of the job has them (kit attach: with the ranks' table every
+    `every` seconds)."""
     ref = check_job_ref(job)
     at = where(name, config)
     b, found = backends.find(ref, at)
     backends.needs(b, command, ref)
-    getattr(b, command)(found, at)
+    with _live(b, found, at, ref, every):
+        getattr(b, command)(found, at)
