@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -485,9 +486,12 @@ def test_a_host_slowed_mid_job_is_named_the_straggler_with_what_its_rank_does(pr
         for h in lab.hosts:  # (each rank's process on a host; a quota of its own host's, h3's half the others')
             throttle(h, "cifar10_cnn_horovod", 0.3 if h is h3 else 0.6)
         slowed = time.monotonic()
-        seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
-        named = time.monotonic() - slowed
-        ranks = kit(project, lab, "jobs", "--ranks", "--json")
+        with ThreadPoolExecutor(1) as pool:  # (two readings 10 s apart while the job runs, as kit names the host)
+            time.sleep(2)
+            reading = pool.submit(kit, project, lab, "jobs", "--ranks", "--json")
+            seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
+            named = time.monotonic() - slowed
+            ranks = reading.result(timeout=120)
         interrupt(proc, 120)  # (Ctrl-C: the job stopped on every host)
     finally:
         release_cpu_groups()

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -400,9 +401,12 @@ def test_a_node_slowed_mid_job_is_named_the_straggler_by_kits_watch(slurm, envs,
         for h in slurm.hosts:  # (each node's rank; a quota of its own node's, rank 2's node's half the others')
             throttle(h, "cifar10_cnn_horovod", 0.3 if slurm.nodes[h.address] == node else 0.6)
         slowed = time.monotonic()
-        seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
-        named = time.monotonic() - slowed
-        ranks = kit_as(slurm, folder, "jobs", "--ranks", "--json")  # (read from the login host while it runs)
+        with ThreadPoolExecutor(1) as pool:  # (read from the login host while it runs, as kit's watch names it)
+            time.sleep(2)
+            reading = pool.submit(kit_as, slurm, folder, "jobs", "--ranks", "--json")
+            seen += read_until(proc, lambda more: any("straggler:" in line for line in more), 180)
+            named = time.monotonic() - slowed
+            ranks = reading.result(timeout=120)
         interrupt(proc, 120)  # (Ctrl-C: kit cancels the job)
     finally:
         release_cpu_groups()

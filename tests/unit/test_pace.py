@@ -88,6 +88,21 @@ def test_a_rank_that_starts_again_starts_its_figures_anew_and_is_not_slow_for_it
         "straggler: host h3 (ranks 4-5) 1.9x slower than the others for 2 min; its ranks compute 95% of the time"]
 
 
+def test_a_short_window_is_read_more_often_and_its_figures_span_no_more_than_it():
+    """The default window is looked at every 30 s (the hang watch's own period), over the last 30 s; a window of
+    10 s four times in it, over those 10 s, so that a host slowed at 60 s is named about a window later, not once
+    30 s of figures have caught up; a job with no window is never read for its pace."""
+    assert (Pace().every, Pace().span) == (30.0, 30.0)
+    assert (Pace(window=10).every, Pace(window=10).span) == (2.5, 10.0)
+    assert Pace(window=2).every == 1.0 and Pace(window=600).every == 30.0 and Pace(window=0).every == float("inf")
+    slow = lambda h, now: 0.95 if h == "h3" and now >= 60 else 0.5  # noqa: E731
+    named = run(Pace(window=10), 200, slow, every=2.5)
+    assert len(named) == 1 and 70 <= named[0][0] <= 80, named
+    wide = Pace(window=10)
+    wide.span = 30.0  # (as before the span was bound by the window: named 10 s later or more)
+    assert run(wide, 200, slow, every=2.5)[0][0] >= named[0][0] + 10
+
+
 def test_without_the_collectives_waits_nobody_is_slow():
     """A script that marks no wait: every busy time is the step time, the same for every rank."""
     assert run(Pace(), 600, lambda h, now: 1.0) == []

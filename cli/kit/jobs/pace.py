@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 FACTOR = 1.5          # slower than the others by this much ...
 WINDOW_S = 120.0      # ... at every look for this long: a straggler
-SPAN_S = 30.0         # a rank's figures are over its samples of the last SPAN_S (kit's clock)
+SPAN_S = 30.0         # a rank's figures are over its samples of the last SPAN_S (kit's clock), the window at most
+LOOKS = 4             # looks a window, at least (a reading every window / LOOKS, 1 s to EVERY_S apart)
+EVERY_S = 30.0        # ... and at most this far apart
 KEEP_S = 600.0        # samples older than this are dropped
 
 
@@ -110,6 +112,16 @@ class Pace:
     hosts: dict[int, str] = field(default_factory=dict)       # rank -> its host
     slow_since: dict[str, float] = field(default_factory=dict)  # host -> when it was first slow, at every look since
     named: set[str] = field(default_factory=set)               # hosts named once already
+
+    def __post_init__(self) -> None:
+        if self.window:  # (a figure over more than the window would name a host only well after it had been slow
+            self.span = min(self.span, self.window)  # for the window)
+
+    @property
+    def every(self) -> float:
+        """How often the heartbeats are read for the pace: LOOKS times a window, 1 s to EVERY_S apart (with the
+        default window, the hang watch's own period); never, for a job with no window."""
+        return max(1.0, min(EVERY_S, self.window / LOOKS)) if self.window else float("inf")
 
     def add(self, rank: int, host: str, sample: Sample) -> None:
         """A rank's new sample. A rank whose counters went back (it started again: a restart) starts anew."""

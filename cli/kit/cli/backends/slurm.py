@@ -225,9 +225,9 @@ def _follow(runner, record: slurmjobs.SlurmRecord, reader: slurmoutput.Reader, f
     and where the job has a hang timeout, a job that made no progress for it has every rank's stack kept in its
     folder (slurmwatch.take_stacks) and is cancelled. beats: a job that may restart (a node whose ranks went silent
     while the others ended is lost). How it ended, and the watch."""
-    def said(text: str) -> None:  # a straggler named: said, and kept in the record at once (a Ctrl-C may follow)
-        console.print(text, markup=False, highlight=False)
+    def said(text: str) -> None:  # a straggler named: kept in the record, then said (a Ctrl-C may follow the line)
         slurmjobs.save(dataclasses.replace(record, straggler=(*record.straggler, *watch.stragglers)))
+        console.print(text, markup=False, highlight=False)
     watch = slurmwatch.SlurmWatch(runner, record.folder, record.slurm_id, record.id, reader, record.hang_timeout,
                                   find_lost=beats, window=record.straggler_window, say=said)  # (and with no timeout)
     ending = slurmjobs.follow(runner, record, reader, first=first, watch=watch)

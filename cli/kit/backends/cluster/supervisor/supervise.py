@@ -25,8 +25,6 @@ from kit.backends.cluster.supervisor.heartbeats import progress_script, stacks_a
 from kit.backends.cluster.supervisor.starter import start  # shipped together
 from kit.jobs.pace import Pace, Sample  # shipped together
 
-PACE_EVERY_S = 10.0  # the ranks' heartbeats are read at least this often, for their pace (kit.jobs.pace)
-
 
 class Supervisor:
     def __init__(self, plan: Plan) -> None:
@@ -163,7 +161,7 @@ class Supervisor:
         watch, pace = Watch(plan.hang_timeout), Pace(window=plan.pace_window)  # (a restart's pace starts anew)
         while proc.poll() is None:
             try:
-                proc.wait(timeout=min(watch.every, PACE_EVERY_S))
+                proc.wait(timeout=min(watch.every, pace.every))  # (the pace's reads: kit.jobs.pace)
                 break
             except subprocess.TimeoutExpired:
                 pass
@@ -210,8 +208,8 @@ class Supervisor:
             if b.t is not None:
                 pace.add(b.rank, b.host, Sample(now, b.t, b.steps, b.data_s, b.comm_s))
         for slow in pace.look(now) if pace.window else ():
-            self.say(slow.text())
             self.record("straggler", "\n".join([*filter(None, [self.ending.get("straggler")]), slow.text()]))
+            self.say(slow.text())  # (recorded first: whoever reads the line finds it in `kit jobs` too)
 
     def hung(self, hosts: list[Slot], watch: "Watch") -> None:
         """Every rank's stack into the job's folder, and which rank(s) differ from the others, named."""
