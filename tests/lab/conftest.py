@@ -7,6 +7,13 @@ import pytest
 from harness import Lab, make_project
 
 LAB_HOSTS = 3
+# Modules that need no image, first: they run while the image is built (tests/engine builds it beside the lab,
+# and `project` waits for that build rather than building it too).
+FIRST = ("test_bad_input.py", "test_prepare_hosts.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in FIRST)  # (stable: each module's own order kept)
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +44,10 @@ def clean_lab(request, lab):
 def project(tmp_path_factory, client, lab) -> Path:
     """A user's project folder: kit.yaml with the cluster's name, hosts.txt, and kit's default image built."""
     return make_project(tmp_path_factory.mktemp("project"), lab, "lab")
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory, lab) -> Path:
+    """The project's kit.yaml and hosts.txt without its image: for what kit refuses, or checks on the hosts, before
+    any image is needed."""
+    return make_project(tmp_path_factory.mktemp("settings"), lab, "lab", image=False)

@@ -587,10 +587,12 @@ def kit(project: Path, lab: Lab, *args: str, timeout: float = 900) -> subprocess
     return run_kit(*args, cwd=project, env=lab.env, timeout=timeout)
 
 
-def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None, **settings) -> Path:
+def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None, image: bool = True,
+                 **settings) -> Path:
     """A user's project folder for the lab: kit.yaml with the cluster's settings (and `build` settings when given:
-    else kit's defaults, the image cli/demo builds), hosts.txt, the image built. The build runs as the machine's
-    own user would run it (its home, its pip configuration); the lab's user only matters for the hosts."""
+    else kit's defaults, the image cli/demo builds), hosts.txt, the image built (unless not `image`). The build runs
+    as the machine's own user would run it (its home, its pip configuration); the lab's user only matters for the
+    hosts."""
     import yaml
     from helpers import run_kit
 
@@ -598,6 +600,8 @@ def make_project(folder: Path, lab: Lab, cluster: str, build: dict | None = None
     (folder / "kit.yaml").write_text(yaml.safe_dump({**({"build": build} if build else {}),
                                                      "cluster": {"name": cluster, **settings}}))
     lab.hosts_file(folder / "hosts.txt")
+    if not image:
+        return folder
     r = run_kit("build", "--no-verify", cwd=folder, timeout=40 * 60)
     if r.returncode != 0:
         raise RuntimeError(f"kit build failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")

@@ -73,9 +73,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("hosts,cluster,flags,first_line,fix", CASES, ids=[f"{i}-{c[3][:40]}" for i, c in enumerate(CASES)])
-def test_bad_input_exits_2_naming_where_and_changes_nothing(project, lab, tmp_path, hosts, cluster, flags,
-                                                            first_line, fix):
-    # kit's default build (the project's image); bytes: a file that is not UTF-8
+def test_bad_input_exits_2_naming_where_and_changes_nothing(lab, tmp_path, hosts, cluster, flags, first_line, fix):
+    # kit's default build, whose image need not be built: bad input is refused before it is looked for; bytes: a
+    # file that is not UTF-8
     (tmp_path / "kit.yaml").write_bytes(cluster if isinstance(cluster, bytes) else (cluster or "").encode())
     hosts_file = "missing-hosts.txt" if hosts is None else "hosts.txt"
     if hosts is not None:
@@ -116,8 +116,7 @@ RECORDED = [
 
 
 @pytest.mark.parametrize("args,state,first_line,fix", RECORDED, ids=[f"{i}-{c[2][:40]}" for i, c in enumerate(RECORDED)])
-def test_bad_job_input_on_a_recorded_cluster_exits_2_and_contacts_no_host(project, lab, tmp_path, args, state,
-                                                                           first_line, fix):
+def test_bad_job_input_on_a_recorded_cluster_exits_2_and_contacts_no_host(lab, tmp_path, args, state, first_line, fix):
     import json
     (tmp_path / "kit.yaml").write_text("cluster:\n  name: recorded\n")
     lab.hosts_file(tmp_path / "hosts.txt")

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.lab
 
 
 @pytest.mark.parametrize("storage", ["copy", "sshfs", "nfs"])
-def test_playbooks_run_in_check_mode_on_the_lab_hosts(project, lab, storage):
-    r = run_kit("prepare", "--hosts", "hosts.txt", "--check", "--storage", storage, cwd=project,
+def test_playbooks_run_in_check_mode_on_the_lab_hosts(settings, lab, storage):
+    r = run_kit("prepare", "--hosts", "hosts.txt", "--check", "--storage", storage, cwd=settings,
                 env=lab.ansible_env, timeout=600)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     recap = dict(re.findall(r"^(\S+) +: ok=\d+ +changed=\d+ +unreachable=0 +failed=(\d+)", r.stdout, re.M))
