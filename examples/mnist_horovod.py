@@ -24,6 +24,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+try:  # kit's rank launcher: the loop's steps and its waits for data, for kit's watch of each rank's pace
+    import kit_pace
+except ImportError:  # run without kit: nothing is counted
+    class kit_pace:  # noqa: N801
+        data = staticmethod(lambda loader: loader)
+        step = staticmethod(lambda count=1: None)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -109,13 +116,14 @@ def main() -> None:
         sampler.set_epoch(epoch)
         model.train()
         total_loss, correct, seen = 0.0, 0, 0
-        for x, y in loader:
+        for x, y in kit_pace.data(loader):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             out = model(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
             optimizer.step()
+            kit_pace.step()
             total_loss += loss.item() * len(x)
             correct += (out.argmax(1) == y).sum().item()
             seen += len(x)

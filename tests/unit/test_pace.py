@@ -4,7 +4,7 @@ rank that starts again."""
 
 from __future__ import annotations
 
-from kit.jobs.pace import Pace, Sample, ranges
+from kit.jobs.pace import Pace, Sample, against_others, ranges
 
 HOSTS = {"h1": (0, 1), "h2": (2, 3), "h3": (4, 5)}
 
@@ -104,8 +104,11 @@ def test_a_short_window_is_read_more_often_and_its_figures_span_no_more_than_it(
 
 
 def test_without_the_collectives_waits_nobody_is_slow():
-    """A script that marks no wait: every busy time is the step time, the same for every rank."""
-    assert run(Pace(), 600, lambda h, now: 1.0) == []
+    """A script that marks no wait: every busy time is the step time, the same for every rank, and no rank is
+    compared with the others (a DDP job, whose wait is inside backward())."""
+    pace = Pace()
+    assert run(pace, 600, lambda h, now: 1.0) == []
+    assert pace.ranks(600) and against_others(pace.ranks(600)) == {}
 
 
 def test_ranges():

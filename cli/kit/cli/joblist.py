@@ -125,6 +125,10 @@ def show_ranks(job_id: str, paces: list[pace.RankPace], as_json: bool = False) -
                       f"{p.data:.0%}", f"{p.comm:.0%}",
                       f"[bold red]{shown}[/]" if ratio is not None and ratio >= pace.FACTOR else shown)
     console.print(table)
+    if not pace.counted(paces):
+        console.print("no wait in collectives is counted for these ranks, so none can be told from the others (`vs "
+                      "others`, and kit's straggler check): Horovod's are counted by themselves; mark a wait kit "
+                      "cannot see with `with kit_pace.comm():` (docs/jobs.md, Slow ranks)", highlight=False)
 
 
 JOB = typer.Argument(..., help="The job: its id, a unique start of it, its last 4 characters, or last (the newest); "

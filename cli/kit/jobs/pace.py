@@ -182,11 +182,19 @@ def compared(paces: list[RankPace]) -> tuple[dict[str, list[RankPace]], dict[str
     groups = {f"{p.host} rank {p.rank}": [p] for p in paces} if alone else by_host  # (one host: rank by rank)
     figure = {name: statistics.median(p.busy_s for p in group) for name, group in groups.items()}
     ratios = {}
+    if not counted(paces):
+        return groups, ratios, alone  # (each busy time is the step time: they would all compare as 1.0, naming none)
     for name in groups:
         others = [v for other, v in figure.items() if other != name]
         if others and statistics.median(others) > 0:
             ratios[name] = figure[name] / statistics.median(others)
     return groups, ratios, alone
+
+
+def counted(paces: list[RankPace]) -> bool:
+    """Whether any rank's waits in collectives are counted (Horovod's are; a DDP job's wait inside backward() is not):
+    without them, no rank can be told from the others."""
+    return any(p.comm > 0 for p in paces)
 
 
 def against_others(paces: list[RankPace]) -> dict[int, float]:
