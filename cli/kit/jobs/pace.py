@@ -180,10 +180,10 @@ def compared(paces: list[RankPace]) -> tuple[dict[str, list[RankPace]], dict[str
         by_host.setdefault(p.host, []).append(p)
     alone = len(by_host) == 1
     groups = {f"{p.host} rank {p.rank}": [p] for p in paces} if alone else by_host  # (one host: rank by rank)
-    figure = {name: statistics.median(p.busy_s for p in group) for name, group in groups.items()}
-    ratios = {}
+    ratios: dict[str, float] = {}
     if not counted(paces):
         return groups, ratios, alone  # (each busy time is the step time: they would all compare as 1.0, naming none)
+    figure = {name: statistics.median(p.busy_s for p in group) for name, group in groups.items()}
     for name in groups:
         others = [v for other, v in figure.items() if other != name]
         if others and statistics.median(others) > 0:
