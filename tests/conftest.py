@@ -7,10 +7,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py, for every test folder
 
-from helpers import machine_share  # noqa: E402
+from helpers import StreamShare  # noqa: E402
 
 # tests/run runs the whole suite in two streams side by side (see there); each test holds a share of the machine
-# (an flock on $KIT_TEST_STREAMS/machine) while it runs, and one marked `alone` holds all of it.
+# (an flock on $KIT_TEST_STREAMS/machine) while it runs, and one marked `alone` holds all of it (helpers.StreamShare).
 STREAMS = os.environ.get("KIT_TEST_STREAMS")
 
 
@@ -24,12 +24,22 @@ def pytest_configure(config):
                                        "use: tests/run's other stream waits while it runs")
 
 
+def alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None
+
+
+SHARE = StreamShare(STREAMS, os.environ.get("KIT_TEST_STREAM", "tests")) if STREAMS else None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not STREAMS:
+    if SHARE is None:
         return (yield)
-    with machine_share(STREAMS, whole=item.get_closest_marker("alone") is not None):
+    SHARE.take(alone(item), item.nodeid)
+    try:
         return (yield)
+    finally:
+        SHARE.give(next_alone=nextitem is not None and alone(nextitem))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,3 +73,31 @@ def machine_share(folder: str, whole: bool):
     finally:
         os.close(machine)  # closing drops the lock
         os.close(turnstile)
+
+
+class StreamShare:
+    """One stream's share of the machine from test to test (tests/conftest.py): a test holds its share while it runs;
+    `alone` tests that follow each other (a module of them) keep the whole machine from one to the next, so the
+    other stream's running test is waited for once, not before each, and none of its tests slips in between. A wait
+    over a second is written to FOLDER/waits (`STREAM SECONDS TEST`), for tests/timings.py."""
+
+    def __init__(self, folder: str, stream: str):
+        self.folder, self.stream = folder, stream
+        self._held = contextlib.ExitStack()
+        self._whole = False
+
+    def take(self, whole: bool, test: str) -> None:
+        if whole and self._whole:
+            return
+        asked = time.monotonic()
+        self._held.enter_context(machine_share(self.folder, whole))
+        self._whole = whole
+        if (waited := time.monotonic() - asked) > 1:
+            with open(os.path.join(self.folder, "waits"), "a") as log:
+                log.write(f"{self.stream} {waited:.1f} {test}\n")
+
+    def give(self, next_alone: bool) -> None:
+        """After a test: its share dropped, unless it holds the whole and the next test wants the whole too."""
+        if not (self._whole and next_alone):
+            self._held.close()
+            self._whole = False

@@ -53,3 +53,60 @@ def test_a_test_alone_waits_for_the_other_streams_test_and_no_test_starts_meanwh
     for t in (first, alone, later):
         t.join(10)
     assert order == ["first in", "first out", "alone in", "alone out", "later in", "later out"]
+
+
+def test_alone_tests_that_follow_each_other_keep_the_machine_and_the_other_stream_waits_once(tmp_path):
+    """Two `alone` tests in a row hold the whole machine from one to the next: a test of the other stream asked for
+    meanwhile starts after both, and its wait (over a second) is written down for tests/timings.py."""
+    import threading
+    import time
+
+    from helpers import StreamShare
+
+    order, asked = [], threading.Event()
+    lab, beside = StreamShare(str(tmp_path), "lab"), StreamShare(str(tmp_path), "unit")
+
+    def other():
+        asked.set()
+        beside.take(False, "tests/unit/test_x.py::test_between")
+        order.append("between")
+        beside.give(next_alone=False)
+
+    lab.take(True, "tests/lab/test_a.py::test_one")
+    order.append("one")
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert asked.wait(10)
+    time.sleep(0.6)
+    lab.give(next_alone=True)  # kept: the next test wants the whole too
+    lab.take(True, "tests/lab/test_a.py::test_two")
+    time.sleep(0.6)
+    order.append("two")
+    lab.give(next_alone=False)
+    thread.join(10)
+    assert order == ["one", "two", "between"]
+    stream, seconds, test = (tmp_path / "waits").read_text().split()
+    assert (stream, test) == ("unit", "tests/unit/test_x.py::test_between") and float(seconds) > 1
+
+
+def test_the_timings_give_each_phase_and_each_streams_slowest_tests_with_their_waits(tmp_path):
+    import timings
+
+    (tmp_path / "phases").write_text("total start 100.0\npackages start 100.0\npackages end 190.5\n"
+                                     "lab start 200\nimages start 200\nimages end 900\nlab end 2000\n"
+                                     "unit start 900\ntotal end 2010\n")  # unit never ended: left out
+    (tmp_path / "waits").write_text("lab 30.0 tests/lab/test_run.py::test_x\nlab 12.5 tests/lab/test_run.py::test_y\n")
+    cases = "".join(f'<testcase classname="tests.lab.test_run" name="test_{i}" time="{i}.0"/>' for i in range(12))
+    (tmp_path / "lab.xml").write_text(f'<testsuites><testsuite>{cases}<testcase classname="tests.lab.test_cluster" '
+                                      'name="test_up" time="99.5"><failure message="x"/></testcase>'
+                                      '</testsuite></testsuites>')
+    (tmp_path / "unit.xml").write_text("<testsuites><testsu")  # killed while writing
+    lines = timings.report(tmp_path).splitlines()
+    assert lines[:5] == ["phases", "  packages                      90 s   1.5 min",
+                         "  lab                         1800 s  30.0 min",
+                         "  images                       700 s  11.7 min",
+                         "  total                       1910 s  31.8 min"]
+    assert lines[5] == "lab: 13 tests, 166 s in them (2.8 min); 2 waited 42 s in all for the other stream"
+    assert lines[6:9] == ["     99.5 s  tests/lab/test_cluster.py::test_up (failure)",
+                          "     11.0 s  tests/lab/test_run.py::test_11", "     10.0 s  tests/lab/test_run.py::test_10"]
+    assert len(lines) == 6 + 10
