@@ -52,6 +52,54 @@ def test_cpu_image_is_built_and_verified(built):
     assert re.search(r"versions\s+Python 3\.\d+\.\d+, torch \S+, Horovod 0\.28\.1", out)
 
 
+# ---------------------------------------------------------------- the gpu flavor, built here (no GPU, no registry)
+# Right after the cpu image, which the lab needs first: the longest build runs beside the lab's first modules, which
+# have no test `alone` to wait for it (tests/lab/conftest.py).
+
+@pytest.fixture(scope="session")
+def gpu_built(tmp_path_factory, client) -> subprocess.CompletedProcess:
+    """kit's gpu defaults, with Horovod's kernels for sm_90 only (the suite's time; users get every GPU nvcc knows)."""
+    r = run_kit("build", "--flavor", "gpu", "--cuda-arch", "90", cwd=tmp_path_factory.mktemp("gpu"),
+                timeout=BUILD_TIMEOUT_S)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    return r
+
+
+def test_gpu_image_is_built_without_a_gpu_or_a_registry_for_its_cuda_line(gpu_built):
+    out = gpu_built.stdout
+    tag = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", out)[1]
+    assert "✓ verified" in out and re.search(r"operations\s+.*NCCL", out), out[-3000:]
+    assert re.search(r"CUDA\s+13\.0 \(torch's build\), GPU architectures .*sm_90", out), out[-3000:]
+    assert "the NCCL path was not verified: no GPU is visible on this machine" in out, out[-3000:]  # said, not skipped
+    probe = docker_run(tag, "-c", "python -c 'import json, torch, horovod.torch as hvd; print(json.dumps("
+                                  "[torch.version.cuda, torch._C._cuda_getArchFlags().split(), hvd.nccl_built()]))'; "
+                       "command -v nvcc || ls /opt/venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc || echo no-nvcc",
+                       entrypoint="sh")
+    (cuda, archs, nccl), nvcc = json.loads(probe.stdout.splitlines()[-2]), probe.stdout.splitlines()[-1]
+    assert cuda == "13.0" and "sm_90" in archs and {"sm_100", "sm_120"} & set(archs), archs
+    assert nccl and nvcc == "no-nvcc"  # the compiler stayed in the builder: one CUDA, torch's, in the image
+
+
+def test_the_gpu_images_horovod_is_built_by_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
+    """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x) built the image's Horovod: its torch
+    library names the GCC that compiled it, and the builder installs CMake only from the build's wheelhouse (pip
+    --no-index), where the one CMake wheel is 4 or newer, with which Horovod's CMake files must work."""
+    from kit.image.build import resolve_sources
+    from kit.config.settings import ConfigFile, build_config
+    config = build_config(ConfigFile(), {"flavor": "gpu", "cuda_archs": ("90",)})
+    wheelhouse = resolve_sources(client, config, tmp_path / "work").wheelhouse
+    cmakes = sorted({w.name.split("-")[1] for fs in wheelhouse.files.values() for w in fs if w.name.startswith("cmake-")})
+    assert len(cmakes) == 1 and int(cmakes[0].split(".")[0]) >= 4, cmakes
+    image = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", gpu_built.stdout)[1]
+    made = docker_run(image, "-c", "grep -a -o -h 'GCC: ([^)]*) [0-9.]*' "
+                                   "/opt/venv/lib/python3*/site-packages/horovod/torch/mpi_lib_v2*.so | sort -u",
+                      entrypoint="sh")
+    gccs = made.stdout.split("\n")[:-1]
+    assert gccs and all(int(g.rsplit(" ", 1)[1].split(".")[0]) >= 13 for g in gccs), made.stdout + made.stderr
+
+
+# ---------------------------------------------------------------- the cpu image, checked
+
 def test_image_lists_pytorch_and_gloo_and_allreduces_correctly(built):
     """Checked again without kit's verifier: the image itself, run by plain `docker run`."""
     tag = tag_of(built.stdout)
@@ -317,47 +365,3 @@ def test_a_package_source_that_does_not_answer_stops_the_build_at_once_naming_it
         "fix: check the network or proxy to it, or remove it from kit.yaml's build.pip_index_urls "
         "(`pip config list` shows pip's sources)"]
     assert "building" not in r.stdout
-
-
-# ---------------------------------------------------------------- the gpu flavor, built here (no GPU, no registry)
-
-@pytest.fixture(scope="session")
-def gpu_built(tmp_path_factory, client) -> subprocess.CompletedProcess:
-    """kit's gpu defaults, with Horovod's kernels for sm_90 only (the suite's time; users get every GPU nvcc knows)."""
-    r = run_kit("build", "--flavor", "gpu", "--cuda-arch", "90", cwd=tmp_path_factory.mktemp("gpu"),
-                timeout=BUILD_TIMEOUT_S)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
-    return r
-
-
-def test_gpu_image_is_built_without_a_gpu_or_a_registry_for_its_cuda_line(gpu_built):
-    out = gpu_built.stdout
-    tag = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", out)[1]
-    assert "✓ verified" in out and re.search(r"operations\s+.*NCCL", out), out[-3000:]
-    assert re.search(r"CUDA\s+13\.0 \(torch's build\), GPU architectures .*sm_90", out), out[-3000:]
-    assert "the NCCL path was not verified: no GPU is visible on this machine" in out, out[-3000:]  # said, not skipped
-    probe = docker_run(tag, "-c", "python -c 'import json, torch, horovod.torch as hvd; print(json.dumps("
-                                  "[torch.version.cuda, torch._C._cuda_getArchFlags().split(), hvd.nccl_built()]))'; "
-                       "command -v nvcc || ls /opt/venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc || echo no-nvcc",
-                       entrypoint="sh")
-    (cuda, archs, nccl), nvcc = json.loads(probe.stdout.splitlines()[-2]), probe.stdout.splitlines()[-1]
-    assert cuda == "13.0" and "sm_90" in archs and {"sm_100", "sm_120"} & set(archs), archs
-    assert nccl and nvcc == "no-nvcc"  # the compiler stayed in the builder: one CUDA, torch's, in the image
-
-
-def test_the_gpu_images_horovod_is_built_by_cmake_4_and_gcc_13_or_newer(gpu_built, client, tmp_path):
-    """The gpu recipe's builder (Debian trixie: GCC 14; CMake from pip: 4.x) built the image's Horovod: its torch
-    library names the GCC that compiled it, and the builder installs CMake only from the build's wheelhouse (pip
-    --no-index), where the one CMake wheel is 4 or newer, with which Horovod's CMake files must work."""
-    from kit.image.build import resolve_sources
-    from kit.config.settings import ConfigFile, build_config
-    config = build_config(ConfigFile(), {"flavor": "gpu", "cuda_archs": ("90",)})
-    wheelhouse = resolve_sources(client, config, tmp_path / "work").wheelhouse
-    cmakes = sorted({w.name.split("-")[1] for fs in wheelhouse.files.values() for w in fs if w.name.startswith("cmake-")})
-    assert len(cmakes) == 1 and int(cmakes[0].split(".")[0]) >= 4, cmakes
-    image = re.search(r"(kit-horovod:gpu-[0-9a-f]{12})", gpu_built.stdout)[1]
-    made = docker_run(image, "-c", "grep -a -o -h 'GCC: ([^)]*) [0-9.]*' "
-                                   "/opt/venv/lib/python3*/site-packages/horovod/torch/mpi_lib_v2*.so | sort -u",
-                      entrypoint="sh")
-    gccs = made.stdout.split("\n")[:-1]
-    assert gccs and all(int(g.rsplit(" ", 1)[1].split(".")[0]) >= 13 for g in gccs), made.stdout + made.stderr
