@@ -1,10 +1,10 @@
 """README's quickstart, played on the lab's three hosts command for command as the front page writes it: kit
 installed from a copy of this repository into a venv of its own, hosts.txt written, the hosts prepared (Ansible's
 check mode: the lab's hosts are namespaces of this machine, whose packages kit must not change), the cluster up
-(the cpu image: the lab has no GPU), the doctor, the CIFAR-10 example, down. Its gpu steps are then checked where a
-lab can: with a stand-in nvidia-smi on every host, `kit up --dry-run` decides the gpu image and plans it for driver
-580, and `kit up --dry-run` and `kit doctor` refuse driver 535, naming each host, the driver, the minimum and the
---cuda line that fits."""
+(the cpu image: the lab has no GPU), the doctor, the CIFAR-10 example, down. The same commands on GPU servers are
+tests/lab/test_gpu_hosts.py's, with a stand-in nvidia-smi on every host: `kit up --hosts hosts.txt` (also a dry run)
+decides the gpu image and plans it for driver 580, and it and `kit doctor --hosts hosts.txt` refuse driver 535, naming
+each host, the driver, the minimum and the CUDA line that fits."""
 
 import os
 import re
@@ -99,25 +99,3 @@ def test_the_quickstart_on_three_hosts_as_readme_writes_it(project, lab, clone):
     assert r.returncode == 0 and "✓ cluster kit is down" in r.stdout, r.stdout + r.stderr
     assert not lab.leftovers("kit", strict=False)
 
-
-def test_the_quickstarts_gpu_steps_with_a_stand_in_driver(project, lab, clone):
-    """What the lab can check of the quickstart on GPU servers: the gpu flavor decided from the hosts, its image
-    planned (driver 580) or refused before anything is built or changed (driver 535), by up and the doctor alike."""
-    _, _, hosts, _, up, doctor, _, _ = quickstart()
-    assert play(hosts, clone, lab).returncode == 0
-    with lab.nvidia(lab.hosts, "580.159.04", runtime=True):
-        planned = play(f"{up} --dry-run", clone, lab, timeout=600)
-    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
-    assert "flavor auto -> gpu: every host has NVIDIA GPUs" in planned.stdout
-    assert re.search(r"would build kit-horovod:gpu-\S* \(flavor gpu, CUDA 13\.0", planned.stdout), planned.stdout
-    assert "plan (dry run: nothing was changed)" in planned.stdout
-
-    with lab.nvidia(lab.hosts, "535.183.01"):
-        refused = play(f"{up} --dry-run", clone, lab, timeout=600)
-        checked = play(f"{doctor} --hosts hosts.txt", clone, lab, timeout=600)
-    refusal = "NVIDIA driver 535.183.01 is older than 580, the minimum for the image's CUDA 13.0; CUDA 12.8 runs on it"
-    assert refused.returncode == 1 and checked.returncode == 1, refused.stderr + checked.stdout
-    for name in NAMES:
-        assert f"  {name}: {refusal}\n" in refused.stderr, refused.stderr
-    assert checked.stdout.count(refusal) == 3, checked.stdout
-    assert not lab.leftovers("kit", strict=False) and not (lab.home / ".kit" / "kit").exists()
