@@ -98,9 +98,6 @@ def test_up_twice_then_down_twice(project, lab):
     assert twice.returncode == 0 and "nothing to remove" in twice.stdout
 
 
-
-
-
 def test_changed_host_key_of_a_host_is_refused(project, lab):
     h2 = lab.hosts[1]
     lab.rekey(h2)
@@ -172,7 +169,6 @@ def test_dry_run_changes_nothing(project, lab):
     assert not (lab.home / ".kit" / "lab" / "state.json").exists()
 
 
-
 def test_a_modules_cluster_whose_up_fails_half_way_leaves_nothing_on_any_host(project, lab):
     """The lab's cluster fixture when `kit up` stops at its last step (the SSH check from the primary's container,
     after keys, image, workspaces and containers are in place on every host): kit down removes it all, and the
@@ -191,7 +187,6 @@ def test_a_modules_cluster_whose_up_fails_half_way_leaves_nothing_on_any_host(pr
     assert_nothing_on_hosts(lab, project)
 
 
-
 def test_down_force_forgets_a_host_that_is_gone_saying_what_may_remain(project, lab):
     assert kit(project, lab, "up", "--hosts", "hosts.txt").returncode == 0
     h3 = lab.hosts[2]
@@ -206,8 +201,6 @@ def test_down_force_forgets_a_host_that_is_gone_saying_what_may_remain(project, 
     assert not (lab.home / ".kit" / "lab").exists()
     assert [c["Names"] for c in containers(h3)] == ["kit-lab"]  # left, as said; the lab removes it
     lab.remove_cluster("lab")
-
-
 
 
 def test_down_started_while_up_runs_is_refused_naming_the_up(project, lab):

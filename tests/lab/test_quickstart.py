@@ -2,9 +2,9 @@
 installed from a copy of this repository into a venv of its own, hosts.txt written, the hosts prepared (Ansible's
 check mode: the lab's hosts are namespaces of this machine, whose packages kit must not change), the cluster up
 (the cpu image: the lab has no GPU), the doctor, the CIFAR-10 example, down. The same commands on GPU servers are
-tests/lab/test_gpu_hosts.py's, with a stand-in nvidia-smi on every host: `kit up --hosts hosts.txt` (also a dry run)
-decides the gpu image and plans it for driver 580, and it and `kit doctor --hosts hosts.txt` refuse driver 535, naming
-each host, the driver, the minimum and the CUDA line that fits."""
+tests/lab/test_gpu_hosts.py's, with a stand-in nvidia-smi on every host: `kit up --hosts hosts.txt --dry-run` decides
+the gpu image and plans it for driver 580, and it and `kit doctor --hosts hosts.txt` refuse driver 535, naming each
+host, the driver, the minimum and the CUDA line that fits."""
 
 import os
 import re
