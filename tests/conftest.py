@@ -20,8 +20,8 @@ def pytest_configure(config):
     # processes get SIGINT's default back, as in a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other streams' tests "
-                                       "use: tests/run's other streams wait while it runs")
+    config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other stream's tests "
+                                       "use: tests/run's other stream waits while it runs")
 
 
 def alone(item) -> bool:

@@ -29,18 +29,11 @@ from pathlib import Path
 # 22) and its own dockerd. The root namespace plays the user's workstation.
 # Everything is named with PREFIX, so leftovers of a killed run are findable,
 # and removed by the next run before it starts.
-#
-# Two labs can run side by side (tests/run runs two lab streams): KIT_LAB_SLOT=1
-# gives a lab its own names, subnets, bridges and folders (kitlab2-*, 10.231.78,
-# 10.232.1), and each lab removes only what carries its own names. Slot 0 is the
-# lab the modules that name its addresses, or use this machine's own Docker
-# engine, Slurm or apt, run on (tests/lab/conftest.py).
 
-SLOT = int(os.environ.get("KIT_LAB_SLOT", "0"))
-PREFIX = "kitlab" if SLOT == 0 else f"kitlab{SLOT + 1}"
-SUBNET = f"10.231.{77 + SLOT}"
+PREFIX = "kitlab"
+SUBNET = "10.231.77"
 BRIDGE = f"{PREFIX}-br"
-FABRIC_SUBNET = f"10.232.{SLOT}"    # a second network between the hosts (Lab.fabric), which the workstation is not on
+FABRIC_SUBNET = "10.232.0"          # a second network between the hosts (Lab.fabric), which the workstation is not on
 FABRIC_BRIDGE = f"{PREFIX}-fab"
 FABRIC = "fabric0"                  # its interface's name in a host
 DECOY = ("docker0", "172.17.0.1/16")  # what Docker makes on every host: one address, the same everywhere
@@ -716,7 +709,7 @@ def cleanup_leftovers() -> None:
             sh("umount", str(ns_file), check=False)
         sh("umount", str(RUN), check=False)
     for ns in sh("ip", "netns", "list", check=False).stdout.split("\n"):
-        if ns.startswith(f"{PREFIX}-"):  # what still runs there (an sshfs mount's daemon) goes with it
+        if ns.startswith(PREFIX):  # what still runs there (an sshfs mount's daemon) goes with it
             for pid in sh("ip", "netns", "pids", ns.split()[0], check=False).stdout.split():
                 with _quiet():
                     os.kill(int(pid), signal.SIGKILL)
