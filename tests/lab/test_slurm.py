@@ -26,8 +26,8 @@ from harness import interrupt, read_until, release_cpu_groups, throttle, wait_fo
 from helpers import REPO, run_kit
 from kit.bench import figures as benchfigures
 from kit.backends.slurm import sbatch
-from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, job_port_rules, lab_users, live, node_pythons, pid_files, recap,
-                      slurm_cluster, stop, user_project)
+from slurmlab import (CLUSTER, MUNGE_KEY, PREPARE, cancel_jobs, job_port_rules, lab_users, live, node_pythons,
+                      pid_files, recap, slurm_cluster, stop, user_project)
 
 pytestmark = pytest.mark.lab
 
@@ -45,6 +45,14 @@ def slurm(lab, tmp_path_factory):
     finally:
         lab.unshape()
         lab.no_fabric()
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(slurm):
+    """A test's jobs end with it, when it fails too (a killed `kit run` leaves its Slurm job running): the next test
+    finds the nodes' cores free, not taken by the job of one before."""
+    yield
+    cancel_jobs(slurm)
 
 
 def test_check_mode_shows_the_plan_and_changes_nothing(slurm):
@@ -444,10 +452,12 @@ PLANTED = "kit-ExitCode=0:0-JobState=COMPLETED-WorkDir=/elsewhere"  # the fields
 
 def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_path):
     """The job renames itself (and sets its comment) with the fields kit reads: kit still sees it running, and stops
-    it."""
+    it. Slurm's warning before the time limit (SIGUSR1 to every process of the job, which may come as it starts)
+    leaves Horovod's rendezvous serving: the ranks still starting need it."""
     folder = user_project(slurm, tmp_path / "project", users[0], envs["horovod"])
     (folder / "long_job.py").write_text(
-        "import os, subprocess, time\nimport horovod.torch as hvd\nhvd.init()\n"
+        "import os, signal, subprocess, time\nimport horovod.torch as hvd\nhvd.init()\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: print('warned', hvd.rank(), flush=True))\n"
         "if hvd.rank() == 0:\n"
         f"    subprocess.run(['scontrol', 'update', 'JobId=' + os.environ['SLURM_JOB_ID'], 'JobName={PLANTED}',\n"
         "                    'Comment=JobState=COMPLETED ExitCode=0:0 WorkDir=/elsewhere'], check=True)\n"
@@ -464,10 +474,13 @@ def test_kit_stop_leaves_nothing_of_the_job_on_any_node(slurm, envs, users, tmp_
     # a port kit's firewall keeps to the cluster: this machine, which is no host of it, is not let in; and kit's Prolog
     # keeps it to the job's user on the job's nodes: another user there is not let in either.
     port = sbatch.JOB_PORT_BASE + int(slurm_id) % sbatch.JOB_PORT_BLOCKS * sbatch.JOB_PORT_BLOCK
+    slurm.run(f"scancel --signal=USR1 {slurm_id}")  # as Slurm's warning: to every process of the job's tasks
+    wait_for("each rank's SIGUSR1 handler", lambda: kit_as(slurm, folder, "logs", job).stdout.count(" warned ") == 3,
+             timeout=60)
     listening = {h.address: [line.split()[3] for line in h.run_in("ss", "-Hltn").stdout.splitlines()
                              if line.split()[3].endswith(f":{port}")] for h in slurm.hosts}
     served = {address: found for address, found in listening.items() if found}
-    assert len(served) == 1, listening
+    assert len(served) == 1, listening  # (the rendezvous still serves)
     (found,) = served.values()
     assert len(found) == 1 and not found[0].startswith(("0.0.0.0:", "*:", "[::]:")), found  # one address, no wildcard
     bound = found[0].rpartition(":")[0]

@@ -229,8 +229,18 @@ def training_network(env, nodes):
     return mine.iface, mine.address, [decision.members[name].address for name, _ in nodes], said, ",".join(mine.rdma)
 
 
+def ignore_job_signals():
+    """Slurm's warning before the time limit (sbatch --signal=USR1@120) reaches every process of the job, and comes as
+    the job starts where the limit is short: ignored from the task's start (an ignored signal stays so across fork and
+    exec), in the rendezvous it serves, torchrun's agent and each rank, unless the script handles it itself; its
+    default would end them. So is kit's SIGUSR2, which asks each rank for its stack (the rank launcher's faulthandler
+    answers it; nothing else of the job ends on it)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 def main(argv, env):
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # kit's ask for the ranks' stacks (scancel --signal=USR2): theirs
+    ignore_job_signals()
     mode, command = argv[1], argv[2:]
     nodes = job_nodes(env["KIT_NODES"])
     if mode == "rendezvous":
@@ -258,12 +268,7 @@ def main(argv, env):
 
 
 def become(argv, env):
-    """This task becomes argv. Slurm's warning before the time limit (sbatch --signal=USR1@120) reaches every process
-    of the job: ignored from here on (an ignored signal stays so across exec and fork), in torchrun's agent and each
-    rank, unless the script handles it itself; its default would end them. So is kit's SIGUSR2, which asks each rank
-    for its stack (the rank launcher's faulthandler answers it; nothing else of the job ends on it)."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    """This task becomes argv, with what it ignores (ignore_job_signals)."""
     os.execve(argv[0], argv, env)
 
 
