@@ -750,7 +750,7 @@ def test_slurms_warning_before_the_time_limit_is_the_scripts_to_handle_and_a_req
     (tmp_path / "warned.py").write_text(WARNED)
     here = Path(slurmtask.__file__)  # imported by its file, as a task imports it: no kit beside it
     task = (f"import sys; sys.path.insert(0, {str(here.parent)!r}); import {here.stem} as slurmtask; "
-            f"slurmtask.ignore_job_signals(); "  # as its main() does first
+            "slurmtask.ignore_job_signals(); "  # as its main() does first
             f"slurmtask.become([sys.executable, {str(tmp_path / 'warned.py')!r}], dict(__import__('os').environ))")
     r = subprocess.run([sys.executable, "-c", task], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split("\n")[:4] == [
