@@ -1,20 +1,43 @@
 """Fixtures for tests on the real engine and the lab hosts."""
 
+import os
 from pathlib import Path
 
 import pytest
 
-from harness import Lab, make_project
+from harness import SLOT, Lab, make_project
 
 LAB_HOSTS = 3
 # Modules that need no image, first: they run while the image is built (tests/engine builds it beside the lab,
 # and `project` waits for that build rather than building it too).
 FIRST = ("test_bad_input.py", "test_prepare_hosts.py")
+# tests/run runs these modules on a second lab of their own (KIT_LAB_PART=second, on the lab of KIT_LAB_SLOT=1),
+# beside the rest of the lab (KIT_LAB_PART=first), after tests/engine and tests/unit in the same stream: most of a lab
+# test's time waits on its hosts, and the lab alone was most of the suite's time. They name no address or host of slot
+# 0's lab, have no test alone, and leave this machine's Slurm, apt and local clusters alone
+# (tests/unit/test_suite_layout.py reads them for it); the modules that use those run on slot 0 only.
+SECOND = ("test_hostile.py", "test_image_distribution.py", "test_run_on_hosts.py", "test_shared_storage.py",
+          "test_quickstart.py", "test_k8s_pods.py")
+PART = os.environ.get("KIT_LAB_PART", "")
 
 
-def pytest_collection_modifyitems(items):
-    """FIRST, then the modules with no test `alone`, then those with one: tests/engine builds its heavy images (the
-    gpu image's CUDA wheels) beside the lab's first half hour, and a test alone waits for the build running."""
+def pytest_configure(config):
+    if PART not in ("", "first", "second"):
+        raise pytest.UsageError(f"KIT_LAB_PART={PART}: use first or second (or leave it unset for every lab module)")
+    if PART and (SLOT == 0) != (PART == "first"):
+        raise pytest.UsageError(f"KIT_LAB_PART={PART} runs on the lab of KIT_LAB_SLOT={1 if PART == 'first' else 0}"
+                                f" (the lab tests/run gives it), not {SLOT}: two streams on one lab remove each "
+                                "other's hosts")
+
+
+def pytest_collection_modifyitems(config, items):
+    """This stream's part of the lab's modules (all of them with no KIT_LAB_PART); FIRST, then the modules with no
+    test `alone`, then those with one: tests/engine builds its heavy images (the gpu image's CUDA wheels) beside the
+    lab's first half hour, and a test alone waits for the build running."""
+    if PART:
+        mine = [item for item in items if (item.path.name in SECOND) == (PART == "second")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in mine])
+        items[:] = mine
     alone = {item.path.name for item in items if item.get_closest_marker("alone")}
     items.sort(key=lambda item: (item.path.name not in FIRST, item.path.name in alone))  # stable: own order kept
 

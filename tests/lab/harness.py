@@ -29,17 +29,26 @@ from pathlib import Path
 # 22) and its own dockerd. The root namespace plays the user's workstation.
 # Everything is named with PREFIX, so leftovers of a killed run are findable,
 # and removed by the next run before it starts.
+#
+# Two labs can run side by side (tests/run runs two lab streams): KIT_LAB_SLOT=1
+# gives a lab its own names, subnets, bridges and folders (kitlab2-*, 10.231.78,
+# 10.232.1) and its hosts an /etc/slurm of their own, and each lab removes only
+# what carries its own names. Slot 0 is the lab the modules that name its
+# addresses, or use this machine's local clusters, Slurm or apt, run on
+# (tests/lab/conftest.py).
 
-PREFIX = "kitlab"
-SUBNET = "10.231.77"
+SLOT = int(os.environ.get("KIT_LAB_SLOT", "0"))
+PREFIX = "kitlab" if SLOT == 0 else f"kitlab{SLOT + 1}"
+SUBNET = f"10.231.{77 + SLOT}"
 BRIDGE = f"{PREFIX}-br"
-FABRIC_SUBNET = "10.232.0"          # a second network between the hosts (Lab.fabric), which the workstation is not on
+FABRIC_SUBNET = f"10.232.{SLOT}"    # a second network between the hosts (Lab.fabric), which the workstation is not on
 FABRIC_BRIDGE = f"{PREFIX}-fab"
 FABRIC = "fabric0"                  # its interface's name in a host
 DECOY = ("docker0", "172.17.0.1/16")  # what Docker makes on every host: one address, the same everywhere
 RUN = Path(f"/run/{PREFIX}")
 DATA = Path(f"/var/lib/{PREFIX}")
 HOST_LOCAL = ("/var/lib/kit",)  # paths kit expects to be host-local
+SLURM_ETC = "/etc/slurm"        # where a Slurm node keeps its configuration (slot 0's Slurm lab writes it)
 FORWARD_RULE = ["-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
 FABRIC_RULE = ["-i", FABRIC_BRIDGE, "-o", FABRIC_BRIDGE, "-m", "comment", "--comment", PREFIX, "-j", "ACCEPT"]
 CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
@@ -214,8 +223,13 @@ class Lab:
             (h.data / path).mkdir(parents=True, exist_ok=True)
         for kind in ("mnt", "uts"):
             Path(f"{h.run}.{kind}").touch()
+        # A second lab's hosts are no Slurm nodes, whatever the first lab's Slurm (tests/lab/slurmlab.py) writes in
+        # the machine's /etc/slurm meanwhile: theirs is an empty folder of their own (kit's preflight reads a node of
+        # the Slurm cluster kit prepared from there, and would refuse them).
+        own_slurm = f" && mount -t tmpfs -o ro,size=64k,mode=755 {PREFIX}-slurm {SLURM_ETC}" \
+            if SLOT and Path(SLURM_ETC).is_dir() else ""
         sh("unshare", f"--mount={h.run}.mnt", f"--uts={h.run}.uts", "--propagation", "private",
-           "sh", "-c", f"hostname {h.name} && mount --bind {h.data}/kit /var/lib/kit")
+           "sh", "-c", f"hostname {h.name} && mount --bind {h.data}/kit /var/lib/kit{own_slurm}")
         self._own_sysfs(h)
         self._sshd(h)
         self._dockerd(h)
@@ -709,7 +723,7 @@ def cleanup_leftovers() -> None:
             sh("umount", str(ns_file), check=False)
         sh("umount", str(RUN), check=False)
     for ns in sh("ip", "netns", "list", check=False).stdout.split("\n"):
-        if ns.startswith(PREFIX):  # what still runs there (an sshfs mount's daemon) goes with it
+        if ns.startswith(f"{PREFIX}-"):  # what still runs there (an sshfs mount's daemon) goes with it
             for pid in sh("ip", "netns", "pids", ns.split()[0], check=False).stdout.split():
                 with _quiet():
                     os.kill(int(pid), signal.SIGKILL)

@@ -41,7 +41,7 @@ from kit.cli.export import default_image
 
 pytestmark = pytest.mark.lab
 
-PREFIX = "kitlab-pods"      # every container, network and folder the module makes: leftovers are findable
+PODS = "kitlab-pods"      # every container, network and folder the module makes: leftovers are findable
 RUN_S = 180                 # a job's pods, all together
 GRACE_S = 30                # a deleted pod's terminationGracePeriodSeconds (Kubernetes' default)
 SECRET_NAME = "WANDB_API_KEY"
@@ -203,8 +203,8 @@ class Pods:
 
     def __init__(self, client, case: str) -> None:
         self.client, self.case = client, case
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{case}-"))
-        self.network = client.networks.create(f"{PREFIX}-{case}", driver="bridge", labels={PREFIX: case})
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{PODS}-{case}-"))
+        self.network = client.networks.create(f"{PODS}-{case}", driver="bridge", labels={PODS: case})
         self.containers: list = []
 
     def start(self, objects: list[dict], image: str, secret: dict, indexes: list[int] | None = None) -> list:
@@ -259,8 +259,8 @@ class Pods:
                         security_opt=["no-new-privileges:true"], mem_limit=limits["memory"].replace("Gi", "g"))
         made = api.create_container(
             container["image"], command=command[1:], entrypoint=command[:1], hostname=hostname,
-            working_dir=container.get("workingDir"), environment=env, name=f"{PREFIX}-{self.case}-{label}",
-            labels={PREFIX: self.case},
+            working_dir=container.get("workingDir"), environment=env, name=f"{PODS}-{self.case}-{label}",
+            labels={PODS: self.case},
             host_config=api.create_host_config(binds=binds, shm_size=shm, network_mode=self.network.name, **confined),
             networking_config=api.create_networking_config(
                 {self.network.name: api.create_endpoint_config(aliases=aliases)}))
@@ -354,7 +354,7 @@ class Pods:
         return [ends[i] for i in range(len(self.containers))]
 
     def remove(self) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": f"{PREFIX}={self.case}"}):
+        for c in self.client.containers.list(all=True, filters={"label": f"{PODS}={self.case}"}):
             c.remove(force=True)
         self.network.remove()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -370,9 +370,9 @@ def image(project, client) -> str:
 
 def remove_leftovers(client) -> None:
     """What a killed run of this module left (containers first: a network in use cannot go)."""
-    for c in client.containers.list(all=True, filters={"label": PREFIX}):
+    for c in client.containers.list(all=True, filters={"label": PODS}):
         c.remove(force=True)
-    for n in client.networks.list(filters={"label": PREFIX}):
+    for n in client.networks.list(filters={"label": PODS}):
         n.remove()
 
 
@@ -388,8 +388,8 @@ def pods(client):
     yield make
     for p in made:
         p.remove()
-    assert not client.containers.list(all=True, filters={"label": PREFIX})
-    assert not client.networks.list(filters={"label": PREFIX})
+    assert not client.containers.list(all=True, filters={"label": PODS})
+    assert not client.networks.list(filters={"label": PODS})
 
 
 def export(folder: Path, image: str, launcher: str, script: str, *flags: str, kind: str = "indexed-job",

@@ -110,3 +110,48 @@ def test_the_timings_give_each_phase_and_each_streams_slowest_tests_with_their_w
     assert lines[6:9] == ["     99.5 s  tests/lab/test_cluster.py::test_up (failure)",
                           "     11.0 s  tests/lab/test_run.py::test_11", "     10.0 s  tests/lab/test_run.py::test_10"]
     assert len(lines) == 6 + 10
+
+
+LAB = TESTS / "lab"
+# What the lab's second stream must not touch: slot 0's addresses and host names, and what is this machine's own (the
+# local clusters and compose projects on its Docker engine, the Slurm lab and its users, `kit prepare --slurm`'s
+# changes to the machine's packages and files), which the first uses; nor may it hold a test alone (it would stop the
+# first stream while it runs, as the point of a second lab is to run beside it). (`kit prepare --dry-run` is Ansible's
+# check mode.)
+SLOT_0 = ("10.231.77", "10.232.0", '"kitlab-h', "local_leftovers", "remove_local_clusters",
+          "slurmlab", "--slurm", "compose", "mark.alone")
+
+
+def lab_names(slot: int) -> dict[str, str]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, harness as h; print(json.dumps({k: str(getattr(h, k)) for k in ('PREFIX', 'SUBNET', "
+            "'FABRIC_SUBNET', 'BRIDGE', 'FABRIC_BRIDGE', 'RUN', 'DATA')}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=LAB, env={**os.environ, "KIT_LAB_SLOT": str(slot)},
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_the_labs_of_the_two_lab_streams_share_no_name_address_or_folder():
+    """Each lab removes, before and after it runs, whatever carries its prefix and a dash (a killed run's hosts,
+    links, rules): the second lab's names must not fall under the first's, nor its subnets be the same."""
+    first, second = lab_names(0), lab_names(1)
+    assert first["PREFIX"] == "kitlab" and first["SUBNET"] == "10.231.77"  # what the first half's modules name
+    assert all(first[k] != second[k] for k in first), (first, second)
+    assert not second["PREFIX"].startswith(first["PREFIX"] + "-")
+    assert not first["PREFIX"].startswith(second["PREFIX"] + "-")
+    assert len(f"{second['PREFIX']}-fab") <= 15  # a Linux interface name
+
+
+def test_the_lab_modules_of_the_second_stream_use_nothing_the_first_stream_uses():
+    import ast
+
+    tree = ast.parse((LAB / "conftest.py").read_text())
+    second = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SECOND")
+    assert second and all((LAB / name).is_file() for name in second), second
+    used = {name: [word for word in SLOT_0 if word in (LAB / name).read_text()] for name in second}
+    assert {name: words for name, words in used.items() if words} == {}
