@@ -22,6 +22,8 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other stream's tests "
                                        "use: tests/run's other stream waits while it runs")
+    config.addinivalue_line("markers", "last: its module's last test, after its tests alone (it leaves what no test "
+                                       "of the module after it may find)")
 
 
 def alone(item) -> bool:

@@ -32,14 +32,22 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """This stream's part of the lab's modules (all of them with no KIT_LAB_PART); FIRST, then the modules with no
-    test `alone`, then those with one: tests/engine builds its heavy images (the gpu image's CUDA wheels) beside the
-    lab's first half hour, and a test alone waits for the build running."""
+    test `alone`, then those with some, then those whose every test is: tests/engine builds its heavy images (the gpu
+    image's CUDA wheels) beside the lab's first half hour, and a test alone waits for the build running. Within a
+    module its tests alone come last, in their own order, but before one marked `last`: each time a test alone comes
+    after one that is not, it waits for the test the other stream is running (up to two minutes of the second lab's),
+    and tests alone that follow each other wait once (tests/conftest.py)."""
     if PART:
         mine = [item for item in items if (item.path.name in SECOND) == (PART == "second")]
         config.hook.pytest_deselected(items=[item for item in items if item not in mine])
         items[:] = mine
-    alone = {item.path.name for item in items if item.get_closest_marker("alone")}
-    items.sort(key=lambda item: (item.path.name not in FIRST, item.path.name in alone))  # stable: own order kept
+    alone = {item.nodeid for item in items if item.get_closest_marker("alone")}
+    some = {item.path.name for item in items if item.nodeid in alone}
+    every = some - {item.path.name for item in items if item.nodeid not in alone}
+    order = {name: i for i, name in enumerate(dict.fromkeys(item.path.name for item in items))}
+    items.sort(key=lambda item: (item.path.name not in FIRST, item.path.name in some, item.path.name in every,
+                                 order[item.path.name], bool(item.get_closest_marker("last")), item.nodeid in alone))
+    # (sort is stable: within each of those, the tests' own order)
 
 
 @pytest.fixture(scope="session")

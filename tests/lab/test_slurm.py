@@ -553,6 +553,7 @@ def test_a_job_trains_over_the_fabric_its_tasks_measured(slurm, envs, users, tmp
     assert figures[0].busbw_gbits >= 0.85, figures[0]
 
 
+@pytest.mark.last  # the node it lost stays down
 def test_a_job_that_lost_a_node_starts_again_on_the_others_from_its_checkpoint(slurm, envs, users, tmp_path):
     """--restarts 1 --min-np 2 on three nodes: after its first checkpoint, the node of rank 2 loses its slurmd and
     the job's tasks (SIGKILL, as a node that fails). Slurm keeps the job running, waiting for that node until its
