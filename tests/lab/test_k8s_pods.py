@@ -41,7 +41,7 @@ from kit.cli.export import default_image
 
 pytestmark = pytest.mark.lab
 
-PODS = "kitlab-pods"      # every container, network and folder the module makes: leftovers are findable
+PODS = "kitlab-pods"        # every container, network and folder the module makes: leftovers are findable
 RUN_S = 180                 # a job's pods, all together
 GRACE_S = 30                # a deleted pod's terminationGracePeriodSeconds (Kubernetes' default)
 SECRET_NAME = "WANDB_API_KEY"
