@@ -95,6 +95,36 @@ def test_xid_lines_of_every_driver_age_are_read(line, code, bus):
     assert (xid.code, xid.key, xid.count) == (code, bus, 1)
 
 
+# What a user can make the kernel print (kernel 6.x's own formats): a file run with an empty argv, a segfault's
+# mapped file, a comm (15 characters) that starts a line, a multi-line record's second line (journalctl indents it).
+FORGED = [
+    "[  812.100201] process 'NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.' launched "
+    "'/tmp/x' with NULL argv: empty string added",
+    "[  812.200311] python3[4242]: segfault at 0 ip 00007f sp 00007ffd error 4 in NVRM: Xid (PCI:0000:3b:00): 79, "
+    "GPU has fallen off the bus.[7f12+1000] likely on CPU 3",
+    "[  812.300411] NVRM: Xid (PCI[4243]: segfault at 0 ip 00007f sp 00007ffd error 4",
+    "[  812.400511] h2 kernel: audit: name=\"NVRM: Xid (PCI:0000:3b:00): 48, DBE\"",
+    "               NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, said by a user: dmesg -f kern leaves such lines out, the bare form is "
+    "never in the script's input",
+]
+REAL = ["[ 5012.302101] NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus.",
+        "[ 5013.402101] h2 kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus.",
+        "[ 5014.502101] NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9)."]
+
+
+def test_a_forged_xid_in_the_kernels_log_is_not_read_and_the_drivers_own_are():
+    """A name a user chose, printed by the kernel inside its own line, fails no healthy host: the script's filter
+    (run here, on these lines) keeps only lines whose message is the driver's."""
+    log = "\n".join(FORGED[:-1] + REAL) + "\n"
+    out = subprocess.run(["sh", "-c", gf.COUNT], input=log, capture_output=True, text=True, timeout=30).stdout
+    assert out.splitlines() == ["2 Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus.",
+                                "1 Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9)."]
+    assert [(x.code, x.key, x.count) for x in gf.parse_xids(out)] == [(79, "0000:5d:00", 2), (94, "0000:01:00", 1)]
+    assert [gf.parse_xids(line) for line in FORGED[:-1]] == [[]] * (len(FORGED) - 1)
+    assert "dmesg -f kern" in gf.SCRIPT and "-o short-monotonic" in gf.SCRIPT
+
+
 def test_application_xids_are_told_not_warned_of_and_a_host_without_gpus_says_nothing():
     text = recorded("h200_clean").replace("from dmesg\n", "from dmesg\n2 Xid (PCI:0000:18:00): 31, pid=1, name=python3, "
                                           "Ch 00000010, intr 10000000. MMU Fault\n1 Xid (PCI:0000:2a:00): 43, pid=2\n")

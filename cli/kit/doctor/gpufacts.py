@@ -29,10 +29,17 @@ QUERY = "ECC,PAGE_RETIREMENT,ROW_REMAPPER"
 GPUQ, XID = "gpuq", "xid"   # the script's sections
 
 _smi = f"timeout {NVIDIA_SMI_TIMEOUT_S} nvidia-smi -q -d"
+# A line the driver wrote: the kernel's own prefix (dmesg's `[  269.517039] `, or journalctl's short-monotonic
+# `[  269.517039] host kernel: `) and then at once `NVRM: Xid (PCI:0000:3b:00): 79`. A name a user chooses (a file run
+# with an empty argv, a segfault's mapped file, a comm) the kernel prints inside its own lines, never there; a comm
+# that starts a line is 15 characters, too few for a whole Xid. Read from the kernel facility only: what userspace
+# writes to /dev/kmsg is never the kernel's (the kernel makes it `user`).
+KERNEL_XID = (r"^\[ *[0-9]+\.[0-9]+\] ([^ ]+ kernel: )?NVRM: Xid \((PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+              r"( [^()]*)?\): [0-9]+")
 # Each kind of Xid line once, in the order first seen, with how many there were: `3 Xid (PCI:0000:3b:00): 79, ...`
-_count = ("grep -F 'NVRM: Xid' | sed 's/.*NVRM: Xid/Xid/' | cut -c 1-" + str(XID_TEXT) + " | awk '{k = $0; "
-          "sub(/, .*/, \"\", k); if (!(k in n)) {o[++m] = k; f[k] = $0}; n[k]++} "
-          "END {for (i = 1; i <= m; i++) print n[o[i]], f[o[i]]}' | head -n " + str(XID_KINDS))
+COUNT = (f"grep -E '{KERNEL_XID}' | sed -E 's/^[[][^]]*[]] ([^ ]+ kernel: )?NVRM: Xid/Xid/' | cut -c 1-{XID_TEXT} | "
+         "awk '{k = $0; sub(/, .*/, \"\", k); if (!(k in n)) {o[++m] = k; f[k] = $0}; n[k]++} "
+         "END {for (i = 1; i <= m; i++) print n[o[i]], f[o[i]]}' | head -n " + str(XID_KINDS))
 SCRIPT = "\n".join([
     # A driver older than row remapping (R460) refuses ROW_REMAPPER at once: asked again without it; a hung one (124)
     # is not asked twice. No nvidia-smi: an empty section. Its stderr too: a GPU it cannot reach is said there.
@@ -41,10 +48,10 @@ SCRIPT = "\n".join([
     f"printf '%s\\n' \"$q\" | head -c {QUERY_MAX}; fi",
     # dmesg needs root where kernel.dmesg_restrict is set; the journal's kernel lines of this boot are the fallback.
     # The first line says which was read (`from ` alone: neither could be).
-    f"echo '{MARK}{XID}'; if timeout {LOG_TIMEOUT_S} dmesg >/dev/null 2>&1; then k=dmesg; "
+    f"echo '{MARK}{XID}'; if timeout {LOG_TIMEOUT_S} dmesg >/dev/null 2>&1; then k='dmesg -f kern'; "
     f"elif timeout {LOG_TIMEOUT_S} journalctl -k -b -n 1 -q --no-pager 2>/dev/null | grep -q .; then "
-    "k='journalctl -k -b -q --no-pager'; else k=''; fi; echo \"from ${k%% *}\"; "
-    f"[ -z \"$k\" ] || timeout {LOG_TIMEOUT_S} $k 2>/dev/null | {_count}",
+    "k='journalctl -k -b -q --no-pager -o short-monotonic'; else k=''; fi; echo \"from ${k%% *}\"; "
+    f"[ -z \"$k\" ] || timeout {LOG_TIMEOUT_S} $k 2>/dev/null | {COUNT}",
 ])
 
 
@@ -157,8 +164,11 @@ def _total(v: dict[tuple[str, ...], str], keys: list[tuple[str, ...]]) -> int | 
     return sum(counts) if counts else None
 
 
-_XID = re.compile(r"(?:^\s*([0-9]+) +|.*NVRM: )Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                  r"[^)]*\): ([0-9]+),? ?(.*)")
+# The script's counted lines (`3 Xid (PCI:...): 79, ...`), or the kernel's own as KERNEL_XID has them, or a bare
+# message (`NVRM: Xid ...`, as `journalctl -o cat` prints it): never a line where NVRM comes after other text.
+_XID = re.compile(r"(?:\s*([0-9]+) +|\[ *[0-9]+\.[0-9]+\] (?:[^ ]+ kernel: )?NVRM: |(?:[A-Z][a-z]{2} [ 0-9]{2} [0-9:]{8} "
+                  r"[^ ]+ kernel: )?NVRM: )Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?: [^()]*)?\): "
+                  r"([0-9]+),? ?(.*)")
 
 
 def parse_xids(text: str) -> list[Xid]:
