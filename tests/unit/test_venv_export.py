@@ -14,10 +14,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from kit.app import app
 from kit.image import venv as venvexport
 from kit.config.settings import read_config, set_setting
 from kit.errors import BadInput, KitError
+from kit.runners import safefolder
 from kit.runners.local import LocalRunner
 
 PLAN_OUT = """python 3.11.2
@@ -154,12 +157,55 @@ def test_the_folder_is_replaced_whole_or_not_at_all(tmp_path):
     dest = tmp_path / "shared" / "kit"
     runner = LocalRunner("localhost")
     command = venvexport.unpack_command(venvexport.check_folder(str(dest)))
-    assert runner.stream_in(command, iter([tar_of({"bin/python": b"old"})]), lambda n: None).ok
-    assert runner.stream_in(command, iter([tar_of({"bin/python": b"new"})]), lambda n: None).ok
+    record = {venvexport.MARKER: b'{"image": "sha256:1"}'}
+    assert runner.stream_in(command, iter([tar_of({"bin/python": b"old", **record})]), lambda n: None).ok
+    assert runner.stream_in(command, iter([tar_of({"bin/python": b"new", **record})]), lambda n: None).ok
     assert (dest / "bin/python").read_bytes() == b"new" and sorted(os.listdir(dest.parent)) == ["kit"]
     broken = tar_of({"bin/python": b"x" * 5000})[:2000]
     assert not runner.stream_in(command, iter([broken]), lambda n: None).ok
     assert (dest / "bin/python").read_bytes() == b"new" and sorted(os.listdir(dest.parent)) == ["kit"]
+
+
+def test_a_folder_kit_did_not_write_is_refused_and_kept_and_its_parents_must_be_safe(tmp_path):
+    """`-o ~/thesis` (a typo) once replaced the thesis with the export. A folder that holds files and no export of
+    kit's is refused by the look before anything is written, and by the unpack itself; absent, empty, or kit's are
+    taken; a folder above it that others may write (not sticky) is refused too."""
+    runner = LocalRunner("localhost")
+    thesis = tmp_path / "home" / "thesis"
+    thesis.mkdir(parents=True)
+    (thesis / "chapter1.tex").write_text("years of work")
+    looked = runner.run(venvexport.target_command(str(thesis)), timeout=30)
+    assert safefolder.unsafe(looked.stdout) == (str(thesis), "not empty and holds no export of kit's: kit replaces no "
+                                                             "folder it did not write")
+    unpack = venvexport.unpack_command(str(thesis))
+    assert not runner.stream_in(unpack, iter([tar_of({"bin/python": b"x", venvexport.MARKER: b"{}"})]),
+                                lambda n: None).ok
+    assert os.listdir(thesis) == ["chapter1.tex"] and sorted(os.listdir(thesis.parent)) == ["thesis"]
+    (thesis / "chapter1.tex").unlink()
+    assert runner.run(venvexport.target_command(str(thesis)), timeout=30).stdout == ""      # empty: taken
+    assert runner.run(venvexport.target_command(str(tmp_path / "new")), timeout=30).stdout == ""
+    (thesis / venvexport.MARKER).write_text('{"image": "sha256:2"}')
+    assert '"image": "sha256:2"' in runner.run(venvexport.target_command(str(thesis)), timeout=30).stdout
+    (tmp_path / "file").write_text("")
+    assert safefolder.unsafe(runner.run(venvexport.target_command(str(tmp_path / "file")), timeout=30).stdout)[1] == \
+        "not a folder"
+    thesis.parent.chmod(0o777)
+    assert safefolder.unsafe(runner.run(venvexport.target_command(str(thesis)), timeout=30).stdout) == \
+        (str(thesis.parent), "mode 777: others may rename what is in it")
+    thesis.parent.chmod(0o1777)
+    assert safefolder.unsafe(runner.run(venvexport.target_command(str(thesis)), timeout=30).stdout) is None
+
+
+def test_kit_export_refuses_a_folder_it_did_not_write_with_exit_2_before_docker(tmp_path, monkeypatch):
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")   # nothing of Docker is needed to refuse
+    r = CliRunner().invoke(app, ["export", "--to", "venv", "-o", str(thesis)])
+    assert r.exit_code == 2, r.output
+    assert f"{thesis} is not empty and holds no export of kit's" in " ".join(r.output.split())
+    assert os.listdir(thesis) == ["chapter1.tex"]
 
 
 @pytest.mark.parametrize("bad", ["relative/kit", "/", "/shared/../etc", "/shared/$(id)", "/shared/a b"])

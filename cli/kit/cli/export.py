@@ -198,6 +198,7 @@ def _export_venv(output: Optional[Path], image: Optional[str], config: Optional[
     slurm.login) or here; recorded as slurm.python_path in kit.yaml."""
     from kit.backends.slurm import jobs as slurmjobs
     from kit.image import venv as venvexport
+    from kit.runners import safefolder
     from kit.config.settings import SlurmConfig, set_setting
     from kit.image.flavors import FLAVORS
     if output is None:
@@ -206,19 +207,25 @@ def _export_venv(output: Optional[Path], image: Optional[str], config: Optional[
     folder = venvexport.check_folder(str(output))
     cfg_file = read_config(config)
     settings = slurm_cli.slurm_settings(cfg_file, None, None, None) if "slurm" in cfg_file.sections else SlurmConfig()
-    client = connect()
-    tag = image or default_image(client, config)
-    found = find_image(client, tag)
-    flavor = (found.labels or {}).get("io.kit.flavor")
-    if flavor not in FLAVORS:
-        raise BadInput(f"image {tag} is not one kit build made (it has no io.kit.flavor label)",
-                       hint="export the image kit build makes (kit build, then kit export --to venv -o DIR)")
-    launcher = "tf" if FLAVORS[flavor][0] == "tensorflow" else "horovod"
     runner = slurmjobs.login_runner(settings, cluster_config(cfg_file, {}).connect_timeout)
     where = f"{settings.login}:{folder}" if settings.login else folder
     try:
-        done = runner.run(f"cat {shlex.quote(folder)}/{venvexport.MARKER}", timeout=60)
-        if done.ok and f'"image": "{found.id}"' in done.stdout:
+        done = runner.run(venvexport.target_command(folder), timeout=60)   # first: a typo changes nothing
+        if bad := safefolder.unsafe(done.stdout):
+            raise BadInput(f"--to venv: {where if bad[0] == '-' else bad[0]} is {bad[1]}",
+                           hint="give -o a new or empty folder of yours (or the one an earlier export made), on "
+                                "storage every node sees; a folder above it that others may write needs the sticky "
+                                "bit (chmod +t)")
+        done.check(f"cannot look at {folder} on {settings.login or 'this machine'}")
+        client = connect()
+        tag = image or default_image(client, config)
+        found = find_image(client, tag)
+        flavor = (found.labels or {}).get("io.kit.flavor")
+        if flavor not in FLAVORS:
+            raise BadInput(f"image {tag} is not one kit build made (it has no io.kit.flavor label)",
+                           hint="export the image kit build makes (kit build, then kit export --to venv -o DIR)")
+        launcher = "tf" if FLAVORS[flavor][0] == "tensorflow" else "horovod"
+        if f'"image": "{found.id}"' in done.stdout:
             console.print(f"{escape(where)} holds {escape(tag)}'s Python already: nothing to do", highlight=False)
         else:
             with console.status(f"reading {tag}'s Python"):

@@ -36,6 +36,7 @@ from pathlib import PurePosixPath
 from typing import Callable, Iterable, Iterator
 
 from kit.errors import BadInput, KitError
+from kit.runners import safefolder
 
 VENV = "/opt/venv"
 MARKER = "kit-export.json"
@@ -313,11 +314,33 @@ def check_folder(folder: str) -> str:
     return str(path)
 
 
+# DIR as the login host has it, before anything is written: it and every folder above it safe (kit.runners.safefolder:
+# the nodes run DIR/bin/python, so whoever may rename entries above it could swap in a Python of theirs), and DIR
+# absent, empty, or an export of kit's, whose record it prints (a typo, `-o ~/thesis`, is refused, not replaced).
+_TARGET = safefolder.CHECK + r"""
+top=$(realpath -m -- "$1") || exit 1
+check "$top"
+[ -e "$top" ] || exit 0
+[ -d "$top" ] || { echo "@@kit-unsafe notdir - - $top"; exit 3; }
+if [ -f "$top/$2" ]; then head -c 4096 -- "$top/$2"; echo
+elif [ -n "$(ls -A -- "$top")" ]; then echo "@@kit-unsafe notkit - - $top"; exit 3; fi
+"""
+
+
+def target_command(folder: str) -> str:
+    """The login host's shell: whether DIR may be written (kit.runners.safefolder's mark where not) and, where it
+    holds an export already, its record."""
+    return f"sh -c {shlex.quote(_TARGET)} kit-export {shlex.quote(folder)} {MARKER}"
+
+
 def unpack_command(folder: str) -> str:
     """The login host's shell: unpack the stream beside DIR and rename it into place, whole or not at all (a
-    previous export moved aside, then removed)."""
+    previous export moved aside, then removed). A DIR that became something else than kit's since target_command
+    looked is left as it is."""
     q = shlex.quote
     new, old = q(f"{folder}.kit-new"), q(f"{folder}.kit-old")
-    return (f"set -e; umask 022; rm -rf {new} {old}; mkdir -p {new}; "
+    return (f"set -e; umask 022; if [ -e {q(folder)} ] && [ ! -f {q(folder + '/' + MARKER)} ] && "
+            f"[ -n \"$(ls -A -- {q(folder)})\" ]; then echo '{safefolder.MARK} notkit - - {folder}'; exit 3; fi; "
+            f"rm -rf {new} {old}; mkdir -p {new}; "
             f"if ! tar -x -f - -C {new} --no-same-owner; then rm -rf {new}; exit 1; fi; "
             f"if [ -e {q(folder)} ]; then mv {q(folder)} {old}; fi; mv {new} {q(folder)}; rm -rf {old}")

@@ -19,33 +19,18 @@ from kit.cluster.identity import write_file, write_secret
 from kit.cluster.steps.workspace import Ignore, scan
 from kit.data.transfer import tar_member
 from kit.errors import KitError
+from kit.runners import safefolder
 from kit.runners.base import Runner
 
 REMOTE_TIMEOUT_S = 60        # one command on the login host
 
 
-UNSAFE_MARK = "@@kit-unsafe"
-# slurm.workdir and every folder above it must be the login user's or root's, and not writable by others unless
-# sticky (/tmp): anyone else who may rename entries in one could swap kit's job folder for a link between the copy
-# and sbatch (and read the staged script and variables), or swap train.py while the job waits. One script on the login
-# host, with its own stat: the work folder's path with its links resolved, checked folder by folder up to /, made
-# (what is missing, the user's alone), found again where it was and checked again (someone who made a missing folder,
-# or a link, first is caught), and the job's folder made new in it. Prints the job's folder.
-_JOB_FOLDER = r"""
-me=$(id -u)
-check() {
-  p=$1
-  while :; do
-    if [ -e "$p" ]; then
-      set -- $(stat -L -c '%u %a' -- "$p") || exit 1
-      mode=$((0$2))
-      if [ "$1" != 0 ] && [ "$1" != "$me" ]; then echo "@@kit-unsafe owner $1 $2 $p"; exit 3; fi
-      if [ $((mode & 18)) -ne 0 ] && [ $((mode & 512)) -eq 0 ]; then echo "@@kit-unsafe mode $1 $2 $p"; exit 3; fi
-    fi
-    [ "$p" = / ] && return 0
-    p=$(dirname -- "$p")
-  done
-}
+# slurm.workdir and every folder above it must be safe (kit.runners.safefolder): otherwise someone could swap kit's
+# job folder for a link between the copy and sbatch (and read the staged script and variables), or swap train.py while
+# the job waits. One script on the login host: the work folder's path with its links resolved, checked folder by folder
+# up to /, made (what is missing, the user's alone), found again where it was and checked again (someone who made a
+# missing folder, or a link, first is caught), and the job's folder made new in it. Prints the job's folder.
+_JOB_FOLDER = safefolder.CHECK + r"""
 top=$(realpath -m -- "$1") || exit 1
 check "$top"
 umask 077
@@ -54,8 +39,6 @@ mkdir -p -- "$top" || exit 1
 check "$top"
 mkdir -m 700 -- "$top/$2" && cd -- "$top/$2" && pwd -P
 """
-_UNSAFE = {"owner": "owned by uid {owner}, not you", "mode": "mode {mode}: others may rename what is in it",
-           "moved": "no longer where it was a moment ago: another user's folder or link took its place"}
 
 
 def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
@@ -63,9 +46,8 @@ def job_folder(runner: Runner, workdir: str, job_id: str) -> str:
     folder and every one above it are safe (the user's or root's, not writable by others unless sticky)."""
     r = runner.run(f"cd && sh -c {shlex.quote(_JOB_FOLDER)} kit-workdir {shlex.quote(workdir)} {shlex.quote(job_id)}",
                    timeout=REMOTE_TIMEOUT_S, changes=True)
-    if UNSAFE_MARK in r.stdout:
-        why, owner, mode, where = r.stdout.split(UNSAFE_MARK, 1)[1].split(None, 3)
-        raise KitError(f"slurm.workdir {workdir}: {where.strip()} is {_UNSAFE[why].format(owner=owner, mode=mode)}",
+    if bad := safefolder.unsafe(r.stdout):
+        raise KitError(f"slurm.workdir {workdir}: {bad[0]} is {bad[1]}",
                        host=runner.host,
                        hint="set slurm.workdir (kit.yaml) to a folder of yours on storage every node sees, e.g. "
                             "kit-jobs in your home; a folder others may write needs the sticky bit (chmod +t) to be "
