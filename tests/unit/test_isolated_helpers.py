@@ -58,9 +58,9 @@ def _real(argv: list[str]) -> list[str]:
     return [PYTHON, *argv[1:]] if argv[0] in ("python", "python3") else argv
 
 
-def _run(argv: list[str], cwd: Path, **more: str) -> subprocess.CompletedProcess:
+def _run(argv: list[str], cwd: Path, stdin: str = "", **more: str) -> subprocess.CompletedProcess:
     return subprocess.run(_real(argv), cwd=cwd, env=_env(**more), capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+                          input=stdin)
 
 
 def test_kits_helpers_ignore_modules_in_the_workspace(workspace, tmp_path):
@@ -83,7 +83,10 @@ def test_kits_helpers_ignore_modules_in_the_workspace(workspace, tmp_path):
 def _netbench(workspace: Path) -> None:
     lines: list[str] = []
     receiver = subprocess.Popen(_real(netbench.helper_argv("recv", "127.0.0.1", "0", "0.3")), cwd=workspace,
-                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    receiver.stdin.write("t\n")
+    receiver.stdin.close()
     reading = threading.Thread(target=lambda: lines.extend(receiver.stdout), daemon=True)
     reading.start()
     try:
@@ -93,7 +96,7 @@ def _netbench(workspace: Path) -> None:
             reading.join(0.1)
         assert lines, receiver.stderr.read()
         port = json.loads(lines[0])["port"]
-        sent = _run(netbench.helper_argv("send", "127.0.0.1", str(port), "0.3"), workspace)
+        sent = _run(netbench.helper_argv("send", "127.0.0.1", str(port), "0.3"), workspace, stdin="t\n")
         assert sent.returncode == 0, sent.stderr
         assert receiver.wait(30) == 0
         reading.join(5)

@@ -1,7 +1,10 @@
 """`kit bench net`: the raw TCP throughput between every two hosts of the cluster, both ways, as a matrix.
 
 A small helper (standard library only, sent as `python -c`) runs in the containers: the receiver listens on its
-address on the training network (kit.network: where the ranks talk), the sender streams to it for a few seconds, the receiver times the bytes from the first to the last.
+address on the training network (kit.network: where the ranks talk), the sender streams to it for a few seconds, the
+receiver times the bytes from the first to the last. Both are given a token of the measurement on stdin (not in argv,
+which any process of the host may read), the sender says it first, and the receiver counts the connection that says
+it: a job's process that connects first is closed, not measured.
 Pairs run in rounds where no host is in two pairs (a round-robin schedule), so each figure is one link's alone and
 a round of n hosts takes as long as one pair.
 """
@@ -9,6 +12,7 @@ a round of n hosts takes as long as one pair.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from dataclasses import asdict, dataclass
 
@@ -23,18 +27,35 @@ CONNECT_S = 20      # the sender tries to reach the receiver this long (it may s
 HELPER = r"""
 import json, socket, sys, time
 mode, address, port, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+token = sys.stdin.readline().strip().encode()
 CHUNK = 1 << 20
 if mode == "recv":
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((address, port))
-    s.listen(1)
+    s.listen(8)
     print(json.dumps({"port": s.getsockname()[1]}), flush=True)
-    s.settimeout(seconds + %(connect)d)
-    conn, _ = s.accept()
+    deadline = time.monotonic() + seconds + %(connect)d
+    while True:  # the connection that says the token, until the deadline (accept's timeout ends it)
+        s.settimeout(max(deadline - time.monotonic(), 0.01))
+        conn, _ = s.accept()
+        conn.settimeout(5)
+        head = b""
+        try:
+            while b"\n" not in head and len(head) < 128:
+                data = conn.recv(128 - len(head))
+                if not data:
+                    break
+                head += data
+        except OSError:
+            pass
+        line, _, rest = head.partition(b"\n")
+        if token and line == token:
+            break
+        conn.close()
     conn.settimeout(seconds + %(connect)d)
     buf = bytearray(CHUNK)
-    total, first = 0, None
+    total, first = len(rest), (time.monotonic() if rest else None)
     while True:
         n = conn.recv_into(buf)
         if not n:
@@ -53,6 +74,7 @@ else:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+    s.sendall(token + b"\n")
     data = bytes(CHUNK)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -88,15 +110,17 @@ def helper_argv(*args: str) -> list[str]:
 
 
 def helper_command(node: Node, seconds: float, *args: str) -> str:
-    """The helper in the node's container, bounded here too (its sockets time out on their own)."""
+    """The helper in the node's container, bounded here too (its sockets time out on their own); its token on
+    stdin."""
     return command(["timeout", str(int(seconds * 2 + CONNECT_S * 2 + 30)),
-                    *exec_argv(node.place.container, helper_argv(*args))])
+                    *exec_argv(node.place.container, helper_argv(*args), ("-i",))])
 
 
 def measure(sender: Node, receiver: Node, seconds: float = SECONDS, at: str = "") -> Link:
     """One link: the receiver listens on a free port of its address `at` (default: its cluster address) and says
     which, the sender streams to it for `seconds`, the receiver says how many bytes came in how long."""
     at = at or receiver.address
+    token = (secrets.token_hex(16) + "\n").encode()
     lines: list[str] = []
     listening = threading.Event()
 
@@ -105,11 +129,11 @@ def measure(sender: Node, receiver: Node, seconds: float = SECONDS, at: str = ""
         listening.set()
     code: list[int] = []
     listener = threading.Thread(target=lambda: code.append(receiver.runner.stream_out(
-        helper_command(receiver, seconds, "recv", at, "0", str(seconds)), on_line)))
+        helper_command(receiver, seconds, "recv", at, "0", str(seconds)), on_line, stdin=token)))
     listener.start()
     ready = listening.wait(CONNECT_S + 30)
     port = json.loads(lines[0]).get("port") if ready and lines[0].startswith("{") else None
-    sent = sender.runner.run(helper_command(sender, seconds, "send", at, str(port), str(seconds))) \
+    sent = sender.runner.run(helper_command(sender, seconds, "send", at, str(port), str(seconds)), stdin=token) \
         if port else None
     listener.join()
     if not (port and sent.ok and code == [0] and len(lines) > 1):
