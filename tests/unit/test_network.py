@@ -369,6 +369,59 @@ def test_a_member_that_never_comes_is_named():
         run_survey([loopback_host(i) for i in (1, 2, 3)], members=2, wait=1)
 
 
+def _far_end(token: str, answer, counted: list | None = None) -> int:
+    """A listener on loopback that says `token`, takes a probe's stream and answers with `answer` (bytes, or made
+    of the count of bytes it took); its port."""
+    import socket as sockets
+    server = sockets.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(f"KIT {token}\n".encode())
+            count = -len(b"PROBE\n")
+            while data := conn.recv(1 << 20):
+                count += len(data)
+            (counted if counted is not None else []).append(count)
+            conn.sendall(answer(count) if callable(answer) else answer)
+        server.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
+
+
+@pytest.mark.parametrize("answer", [b"999999999999 0.000001\n", b"100 nan\n", b"100 -1\n", b"-5 0.5\n",
+                                    b"100 inf\n"])
+def test_the_probe_takes_no_figure_that_is_not_a_count_of_what_it_sent(answer):
+    """A far end's figure is at most what this end sent, in at least the time it took to send it: a forged
+    `999999999999 0.000001` no longer wins the network choice, and nan is a failed probe, not an error in decide."""
+    port = _far_end("tok", answer)
+    if answer.startswith(b"999"):
+        with pytest.raises(ValueError, match="not a count"):
+            survey.probe("127.0.0.1", port, "", "tok", seconds=0.2)
+        return
+    with pytest.raises(ValueError):
+        survey.probe("127.0.0.1", port, "", "tok", seconds=0.2)
+
+
+def test_the_probe_measures_only_the_node_that_said_hello_and_at_most_at_the_rate_it_sent():
+    with pytest.raises(ValueError, match="not as the node that said hello"):
+        survey.probe("127.0.0.1", _far_end("someone-else", b"1 1\n"), "", "tok", seconds=0.1)
+    listener = survey.Listener("tok")
+    try:
+        gbits = survey.probe("127.0.0.1", listener.port, "", "tok", seconds=0.2)
+    finally:
+        listener.close()
+    assert 0 < gbits < 1e4
+    slow = survey.probe("127.0.0.1", _far_end("tok", b"1000000 1000\n"), "", "tok", seconds=0.1)
+    assert slow == pytest.approx(1000000 * 8 / 1000 / 1e9)   # a slower figure than it sent is the far end's to say
+    counted: list[int] = []
+    fast = survey.probe("127.0.0.1", _far_end("tok", lambda n: f"{n} 0.000001\n".encode(), counted), "", "tok",
+                        seconds=0.2)
+    assert fast <= counted[0] * 8 / 0.2 / 1e9   # every byte, but in no less time than they took to send
+
+
 def test_the_shipped_script_is_the_three_modules_and_runs_alone(tmp_path):
     script = shipped.script()
     names = [line.split("(")[0].split()[1] for line in script.splitlines() if line.startswith(("def ", "class "))]

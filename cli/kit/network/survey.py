@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import queue
 import re
 import secrets
@@ -195,18 +196,27 @@ def check(targets: list[list]) -> list[list]:
     return [r or [t[0], t[1], "no answer in time"] for r, t in zip(results, targets)]
 
 
-def probe(address: str, port: int, source: str, seconds: float = PROBE_S) -> float:
-    """Gbit/s of one TCP stream from here to a node's listener for `seconds`, as its end counted them."""
+def probe(address: str, port: int, source: str, token: str, seconds: float = PROBE_S) -> float:
+    """Gbit/s of one TCP stream from here to a node's listener for `seconds`, as its end counted them, never more
+    than this end sent in the time it took to send it: the node must answer with its token, and a figure it gives
+    that is not a count of what it was sent (more bytes, less time, nan) is not taken. Raises ValueError then."""
     with _connect(address, port, source, CONNECT_S + seconds * 4) as s:
         f = s.makefile("rb")
-        f.readline(128)
+        if f.readline(128).decode(errors="replace").split() != ["KIT", token]:
+            raise ValueError(f"{address} answered, but not as the node that said hello")
         s.sendall(b"PROBE\n")
-        data, end = bytes(CHUNK), time.monotonic() + seconds
+        data, start = bytes(CHUNK), time.monotonic()
+        sent, end = 0, start + seconds
         while time.monotonic() < end:
             s.sendall(data)
+            sent += len(data)
         s.shutdown(socket.SHUT_WR)
+        sending = time.monotonic() - start
         total, took = f.readline(128).split()
-    return int(total) * 8 / max(float(took), 1e-6) / 1e9
+    total_, took_ = int(total), float(took)
+    if not (0 <= total_ <= sent and math.isfinite(took_) and took_ >= 0):
+        raise ValueError(f"{address} counted {total} bytes in {took} s of the {sent} sent: not a count")
+    return total_ * 8 / max(took_, sending, 1e-6) / 1e9
 
 
 def hello(node: str, reading: Reading, listener: Listener) -> dict:
@@ -349,7 +359,8 @@ def _probe(found: list[Candidate], hellos: dict[str, dict], nodes: list[tuple[st
     for c in found:
         if c.network in tied and second in c.members and first in c.members:
             try:
-                c.gbits = probe(c.members[second].address, hellos[second]["port"], c.members[first].address)
+                c.gbits = probe(c.members[second].address, hellos[second]["port"], c.members[first].address,
+                                hellos[second]["token"])
             except (OSError, ValueError) as e:
                 c.failed[f"{first} -> {second}"] = f"the bandwidth probe failed: {e}"
 
