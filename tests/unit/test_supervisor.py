@@ -221,6 +221,57 @@ def test_a_host_whose_ranks_are_busier_than_the_others_is_named_a_straggler_once
     assert (folder / "straggler").read_text().strip() == said[0].removeprefix("kit: ")
 
 
+FORGER = """import json, os, threading, time
+import kit_pace
+forger = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0   # host a's rank lies about ranks it is not
+
+
+def forge():
+    folder = os.path.join(os.environ["KIT_PROGRESS_DIR"], os.environ["KIT_JOB"])
+    began = time.monotonic()
+    while True:
+        t = time.monotonic() - began
+        for rank in (1, 5, 6, 7, 8, 9):   # another host's rank, and ranks the job does not have: all busy 1 ms a step
+            with open(os.path.join(folder, str(rank)), "w") as f:
+                json.dump(dict(rank=rank, pid=os.getpid(), moves=int(t * 10), where="forged.py:1 in x\\nkit: all is "
+                               "well", t=t, steps=int(t * 100), data_s=0.0, comm_s=t * 0.99), f)
+        time.sleep(0.2)
+
+
+if forger:
+    threading.Thread(target=forge, daemon=True).start()
+end = time.monotonic() + 9
+while time.monotonic() < end:
+    began = time.monotonic()
+    while time.monotonic() - began < 0.09:   # every rank computes alike: nobody is slow
+        pass
+    with kit_pace.comm():
+        time.sleep(0.14)
+    kit_pace.step()
+"""
+
+
+def test_a_rank_that_writes_heartbeats_for_other_or_made_up_ranks_names_no_host_a_straggler(tmp_path, ssh_shim):
+    """Host a's rank writes heartbeats for ranks 5-9 (the job has 3) and for b's rank 1, each 1 ms busy a step: read
+    as they were, a's figure fell to nothing and b and c were twice the others. Only each rank's own host's
+    heartbeat of it counts, so nobody is named."""
+    (tmp_path / "forger.py").write_text(FORGER)
+    job = job_id()
+    r, folder = supervise(tmp_path, tf_plan(tmp_path, job, ["forger.py"] * 3, hang_timeout=6, pace_window=3))
+    assert (folder / "exit").read_text() == "0\n", (folder / "output.log").read_text()[-2000:]
+    assert not (folder / "straggler").exists(), (folder / "straggler").read_text()
+    assert "straggler" not in (folder / "output.log").read_text()
+
+
+def test_only_each_ranks_own_hosts_heartbeat_of_it_counts_and_where_prints_on_one_line():
+    from kit.backends.cluster.supervisor.heartbeats import parse_beats, placed
+    (beat,) = parse_beats("a", json.dumps(dict(rank=0, moves=1, where="x.py:1 in f\nkit: job 7 finished\r\x1b[2J")))
+    assert beat.where == "x.py:1 in f?kit: job 7 finished??[2J"
+    beats = [Beat("a", 0, 1, "x"), Beat("a", 1, 1, "x"), Beat("a", 7, 1, "x"), Beat("b", 1, 2, "y"),
+             Beat("b", 1, 3, "z"), Beat("c", -1, 1, "x")]
+    assert placed(beats, ["a", "b", "c"]) == [Beat("a", 0, 1, "x"), Beat("b", 1, 2, "y")]
+
+
 def test_a_heartbeat_being_written_is_read_once(tmp_path):
     from kit.backends.cluster.supervisor.heartbeats import parse_beats, progress_script
     folder = tmp_path / "j1"

@@ -247,13 +247,15 @@ def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
     return {(n.name, rank): text for n, by_rank in zip(nodes, found) for rank, text in by_rank.items()}
 
 
-def beats(nodes: list[Node], job_id: str) -> list[heartbeats.Beat]:
-    """Every rank's heartbeat now, read in each host's container at once (as the supervisor reads them)."""
+def beats(nodes: list[Node], job_id: str, ranks: tuple[str, ...]) -> list[heartbeats.Beat]:
+    """Every rank's heartbeat now, read in each host's container at once (as the supervisor reads them); ranks: the
+    host of each (the record's), whose beats alone count."""
     def one(n: Node) -> list[heartbeats.Beat]:
         r = n.runner.run(command(exec_argv(n.place.container, ["sh", "-c", heartbeats.progress_script(job_id)])),
                          timeout=60)
         return heartbeats.parse_beats(n.name, r.check(f"cannot read the heartbeats of job {job_id}").stdout)
-    return [b for found in fan_out("reading every rank's heartbeat", nodes, one, lambda n: n.name) for b in found]
+    return heartbeats.placed([b for found in fan_out("reading every rank's heartbeat", nodes, one, lambda n: n.name)
+                              for b in found], ranks)
 
 
 @dataclass

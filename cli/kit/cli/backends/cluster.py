@@ -127,7 +127,7 @@ class Cluster:
         """(the job's id, each rank's pace): measure(read) reads its ranks' heartbeats twice, on every host."""
         with the_job(ref, where) as (state, nodes, record):
             _running(record, "ranks")
-            return record.id, measure(lambda: jobcontrol.beats(nodes, record.id))
+            return record.id, measure(lambda: jobcontrol.beats(nodes, record.id, record.hosts))
 
     def stop(self, ref: str, where: Where) -> str:
         with the_job(ref, where) as (state, nodes, record):

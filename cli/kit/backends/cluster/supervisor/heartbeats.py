@@ -94,14 +94,31 @@ def _pace(raw: dict) -> tuple:
 
 
 def parse_beats(host: str, text: str) -> list[Beat]:
+    """The heartbeats in progress_script's output, read on `host`. A rank writes them: whatever is not a heartbeat
+    is skipped, and `where` keeps no character that is not printable (a newline in it printed a line that passed for
+    kit's own)."""
     beats = []
     for line in text.splitlines():
         try:
             raw = json.loads(line)
-            beats.append(Beat(host, int(raw["rank"]), int(raw["moves"]), str(raw["where"])[:300], *_pace(raw)))
+            where = "".join(c if c.isprintable() else "?" for c in str(raw["where"])[:300])
+            beats.append(Beat(host, int(raw["rank"]), int(raw["moves"]), where, *_pace(raw)))
         except (ValueError, KeyError, TypeError):
-            continue  # a rank writes these: whatever is not a heartbeat is skipped
+            continue
     return beats
+
+
+def placed(beats: list[Beat], ranks: list[str] | tuple[str, ...]) -> list[Beat]:
+    """The heartbeats of the launch's ranks (ranks: the host of each), each only as read on its own host, and one a
+    rank: any rank may write a file there, and one for a made-up rank, or for a rank of another host, moved that
+    host's pace (an innocent host named a straggler) and the hang watch's count."""
+    seen: set[int] = set()
+    out = []
+    for b in beats:
+        if 0 <= b.rank < len(ranks) and ranks[b.rank] == b.host and b.rank not in seen:
+            seen.add(b.rank)
+            out.append(b)
+    return out
 
 
 def odd_ones(beats: list[Beat]) -> tuple[list[Beat], str]:

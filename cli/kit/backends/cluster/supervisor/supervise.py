@@ -20,7 +20,7 @@ from kit.backends.cluster.supervisor.launch import REAP_ROUNDS, REAP_SETTLE_S  #
 from kit.backends.cluster.supervisor.launch import STOP_WAIT_S  # shipped together
 from kit.backends.cluster.supervisor.launch import Plan, Slot, at_once, discovery_script, end_script, parse_discovery  # shipped together
 from kit.backends.cluster.supervisor.launch import parse_end, reap_script, ssh_argv, _run_quietly, _text, _write  # shipped together
-from kit.backends.cluster.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats, parse_stacks  # shipped together
+from kit.backends.cluster.supervisor.heartbeats import Beat, Watch, hang_report, parse_beats, parse_stacks, placed  # shipped together
 from kit.backends.cluster.supervisor.heartbeats import progress_script, stacks_argv  # shipped together
 from kit.backends.cluster.supervisor.starter import start  # shipped together
 from kit.jobs.pace import Pace, Sample  # shipped together
@@ -165,7 +165,7 @@ class Supervisor:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            beats = self.beats(hosts)
+            beats = placed(self.beats(hosts), ranks)
             self.keep_pace(pace, beats)
             if plan.hang_timeout and watch.stalled(beats):
                 self.hung(hosts, watch)
