@@ -3,8 +3,11 @@ the links back, the host whose compute is slow; what each host is told."""
 
 from __future__ import annotations
 
+import pytest
+
 from kit.bench.net import Link
 from kit.doctor import deep
+from kit.errors import KitError
 
 NAMES = ["h1", "h2", "h3", "h4"]
 
@@ -67,6 +70,24 @@ def test_a_host_with_slow_compute_is_named_with_its_figure_and_the_others_are_ok
     ring = links(deep.ring(["h1", "h2", "h3"]), speeds(None))
     said = {(f.host, f.check, f.level) for f in deep.findings(found, ring, [], ["h1", "h2", "h3"])}
     assert said == {("h1", "preflight", "ok"), ("h2", "preflight", "ok"), ("h3", "compute", "warn")}
+
+
+def test_a_compute_figure_that_is_no_number_is_its_hosts_zero_and_the_good_hosts_stay():
+    """A host's image that says `Infinity` (or nan, or a negative) made every other host slow against it, and
+    `--exclude-bad` dropped the good ones: the figure is that host's 0.0, said as such, and only it is named."""
+    said = [deep.compute_of("h1", '{"gflops": 40.5, "device": "cpu"}'),
+            deep.compute_of("h2", 'torch says hello\n{"gflops": 41.5, "device": "cpu"}\n'),
+            deep.compute_of("h3", '{"gflops": Infinity, "device": "cpu"}')]
+    assert said[2] == deep.Compute("h3", 0.0, "cpu; its check said inf, not a figure")
+    for bad in ("NaN", "-1", "1e12", "0"):
+        assert deep.compute_of("h3", '{"gflops": %s, "device": "cpu"}' % bad).gflops == 0.0
+    assert set(deep.slow_compute(said)) == {"h3"}
+    ring = links(deep.ring(["h1", "h2", "h3"]), speeds(None))
+    assert {(f.host, f.check) for f in deep.findings(said, ring, [], ["h1", "h2", "h3"]) if f.level != "ok"} == \
+        {("h3", "compute")}
+    with pytest.raises(KitError, match="printed no figure") as e:
+        deep.compute_of("h3", "Traceback (most recent call last):\n...")
+    assert e.value.host == "h3"
 
 
 def test_the_preflight_names_a_gpu_off_the_bus_and_a_page_waiting_to_retire_with_the_host_and_fix():

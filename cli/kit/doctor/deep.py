@@ -19,6 +19,7 @@ The measuring runs through kit.bench.net's helper (TCP between the containers, o
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +34,7 @@ from kit.doctor import gpufacts
 from kit.doctor.finding import FAIL, OK, WARN, Finding
 from kit.doctor.gpufacts import GpuHealth
 from kit.doctor.gpuhealth import judge_health
+from kit.errors import KitError
 from kit.jobs.commands.docker import command, exec_argv
 
 FACTOR = 1.5         # slower than the others' median by this much: named
@@ -227,9 +229,26 @@ def measure_compute(nodes: list[Node]) -> list[Compute]:
             node.place.container, ["python", "-I", "-c", COMPUTE, str(SIZE)])]), timeout=TIMEOUT_S + 10)
         r.check("kit's compute check failed", hint="`kit doctor` says whether the host's container and its image "
                 "are as kit made them")
-        raw = json.loads(r.stdout.strip().splitlines()[-1])
-        return Compute(node.name, float(raw["gflops"]), str(raw["device"]))
+        return compute_of(node.name, r.stdout)
     return fan_out("the compute check", nodes, one, lambda n: n.name)
+
+
+GFLOPS_MAX = 1e7   # 10 PFLOP/s: a hundred times the fastest GPU's dense product; a figure above it is no measurement
+
+
+def compute_of(host: str, stdout: str) -> Compute:
+    """The compute check's last line -> the host's figure. What the host's image says is not taken on trust: a
+    figure that is no finite, positive number below GFLOPS_MAX (`Infinity` made every other host slow against it,
+    and `--exclude-bad` dropped the good ones) is that host's 0.0, said as such. Pure."""
+    try:
+        raw = json.loads((stdout.strip().splitlines() or [""])[-1])
+        gflops, device = float(raw["gflops"]), "".join(c for c in str(raw["device"])[:40] if c.isprintable())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise KitError("kit's compute check printed no figure", host=host, output_tail=stdout[-500:],
+                       hint="`kit doctor` says whether the host's container and its image are as kit made them")
+    if not (math.isfinite(gflops) and 0 < gflops < GFLOPS_MAX):
+        return Compute(host, 0.0, f"{device}; its check said {raw['gflops']!r}, not a figure")
+    return Compute(host, gflops, device)
 
 
 def measure_links(nodes: list[Node], at: dict[str, str],
