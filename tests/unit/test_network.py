@@ -437,9 +437,15 @@ def test_the_shipped_script_is_the_three_modules_and_runs_alone(tmp_path):
 def test_an_answer_is_checked_before_kit_uses_it():
     d, _ = run_survey([loopback_host(i) for i in (1, 2)])
     line = '{"decision": %s}' % __import__("json").dumps(d.as_dict())
-    assert measure.parse_answer(line, ["h1", "h2"], "h1").network == d.network
-    for bad in (line.replace('"fab0"', '"fab0; rm -rf /"'), line.replace('"127.0.1.2"', '"::1"'),
-                line.replace('"h2"', '"h9"'), '{"error": "x"}', "Traceback"):
+    with pytest.raises(KitError):   # the survey ran over loopback here: such a decision is no hosts' network
+        measure.parse_answer(line, ["h1", "h2"], "h1")
+    line = line.replace("127.0.1.", "10.9.1.").replace("127.0.2.", "10.9.2.")
+    assert measure.parse_answer(line, ["h1", "h2"], "h1").network == d.network.replace("127.0.1.", "10.9.1.")
+    for bad in (line.replace('"fab0"', '"fab0; rm -rf /"'), line.replace('"10.9.1.2"', '"::1"'),
+                line.replace('"h2"', '"h9"'), '{"error": "x"}', "Traceback", line.replace('"10.9.1.2"', '"0.0.0.0"'),
+                line.replace('"10.9.1.2"', '"127.0.0.1"'), line.replace('"10.9.1.2"', '"224.0.0.1"'),
+                line.replace('"10.9.1.2"', '"169.254.1.2"'), line.replace('"10.9.1.2"', '"255.255.255.255"'),
+                re.sub(r'"gbits": [0-9.e+-]+', '"gbits": NaN', line, count=1)):
         with pytest.raises(KitError):
             measure.parse_answer(bad, ["h1", "h2"], "h1")
 

@@ -4,7 +4,9 @@ the cluster's state, and what each launcher is given from it (kit.network.survey
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import math
 import secrets
 import threading
 from dataclasses import dataclass
@@ -101,6 +103,21 @@ def parse_answer(line: str, hosts: list[str], where: str) -> Decision:
     return answer
 
 
+def usable(d: Decision) -> Decision:
+    """A checked decision whose every address another host can reach: not 0.0.0.0, loopback, link-local, multicast
+    or reserved (a container's root could have written 127.0.0.1, and every rank would have talked to itself), and
+    whose speed is a finite figure. Raises ValueError."""
+    for name, m in d.members.items():
+        a = ipaddress.ip_address(m.address)
+        if a.is_unspecified or a.is_loopback or a.is_link_local or a.is_multicast or a.is_reserved:
+            raise ValueError(f"{name}'s address {m.address} is not one another host reaches")
+    if d.network != ROUTED and ipaddress.ip_network(d.network).prefixlen == 0:
+        raise ValueError(f"{d.network} is not a network of the hosts")
+    if d.gbits is not None and not (math.isfinite(d.gbits) and d.gbits >= 0):
+        raise ValueError("its speed is not a figure")
+    return d
+
+
 def _error(line: str) -> str | None:
     """What a survey's line says went wrong, where it is its error line."""
     try:
@@ -120,7 +137,7 @@ def _answer(line: str, hosts: list[str], where: str) -> Decision | KitError:
         return _failure(error, where)
     try:
         answer = json.loads(line)
-        return checked(Decision.from_dict(answer["decision"]), hosts)
+        return usable(checked(Decision.from_dict(answer["decision"]), hosts))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return KitError(f"the network survey's answer is not kit's ({type(e).__name__})", host=where,
                         command="kit's network survey", output_tail=line[-500:],
@@ -173,7 +190,7 @@ def recorded(state: st.ClusterState) -> Recorded | None:
     if "decision" not in data:
         return None
     try:
-        d = checked(Decision.from_dict(data["decision"]), [h.name for h in state.hosts])
+        d = usable(checked(Decision.from_dict(data["decision"]), [h.name for h in state.hosts]))
     except (ValueError, KeyError, TypeError):
         return None
     return Recorded(d, str(data.get("fingerprint", "")), str(data.get("setting", "")))
