@@ -80,11 +80,14 @@ def test_the_firewall_keeps_the_cluster_port_and_the_job_ports_to_the_cluster_ov
     refuse = next(t for t in tasks if t["name"].startswith("Refuse"))
     rule = refuse["ansible.builtin.iptables"]
     assert rule["jump"] == "DROP" and rule["syn"] == "match" and "ctstate" not in rule and rule["in_interface"] == "!lo"  # not replies
+    ports = next(t for t in tasks if "kit_refused_ports" in t.get("ansible.builtin.set_fact", {}))
     import jinja2
     env = jinja2.Environment()
     env.filters["product"] = lambda a, b: __import__("itertools").product(a, b)
-    items = env.from_string(refuse["loop"]).render(kit_ssh_port=12345, kit_port_range={"stdout": "32768\t60999\n"})
+    items = env.from_string(ports["ansible.builtin.set_fact"]["kit_refused_ports"]).render(
+        kit_ssh_port=12345, kit_port_range={"stdout": "32768\t60999\n"})
     assert items == str([("ipv4", "12345"), ("ipv4", "32768:60999"), ("ipv6", "12345"), ("ipv6", "32768:60999")])
+    assert refuse["loop"] == "{{ kit_refused_ports }}"
 
 
 def test_the_firewall_accepts_every_network_of_the_hosts_but_an_address_they_share():
@@ -207,7 +210,8 @@ def test_the_firewalls_refusal_holds_against_a_stale_conntrack_entry(tmp_path):
     packet stays between them."""
     import yaml
     tasks = yaml.safe_load((REPO / "ansible/roles/firewall/tasks/main.yml").read_text())
-    rule = next(t for t in tasks if t["name"].startswith("Refuse"))["ansible.builtin.iptables"]
+    rule = {k: v for k, v in next(t for t in tasks if t["name"].startswith("Refuse"))["ansible.builtin.iptables"].items()
+            if k != "rule_num"}
     port = "34567"
     weak = dict(rule, ctstate=["NEW"])
     weak.pop("syn", None)
@@ -271,5 +275,80 @@ def test_the_firewalls_refusal_holds_against_a_stale_conntrack_entry(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+        for ns in (host, outside):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+FIREWALL_PLAY = """- hosts: localhost
+  gather_facts: true
+  vars: {kit_cluster: unitfw, kit_ssh_port: 12345, kit_addresses: ["10.251.1.1"]}
+  roles: [%s]
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes network namespaces and iptables rules: root only")
+def test_the_firewall_refuses_above_the_hosts_own_rules_and_a_second_run_changes_nothing(tmp_path):
+    """A host with ufw's rules (its ESTABLISHED accept, and a site's `ufw allow 30000:65000/tcp`): the refusals that
+    kit appended sat below them and let an outside SYN in. The role, run by ansible-playbook in a network namespace of
+    this test's, puts them right below the cluster's accepts: the outside's SYN is dropped, a second run changes
+    nothing, and a refusal an older kit appended at the end is moved up."""
+    host, outside = f"kit-unit-fw2-h-{os.getpid()}", f"kit-unit-fw2-o-{os.getpid()}"
+    host_ip, outside_ip = "10.251.1.1", "10.251.1.2"
+
+    def sh(*argv, check=True):
+        return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=120)
+
+    def on_host(*argv):
+        return sh("ip", "netns", "exec", host, *argv)
+
+    def rules() -> list[str]:
+        return [line for line in on_host("iptables", "-S", "INPUT").stdout.splitlines() if line.startswith("-A ")]
+
+    def play():
+        book = tmp_path / "fw.yml"
+        book.write_text(FIREWALL_PLAY % (REPO / "ansible/roles/firewall"))
+        r = subprocess.run(["ip", "netns", "exec", host, ansible_playbook(), "-i", "localhost,", "-c", "local",
+                            str(book)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env={**os.environ, "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+                                "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        return re.search(r"changed=(\d+)", r.stdout)[1]
+
+    def connect(port):
+        proc = subprocess.run(["ip", "netns", "exec", outside, sys.executable, "-c", CLIENT, outside_ip, host_ip,
+                               str(port), "try", "0"], capture_output=True, text=True, timeout=30)
+        return proc.stdout.strip()
+    server = None
+    try:
+        sh("ip", "netns", "add", host)
+        sh("ip", "netns", "add", outside)
+        sh("ip", "-n", host, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1", "netns", outside)
+        for ns, dev, ip in ((host, "fw0", host_ip), (outside, "fw1", outside_ip)):
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        port = int(on_host("cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout.split()[0]) + 7
+        on_host("iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
+        on_host("iptables", "-A", "INPUT", "-p", "tcp", "--dport", "30000:65000", "-j", "ACCEPT")   # the site's own
+        server = subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-c", SERVER, host_ip, str(port)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert server.stdout.readline().strip() == "ready"
+        assert connect(port) == "connected"                      # (the site's rule lets anyone in)
+        assert play() != "0"
+        assert connect(port) == "dropped"
+        mine = [i for i, line in enumerate(rules()) if "--comment kit-unitfw" in line]
+        assert mine == list(range(len(mine))) and len(mine) >= 3   # the cluster's rules first, one block
+        assert "-j ACCEPT" in rules()[0] and all("-j DROP" in rules()[i] for i in mine[1:])   # accepts, then refusals
+        assert play() == "0"                                      # a second run changes nothing
+        ephemeral = next(line for line in rules() if "-j DROP" in line and "--dport 12345" not in line)
+        on_host("iptables", "-D", *ephemeral.split()[1:])         # as an older kit left it: at the end
+        on_host("iptables", *ephemeral.split())
+        assert connect(port) == "connected"
+        assert play() != "0" and connect(port) == "dropped"
+        assert [i for i, line in enumerate(rules()) if "--comment kit-unitfw" in line] == mine
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
         for ns in (host, outside):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
