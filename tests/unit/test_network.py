@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -420,6 +421,29 @@ def test_the_probe_measures_only_the_node_that_said_hello_and_at_most_at_the_rat
     fast = survey.probe("127.0.0.1", _far_end("tok", lambda n: f"{n} 0.000001\n".encode(), counted), "", "tok",
                         seconds=0.2)
     assert fast <= counted[0] * 8 / 0.2 / 1e9   # every byte, but in no less time than they took to send
+
+
+def test_a_flood_of_connections_starts_no_thread_beyond_the_cap_and_the_survey_still_answers():
+    """A job's process that opens a few hundred connections to a node's listener: OPEN_MAX are held (each a bounded
+    time), the others closed at once, and no more threads than that start; once they are gone, a check connects."""
+    import socket as sockets
+    listener = survey.Listener("tok")
+    before, most = threading.active_count(), 0
+    held = []
+    try:
+        for _ in range(survey.OPEN_MAX + 100):
+            held.append(sockets.create_connection(("127.0.0.1", listener.port), timeout=5))
+            most = max(most, threading.active_count() - before)
+        assert most <= survey.OPEN_MAX + 1   # (the one being started as another ends)
+        for s in held:
+            s.settimeout(5)
+        said = [s.recv(64) for s in held]
+        assert said.count(b"") >= 20 and said.count(b"KIT tok\n") >= survey.OPEN_MAX   # closed at once, or served
+        for s in held:
+            s.close()
+        assert survey.reach(["n", "h2", "127.0.0.1", listener.port, "tok", ""]) == ""
+    finally:
+        listener.close()
 
 
 def test_the_shipped_script_is_the_three_modules_and_runs_alone(tmp_path):

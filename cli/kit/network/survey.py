@@ -49,6 +49,7 @@ HELLO_MAX = 256 << 10  # the longest hello (one host's reading) the coordinator 
 LINE_MAX = 4 << 20    # the longest other message (the decision: every candidate of every host)
 CHUNK = 1 << 20
 NONCE = re.compile(r"[0-9a-f]{32}")
+OPEN_MAX = 64         # connections handled at once by a listener, and by the coordinator: one more is closed as it comes
 
 
 class SurveyError(Exception):
@@ -108,6 +109,26 @@ def unseal(key: str, nonce: str, message: dict) -> dict:
     return body
 
 
+class Gate:
+    """At most `limit` connections handled at once, each in a thread of its own: one more is closed as it comes (a
+    job's process that opens thousands starts no thread for each)."""
+
+    def __init__(self, limit: int = OPEN_MAX) -> None:
+        self.slots = threading.BoundedSemaphore(limit)
+
+    def start(self, conn: socket.socket, handle, *args) -> None:
+        if not self.slots.acquire(blocking=False):
+            conn.close()
+            return
+
+        def run() -> None:
+            try:
+                handle(conn, *args)
+            finally:
+                self.slots.release()
+        threading.Thread(target=run, daemon=True).start()
+
+
 class Listener:
     """A node's listener for the others' connections: each is answered with the node's token; one that then says
     PROBE streams to it for a bounded time, and is answered with the bytes and seconds counted from its first byte to
@@ -120,7 +141,7 @@ class Listener:
         self.sock.bind(("0.0.0.0", 0))  # every address of the host: each candidate's is checked
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
-        self.done = threading.Event()
+        self.done, self.gate = threading.Event(), Gate()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -131,7 +152,7 @@ class Listener:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+            self.gate.start(conn, self._answer)
         self.sock.close()
 
     def _answer(self, conn: socket.socket) -> None:
@@ -267,6 +288,7 @@ def coordinate(server: socket.socket, nodes: list[tuple[str, str]], expected: in
     hellos = {names[0]: hello(names[0], reading, listener)}
     members: list[Peer] = []
     greeted: queue.Queue = queue.Queue()
+    gate = Gate()
 
     def greeter(conn: socket.socket, until: float) -> None:  # each hello in a thread: a slow one holds up no other
         peer = greet(conn, keys, until)
@@ -284,8 +306,7 @@ def coordinate(server: socket.socket, nodes: list[tuple[str, str]], expected: in
             server.settimeout(0.1)
             try:
                 conn, _ = server.accept()
-                threading.Thread(target=greeter, args=(conn, min(deadline, time.monotonic() + CONNECT_S * 5)),
-                                 daemon=True).start()
+                gate.start(conn, greeter, min(deadline, time.monotonic() + CONNECT_S * 5))
             except socket.timeout:
                 pass
             while not greeted.empty() and len(members) < expected - 1:
