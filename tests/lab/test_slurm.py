@@ -447,6 +447,48 @@ def connects(h, user: str, address: str, port: int) -> str:
     return h.run_in("runuser", "-u", user, "--", "/usr/bin/python3", "-c", CONNECT, address, str(port)).stdout.strip()
 
 
+SQUAT = """import select, socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16); s.settimeout(0.5); print("ready", flush=True)
+n, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end and not select.select([sys.stdin], [], [], 0)[0]:   # (until the test closes its stdin)
+    try:
+        s.accept()[0].close(); n += 1
+    except OSError:
+        pass
+print("accepted", n, flush=True)
+"""
+
+
+def test_another_users_program_on_a_jobs_port_gets_none_of_its_connections_and_is_named(slurm, envs, users, tmp_path):
+    """Another lab user's program listens on the port the next job gets (TF's first worker port), on every node,
+    before the job starts: the job's workers cannot serve there and connect to it, and kit's Prolog keeps their
+    connections from it (the program accepted none); each node's task names the port and whose it is."""
+    folder = user_project(slurm, tmp_path / "project", users[0], envs["tf"])
+    flags, script, args, _ = LAUNCHES["tf"]
+    shutil.copy(script, folder / script.name)
+    dummy = slurm.run("sbatch --parsable --hold --wrap true").stdout.strip()   # the ids Slurm gives are in order
+    slurm.run(f"scancel {dummy}")
+    slurm_id = int(dummy) + 1
+    port = sbatch.JOB_PORT_BASE + slurm_id % sbatch.JOB_PORT_BLOCKS * sbatch.JOB_PORT_BLOCK
+    other = int(slurm.primary.run_in("id", "-u", users[1]).stdout)
+    squatters = [subprocess.Popen([*h.nsenter, "runuser", "-u", users[1], "--", "/usr/bin/python3", "-c", SQUAT,
+                                   str(port), "240"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for h in slurm.hosts]
+    try:
+        assert [p.stdout.readline().strip() for p in squatters] == ["ready"] * 3
+        r = kit_as(slurm, folder, "run", "--on", "slurm", "--nodes", "3", *flags, script.name, *args, timeout=400)
+        said = r.stdout + r.stderr
+        assert re.search(rf"^kit: job \S+ is Slurm job {slurm_id} ", r.stdout, re.M), said[-3000:]
+        assert r.returncode != 0, said[-3000:]
+        named = re.findall(rf"kit: port {port} of this job on (\S+) is held by uid {other}, another user's program",
+                           said)
+        assert set(named) == set(slurm.nodes.values()), said[-4000:]
+    finally:   # (their stdin closed: each says how many it accepted, and ends)
+        accepted = [p.communicate(timeout=30)[0].split()[-2:] for p in squatters]
+    assert accepted == [["accepted", "0"]] * 3, accepted
+
+
 PLANTED = "kit-ExitCode=0:0-JobState=COMPLETED-WorkDir=/elsewhere"  # the fields kit reads, in a name a job gives itself
 
 

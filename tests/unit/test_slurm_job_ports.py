@@ -64,9 +64,10 @@ def test_the_scripts_know_every_address_of_each_node_and_pass_shellcheck(tmp_pat
         assert r.returncode == 0, r.stdout
 
 
-SERVER = """import socket, sys, time
+SERVER = """import os, socket, sys, time
+os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))   # a socket is its maker's: the job user's, or another's
 held = []
-for port in sys.argv[1:]:
+for port in sys.argv[2:]:
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(port)))
     s.listen(64); held.append(s)
 print("ready", flush=True)
@@ -115,7 +116,7 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
     def raw_rules(node):
         return sh("ip", "netns", "exec", ns[node], "iptables", "-t", "raw", "-S").stdout
 
-    server = None
+    server, servers = None, []
     try:
         for name in ns.values():
             sh("ip", "netns", "add", name)
@@ -127,9 +128,13 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
             sh("ip", "-n", ns[node], "addr", "add", f"{address[node]}/24", "dev", "eth0")
             sh("ip", "-n", ns[node], "link", "set", "eth0", "up")
             sh("ip", "-n", ns[node], "link", "set", "lo", "up")
-        server = subprocess.Popen(["ip", "netns", "exec", ns["gpu-1"], sys.executable, "-c", SERVER, str(first),
-                                   str(first + 15), str(first + 16)], stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(["ip", "netns", "exec", ns["gpu-1"], sys.executable, "-c", SERVER, str(OWNER),
+                                   str(first), str(first + 15), str(first + 16)], stdout=subprocess.PIPE, text=True)
         assert server.stdout.readline().strip() == "ready"
+        squatter = subprocess.Popen(["ip", "netns", "exec", ns["gpu-1"], sys.executable, "-c", SERVER, str(OTHER),
+                                     str(first + 1)], stdout=subprocess.PIPE, text=True)   # another user's, first
+        servers.append(squatter)
+        assert squatter.stdout.readline().strip() == "ready"
         assert connect("cpu-3", OTHER, "gpu-1") == "connected"  # before the job: the ports are open to the cluster
         for node in ("gpu-1", "gpu-2"):
             for _ in range(2):  # a second run (slurmd's, for a requeued job) leaves the same rules
@@ -145,6 +150,10 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
         assert connect("gpu-1", OTHER, "gpu-1") == "dropped"    # another user on the job's own node
         assert connect("gpu-1", OWNER, "gpu-1") == "connected"
         assert connect("gpu-1", 0, "gpu-1") == "dropped"        # root too: a kit cluster's job runs as root here
+        # another user's program bound a port of the job's first: the job's own connections never reach it
+        assert connect("gpu-2", OWNER, "gpu-1", first + 1) == "dropped"
+        assert connect("gpu-1", OWNER, "gpu-1", first + 1) == "dropped"
+        assert connect("cpu-3", OTHER, "gpu-1", first + 1) == "dropped"
         # gpu-2's Prolog knows none of the job's nodes: its other users still reach no port of the job's, anywhere
         r = slurmd_runs("gpu-2", prolog, nodelist="gpu-9")
         assert "node gpu-9 is not in kit's list of nodes" in r.stderr, r.stderr
@@ -167,10 +176,12 @@ def test_a_jobs_ports_take_no_connection_but_its_users_from_its_nodes(tmp_path):
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert "kit-job" not in raw_rules("gpu-1")
         assert connect("cpu-3", OTHER, "gpu-1") == "connected"  # the job has ended: its ports are free again
+        assert connect("cpu-3", OTHER, "gpu-1", first + 1) == "connected"
         assert "kit-job-5-" in raw_rules("gpu-2")  # until gpu-2's own Epilog
     finally:
-        if server:
-            server.kill()
-            server.wait()
+        for proc in [server, *servers]:
+            if proc:
+                proc.kill()
+                proc.wait()
         for name in ns.values():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)

@@ -820,3 +820,27 @@ def test_a_jobs_output_is_read_look_by_look_as_a_regular_file_within_bounds(tmp_
     out.unlink()
     out.symlink_to("/dev/zero")
     assert slurmjobs.read_rest(LocalRunner("localhost"), record, 0, seen.append)[1] == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="listens as another uid: root only")
+def test_the_task_names_a_port_of_the_jobs_that_another_users_program_listens_on(capsys):
+    """Another user's program bound one of the job's ports before the job: the task says which, on which node, and
+    whose, before its ranks try it; a port the job's own user listens on is not named."""
+    listen = ("import os, socket, sys, time\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
+              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); print(s.getsockname()[1], flush=True)\n"
+              "time.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", listen, str(uid)], stdout=subprocess.PIPE, text=True)
+             for uid in (4243, os.getuid())]
+    try:
+        theirs, mine = (int(p.stdout.readline()) for p in procs)
+        assert slurmtask.squatted(theirs, 1, os.getuid()) == [(theirs, 4243)]
+        assert slurmtask.squatted(mine, 1, os.getuid()) == []
+        slurmtask.say_squatted({"KIT_PORT": str(theirs), "KIT_PORT_BLOCK": "1"}, "gpu-2")
+        assert capsys.readouterr().err == (f"kit: port {theirs} of this job on gpu-2 is held by uid 4243, another "
+                                           "user's program: kit's Prolog keeps the job's connections from it, so what "
+                                           "the job serves there cannot start; end that program, or submit the job "
+                                           "again (it gets other ports)\n")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -13,7 +13,7 @@ nodes: Slurm starts every task, and each derives its part from what Slurm says a
     kit_task.py tf SCRIPT ARGS         one worker a task: TF_CONFIG from the job's nodes
 
 The batch script gives every task KIT_NODES (`name=address` of each node of the job, in Slurm's order), KIT_PORT
-(from the job id: two jobs on one node never share it) and KIT_NET_KEY (the file of the job's key for its network
+and KIT_PORT_BLOCK (the job's ports, from the job id: two jobs on one node never share them) and KIT_NET_KEY (the file of the job's key for its network
 survey, mode 0600); KIT_SUBNET, where kit.yaml names one, picks the ranks' network.
 """
 
@@ -229,6 +229,36 @@ def training_network(env, nodes):
     return mine.iface, mine.address, [decision.members[name].address for name, _ in nodes], said, ",".join(mine.rdma)
 
 
+def squatted(first, count, me, tables=("/proc/net/tcp", "/proc/net/tcp6")):
+    """[(port, uid)] of the job's ports (first, count of them) that a socket of another user than `me` listens on,
+    on this node (kit's Prolog keeps the job's connections from them: the job cannot use that port)."""
+    found = set()
+    for table in tables:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cells = row.split()
+            if len(cells) < 8 or cells[3] != "0A":  # LISTEN
+                continue
+            port, uid = int(cells[1].rpartition(":")[2], 16), int(cells[7])
+            if first <= port < first + count and uid != me:
+                found.add((port, uid))
+    return sorted(found)
+
+
+def say_squatted(env, node):
+    """A line for each port of the job's that another user's program holds here, before the ranks try it."""
+    if not env.get("KIT_PORT", "").isdigit():
+        return
+    for port, uid in squatted(int(env["KIT_PORT"]), int(env.get("KIT_PORT_BLOCK") or 1), os.getuid()):
+        print("kit: port %d of this job on %s is held by uid %d, another user's program: kit's Prolog keeps the "
+              "job's connections from it, so what the job serves there cannot start; end that program, or submit "
+              "the job again (it gets other ports)" % (port, node, uid), file=sys.stderr, flush=True)
+
+
 def ignore_job_signals():
     """Slurm's warning before the time limit (sbatch --signal=USR1@120) reaches every process of the job, and comes as
     the job starts where the limit is short: ignored from the task's start (an ignored signal stays so across fork and
@@ -246,6 +276,7 @@ def main(argv, env):
     if mode == "rendezvous":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         return rendezvous(env, nodes)
+    say_squatted(env, env.get("SLURMD_NODENAME") or socket.gethostname())
     nic, address, addresses, said, hca = training_network(env, nodes)
     for line in said.splitlines():
         print("kit: " + line, flush=True)
