@@ -96,8 +96,8 @@ def job_left(lab) -> dict[str, list[int]]:
     return {h.name: pids for h in lab.hosts if (pids := h.processes("kit-hostile-daemon|outlive\\.py"))}
 
 
-def start(project, lab, mode: str, *options: str, args: tuple[str, ...] = ()) -> str:
-    r = kit(project, lab, "run", "-d", *options, HOSTILE, "--np", "3", "--", JOBS_DIR, mode, *args, timeout=300)
+def start(project, lab, mode: str, *options: str, args: tuple[str, ...] = (), np: int = 3) -> str:
+    r = kit(project, lab, "run", "-d", *options, HOSTILE, "--np", str(np), "--", JOBS_DIR, mode, *args, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return re.search(r"job (\S+) started \(detached\)", r.stdout)[1]
 
@@ -220,6 +220,52 @@ def test_what_a_job_started_over_ssh_on_the_next_host_ends_with_it(project, lab,
     wait_for("the loop on every host, started over SSH", lambda: chained() == {h.name for h in lab.hosts}, timeout=60)
     wait_for("the job's end", lambda: record(project, lab, job)["state"] == "succeeded", timeout=120)
     wait_for("nothing of the job left", lambda: not job_left(lab), timeout=10)
+
+
+def loops(lab) -> int:
+    """The copying loops that live now, on every host."""
+    def is_loop(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sh\0-c\0while")
+        except OSError:
+            return False
+    return sum(1 for pids in daemons(lab).values() for pid in pids if is_loop(pid))
+
+
+def nothing_reads_the_next_jobs_variables(project, lab) -> None:
+    secret = f"kit-test-{secrets.token_hex(8)}"
+    later = start(project, lab, "sleep", "-e", f"HOSTILE_TEST_SECRET={secret}")
+    wait_for("the later job's end", lambda: record(project, lab, later)["state"] == "succeeded", timeout=120)
+    for h in lab.hosts:
+        assert secret not in in_container(h, "cat", "/tmp/kit-stolen").stdout, h.name
+
+
+def test_a_chain_through_a_host_the_job_does_not_run_on_ends_with_the_job(project, lab, cluster):
+    """A job on two hosts (-H) whose rank goes over SSH into the third host and from there back into the first: its
+    end sweeps every host of the cluster, not only the job's, until nothing is left (the loop on the first host lives
+    as long as the third host's client does); a later job's variables are read by nothing."""
+    assert not job_left(lab)
+    h1, h2, h3 = lab.hosts
+    job = start(project, lab, "hops", "-H", f"{h1.address},{h2.address}", np=2,
+                args=(f"{h3.address},{h1.address}", "15"))
+    wait_for("the chain's two loops (on the third host, then back on the first)", lambda: loops(lab) == 2, timeout=60)
+    assert {h.name for h in lab.hosts if h.processes("kit-hostile-daemon")} >= {h1.name, h3.name}
+    wait_for("the job's end", lambda: record(project, lab, job)["state"] == "succeeded", timeout=120)
+    wait_for("nothing of the job left on any host", lambda: not job_left(lab), timeout=10)
+    nothing_reads_the_next_jobs_variables(project, lab)
+
+
+def test_a_chain_of_six_hops_between_two_hosts_ends_with_kit_stop(project, lab, cluster):
+    """Six hops back and forth between the second host and the first (each hop's loop and client live as long as the
+    hop before it): more than the four sweeps kit made once. `kit stop` sweeps every host until a round stops nothing,
+    bounded by time: nothing of the job is left, and a later job's variables are read by nothing."""
+    assert not job_left(lab)
+    h1, h2, _ = lab.hosts
+    job = start(project, lab, "hops", args=(",".join([h2.address, h1.address] * 3), "120"))
+    wait_for("the chain's six loops", lambda: loops(lab) == 6, timeout=90)
+    stop(project, lab, job)
+    wait_for("nothing of the job left on any host", lambda: not job_left(lab), timeout=10)
+    nothing_reads_the_next_jobs_variables(project, lab)
 
 
 def test_run_kit_is_a_tmpfs_in_every_container(lab, cluster):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kit.backends.cluster import control as jobcontrol
+from kit.errors import KitError
 from kit.backends.cluster import run as jobs
 from kit.jobs.commands.horovod import rank_command
 from kit.jobs.commands.launchers import tf_config
@@ -467,6 +468,32 @@ def test_a_job_that_cannot_be_copied_to_every_host_does_not_start(tmp_path, dock
     assert not list((tmp_path / "ws").glob("out-*.txt"))
 
 
+def test_no_job_starts_where_an_earlier_jobs_end_did_not_settle_until_a_sweep_finds_nothing(tmp_path, docker_shim):
+    """A host marked by a sweep that did not settle (launch.UNSETTLED/<job>): the next job does not start, and says
+    which job and what was still being stopped, with the fix; a sweep of that job that stops nothing takes the mark
+    away, and the job starts."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "write.py").write_text(WRITER)
+    job, nodes = local_job(tmp_path, ["write.py"] * 3)
+    earlier = "20261203-120000-dead"
+    mark = Path(launch.UNSETTLED) / earlier
+    subprocess.run(["sh", "-c", launch.unsettled_mark(earlier, "4242:sh 4243:ssh")], check=True)
+    try:
+        assert mark.read_text() == f"{earlier} 4242:sh 4243:ssh\n"
+        with pytest.raises(KitError) as e:
+            jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+        said = f"{e.value.message} {e.value.output_tail}"
+        assert f"the end of job {earlier} did not settle here (still stopping: {earlier} 4242:sh 4243:ssh)" in said
+        assert f"`kit stop {earlier}` finds nothing of it" in said and not Path(job.folder).exists()
+        swept = jobcontrol.sweep(nodes, earlier, strict=True)
+        assert swept.killed == {} and swept.unsettled == {} and not mark.exists()
+        synced, starting = jobs.copy_and_start(job, nodes, src, lambda s: ("x",), follow=True)
+        assert jobs.follow_to_end(nodes, job.id, job.ranks_hosts(), lambda *line: None, starting).exit_code == 0
+    finally:
+        mark.unlink(missing_ok=True)
+
+
 def test_a_file_name_the_job_left_in_the_workspace_cannot_answer_kit_for_the_starter(tmp_path, docker_shim):
     """A job leaves a file whose name holds a line of the starter's own (`@@kit-copied failed: ...`): the starter's
     listing of the workspace escapes the name as sha256sum does (one line), so the next job is copied and started as
@@ -619,10 +646,12 @@ class Answers:
 
     def __init__(self, host: str, code: int, stdout: str = "", stderr: str = "", later: tuple[int, ...] = ()) -> None:
         self.host, self.answer, self.later, self.rounds = host, (code, stdout, stderr), list(later), 0
+        self.commands: list[str] = []
 
     def run(self, command: str, timeout: float | None = None, **kw):
         from kit.runners.base import Result
         self.rounds += 1
+        self.commands.append(command)
         if self.rounds > 1 and self.later:
             return Result(self.host, command, 0, f"{self.later[min(self.rounds - 2, len(self.later) - 1)]}\n", "")
         return Result(self.host, command, *self.answer)
@@ -648,10 +677,11 @@ def test_a_reap_that_failed_on_a_host_names_it_and_is_never_a_count_of_none():
     assert jobcontrol.reap(nodes(), "j1") == {"a": 2}  # the end of a job whose supervisor did not end it: what it can
 
 
-def test_a_reap_goes_round_again_while_a_round_stopped_something_and_within_a_bound():
+def test_a_sweep_goes_round_again_while_a_round_stopped_something_for_a_bounded_time_and_names_what_did_not_settle():
     """A process a job started on host b over SSH from a process on host a is that sshd's connection's child until
-    the client on a is stopped, and only then adopted on b: b's first round may come too soon. So the reap goes
-    round every host again while a round stopped something, a bounded number of times."""
+    the client on a is stopped, and only then adopted on b: b's first round may come too soon. So the sweep goes
+    round every host again while a round stopped something, for a bounded time (not a count of rounds, which a
+    longer chain outlasted); a host that still had something to stop at the bound is named with what, and marked."""
     from kit.config.hosts import Host
     from kit.cluster.place import Place
     from kit.cluster.steps.node import Node
@@ -659,5 +689,9 @@ def test_a_reap_goes_round_again_while_a_round_stopped_something_and_within_a_bo
     client, chained = Answers("a", 0, "1\n", later=(0,)), Answers("b", 0, "0\n", later=(1, 0))
     assert jobcontrol.reap([Node(Host("a"), client, place), Node(Host("b"), chained, place)], "j1") == {"a": 1, "b": 1}
     assert client.rounds == chained.rounds == 3  # the chain's client; its process, adopted; nothing: the end
-    endless = Answers("a", 0, "1\n", later=(1,))  # (a host that always has something to stop: bounded all the same)
-    assert jobcontrol.reap([Node(Host("a"), endless, place)], "j1") == {"a": jobcontrol.REAP_ROUNDS}
+    endless = Answers("a", 0, "1\nkilled: 77:sh\n", later=("1\nkilled: 77:sh",))  # (always something to stop)
+    started = time.monotonic()
+    swept = jobcontrol.sweep([Node(Host("a"), endless, place)], "j1", bound=1.0)
+    assert 1.0 <= time.monotonic() - started < 5 and endless.rounds > 3
+    assert swept.unsettled == {"a": "77:sh"} and swept.killed == {"a": endless.rounds - 1}   # (the last: the mark)
+    assert launch.UNSETTLED in endless.commands[-1] and "'j1 77:sh'" in endless.commands[-1]

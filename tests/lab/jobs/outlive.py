@@ -17,9 +17,15 @@
                               is its own), starts the copying loop on the next host over the cluster's SSH, from an
                               ssh client it detaches (`env -i`, setsid, a double fork): that loop is the child of the
                               next host's sshd connection until the client is gone; then they sleep a while, and end
+  outlive.py JOBS_DIR hops ADDRESSES SECONDS
+                              rank 0 starts a chain of SSH hops through ADDRESSES in turn (comma-separated cluster
+                              addresses; a host may come again), from an ssh client it detaches: on each host the copying
+                              loop, and the next hop's client, each the child of that host's sshd connection from the
+                              hop before; every rank then sleeps SECONDS, and ends
 """
 
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -77,6 +83,15 @@ def chain(addresses: list[str]) -> None:
               f"sh -c '{STEAL}' kit-hostile-daemon"], quiet=True)
 
 
+def hops(addresses: list[str]) -> None:
+    def command(rest: list[str]) -> str:  # what the sshd of a hop runs: its loop, then the next hop's client
+        loop = f"sh -c {shlex.quote(STEAL)} kit-hostile-daemon"
+        if not rest:
+            return loop
+        return f"{loop} & exec ssh -o BatchMode=yes {rest[0]} {shlex.quote(command(rest[1:]))}"
+    detached([shutil.which("ssh"), "ssh", "-o", "BatchMode=yes", addresses[0], command(addresses[1:])], quiet=True)
+
+
 def replace(name: str, make) -> None:
     path = os.path.join(folder, name)
     for _ in range(300):  # (the supervisor writes `pid` as it starts the launcher)
@@ -94,6 +109,12 @@ if mode == "chain":
     chain(sys.argv[3].split(","))
     print("planted", flush=True)
     time.sleep(20)
+    sys.exit(0)
+if mode == "hops":
+    if os.environ.get("HOROVOD_RANK", "0") == "0":
+        hops(sys.argv[3].split(","))
+    print("planted", flush=True)
+    time.sleep(float(sys.argv[4]))
     sys.exit(0)
 if mode == "forge":
     daemon()

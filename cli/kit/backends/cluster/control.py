@@ -16,9 +16,9 @@ from kit.cluster.fanout import fan_out
 from kit.cluster.steps import workspace
 from kit.cluster.steps.node import Node
 from kit.backends.cluster.supervisor import heartbeats
-from kit.backends.cluster.supervisor.launch import (AFTER, ENDING, RANKS_MARK, REAP_ROUNDS, REAP_SETTLE_S, STOP_WAIT_S,
+from kit.backends.cluster.supervisor.launch import (AFTER, ENDING, RANKS_MARK, REAP_FOR_S, REAP_SETTLE_S, STOP_WAIT_S,
                                                     SUPERVISOR_APART)
-from kit.backends.cluster.supervisor.launch import reap_script
+from kit.backends.cluster.supervisor.launch import parse_end, parse_killed, reap_script, unsettled_mark
 
 
 END_MARK = "@@kit-job-end"
@@ -46,6 +46,17 @@ def parse_reaped(text: str) -> dict[str, int]:
         host, _, count = line.rpartition(" ")
         if host and count.isascii() and count.isdigit():
             found[host[:200]] = int(count)
+    return found
+
+
+def parse_unsettled(text: str, hosts: set[str]) -> dict[str, str]:
+    """host -> what its sweep was still stopping, from the supervisor's `unsettled` file (a rank could write it: only
+    the cluster's hosts, and what parse_killed lets through)."""
+    found = {}
+    for line in text.splitlines():
+        host, _, killed = line.partition(" ")
+        if host in hosts:
+            found[host] = parse_killed("0\nkilled:" + killed)
     return found
 
 
@@ -213,29 +224,47 @@ def reap_command(container: str, job_id: str) -> str:
     return command(["docker", "exec", container, "sh", "-c", reap_script(job_id)])
 
 
-def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]:
-    """Kill what is left of the job on every host at once, again while a round killed something (at most
-    REAP_ROUNDS: a process the job started on one host through an SSH connection from another's is adopted, so
-    stopped, once that client is gone, which may be after the first host's round): host -> how many processes. A
-    host whose container no longer runs (or is gone) has nothing left; with strict, a host where the reap itself
-    failed is an error naming it (HostsFailed), never a count of none."""
-    def one(n: Node) -> int:
+@dataclass
+class Swept:
+    killed: dict[str, int] = field(default_factory=dict)     # host -> processes of the job stopped
+    unsettled: dict[str, str] = field(default_factory=dict)  # host -> what its last round still stopped (PID:NAME ...)
+
+
+def sweep(nodes: list[Node], job_id: str, strict: bool = False, bound: float = REAP_FOR_S) -> Swept:
+    """Kill what is left of the job on every host at once, again while a round killed something, for at most
+    `bound` seconds (a process the job started on one host through an SSH connection from another's is adopted, so
+    stopped, once that client is gone: a hop of a chain a round). A host whose last round still killed something did
+    not settle: named with what it killed, and marked so that no job starts there (launch.UNSETTLED; a later sweep that
+    kills nothing there takes the mark away). A host whose container no longer runs (or is gone) has nothing left;
+    with strict, a host where the reap itself failed is an error naming it (HostsFailed), never a count of none."""
+    def one(n: Node) -> tuple[int, str]:
         r = n.runner.run(reap_command(n.place.container, job_id), timeout=60)
         if r.ok:
-            return int(r.stdout.strip() or 0)
+            return parse_end(r.stdout)[0] or 0, parse_killed(r.stdout)
         if strict and not any(gone in r.stderr for gone in ("is not running", "No such container")):
             r.check(f"cannot end what is left of job {job_id} in {n.place.container}")
-        return 0
-    total = dict.fromkeys((n.name for n in nodes), 0)
-    for n in range(REAP_ROUNDS):
-        if n:
-            time.sleep(REAP_SETTLE_S)  # (a connection whose client is gone: its sshd's process sees the end)
-        counts = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
-        for node, c in zip(nodes, counts):
-            total[node.name] += c
-        if not any(counts):
+        return 0, ""
+    done = Swept(dict.fromkeys((n.name for n in nodes), 0))
+    deadline, last = time.monotonic() + bound, []
+    while True:
+        last = fan_out("stopping what is left of the job", nodes, one, lambda n: n.name)
+        for node, (c, _) in zip(nodes, last):
+            done.killed[node.name] += c
+        if not any(c for c, _ in last) or time.monotonic() >= deadline:
             break
-    return {name: c for name, c in total.items() if c}
+        time.sleep(REAP_SETTLE_S)  # (a connection whose client is gone: its sshd's process sees the end)
+    for node, (c, killed) in zip(nodes, last):
+        if c:
+            done.unsettled[node.name] = killed or "?"
+            node.runner.run(command(exec_argv(node.place.container, ["sh", "-c", unsettled_mark(job_id, killed)])),
+                            timeout=60)
+    done.killed = {name: c for name, c in done.killed.items() if c}
+    return done
+
+
+def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]:
+    """host -> processes of the job sweep() stopped there."""
+    return sweep(nodes, job_id, strict).killed
 
 
 def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
@@ -262,6 +291,7 @@ def beats(nodes: list[Node], job_id: str, ranks: tuple[str, ...]) -> list[heartb
 class Stopped:
     ended_by_itself: bool                 # the launcher ended on SIGINT within the bound
     killed: dict[str, int]                # host -> processes kit had to kill
+    unsettled: dict[str, str] = field(default_factory=dict)  # host -> what its sweep was still stopping at its bound
 
 
 def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
@@ -275,7 +305,8 @@ def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
                                          f"end=$(($(date +%s) + {int(wait)})); while [ $(date +%s) -lt $end ]; do "
                                          f"launcher_of {job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
     ended = primary.runner.run(gone, timeout=wait + 60).ok
-    return Stopped(ended, reap(nodes, job_id, strict=True))
+    swept = sweep(nodes, job_id, strict=True)
+    return Stopped(ended, swept.killed, swept.unsettled)
 
 
 class Interrupted(KitError):

@@ -60,7 +60,7 @@ for name in list(dict.fromkeys(first + names))[:@RECORDS_MAX@]:
     if os.path.islink(folder) or not os.path.isdir(folder):
         continue
     record = {f: read(folder, f) for f in ("launcher", "ranks", "started", "ended", "exit", "environment", "restarts",
-                                           "left_out", "hang", "straggler", "phase")}
+                                           "left_out", "hang", "straggler", "phase", "unsettled")}
     record.update(id=name, stopped=read(folder, "stopped") is not None, planned=read(folder, "plan.json") is not None,
                   alive=name in live)
     line = json.dumps(record)
@@ -94,6 +94,7 @@ class Record:
     restarting: bool = False  # between two launches
     planned: bool = False    # kit wrote its plan (the supervisor may not have started yet)
     straggler: str = ""      # the hosts whose ranks held the others back, a line each (kit.jobs.pace)
+    unsettled: str = ""      # the hosts whose sweep at its end did not settle, a line each (`host PID:NAME ...`)
 
     @classmethod
     def parse(cls, line: str) -> "Record":
@@ -102,7 +103,7 @@ class Record:
                    _int(raw.get("started")), _int(raw.get("ended")), _int(raw.get("exit")), bool(raw.get("stopped")),
                    bool(raw.get("alive")), raw.get("environment") or "", _int(raw.get("restarts")) or 0,
                    tuple((raw.get("left_out") or "").split()), raw.get("hang") or "", raw.get("phase") == "restarting",
-                   bool(raw.get("planned")), raw.get("straggler") or "")
+                   bool(raw.get("planned")), raw.get("straggler") or "", raw.get("unsettled") or "")
 
     @property
     def state(self) -> str:

@@ -26,7 +26,7 @@ from kit.errors import HostsFailed, KitError
 from kit.jobs.model import Policy, new_job_id, parse_duration  # noqa: F401 (used through this module too)
 from kit.cluster.fanout import fan_out
 from kit.backends.cluster.control import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks,
-                                          parse_after, parse_ending, parse_reaped, reap, stop)
+                                          parse_after, parse_ending, parse_reaped, parse_unsettled, reap, stop, sweep)
 from kit.backends.cluster.records import _int
 from kit.network import measure
 from kit.network.choose import Member
@@ -77,7 +77,8 @@ class Job:
                     hang_timeout=self.policy.hang_timeout, pace_window=self.policy.straggler_window,
                     env=bool(self.env), here=self.state.primary.address,
                     primary="" if self.state.primary.address in addresses else self.state.primary.name,
-                    spread=not self.state.workspace_shared and len(addresses | {self.state.primary.address}) > 1)
+                    spread=not self.state.workspace_shared and len(addresses | {self.state.primary.address}) > 1,
+                    cluster=[Slot(h.name, h.address, h.slots or 0) for h in self.state.hosts])
 
     def start_command(self) -> str:
         """supervisor.start in the primary's container: kit's one conversation that starts the job (see there)."""
@@ -155,6 +156,8 @@ class Outcome:
     hang: str = ""                                           # what the hang watch found, if it stopped the job
     left_out: list[str] = field(default_factory=list)        # hosts a restart went on without
     after: dict[str, dict[str, str]] | None = None           # copy storage: host -> its workspace at the end
+    unsettled: dict[str, str] = field(default_factory=dict)  # host -> what its sweep was still stopping (no job starts
+                                                             # there until a sweep stops nothing)
 
 
 @dataclass
@@ -349,9 +352,11 @@ def follow_to_end(nodes: list[Node], job_id: str, ranks: list[str],
     left_out = set(end.get("left_out", "").split()) & names  # a restart went on without them: they did not answer
     if "reaped" in end:
         leftovers = {h: n for h, n in parse_reaped(end["reaped"]).items() if h in names}
+        unsettled = parse_unsettled(end.get("unsettled", ""), names)
     else:  # no supervisor ended it (its container went, or it failed): kit stops what is left
-        leftovers = reap([n for n in nodes if n.name not in left_out], job_id)
+        swept = sweep([n for n in nodes if n.name not in left_out], job_id)
+        leftovers, unsettled = swept.killed, swept.unsettled
     return Outcome(ended.code, failures.first(), leftovers,
                    [a for a in end.get("env_kept", "").split() if a in addresses], ranks,
                    _int(end.get("restarts")) or 0, end.get("hang", ""), sorted(left_out),
-                   parse_after(end[AFTER]) if AFTER in end else None)
+                   parse_after(end[AFTER]) if AFTER in end else None, unsettled)

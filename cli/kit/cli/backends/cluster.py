@@ -132,14 +132,21 @@ class Cluster:
     def stop(self, ref: str, where: Where) -> str:
         with the_job(ref, where) as (state, nodes, record):
             job = record.id
-            if record.state not in jobrecords.ACTIVE:
+            if record.state not in jobrecords.ACTIVE and not record.unsettled:
                 return f"job {job} is not running ({record.state}); nothing to stop"
+            if record.state not in jobrecords.ACTIVE:  # its end did not settle: swept again, every host
+                swept = jobcontrol.sweep(nodes, job, strict=True)
+                return _unsettled(job, swept.unsettled) or (
+                    f"[green]✓[/] nothing of job {job} is left on any host"
+                    + (f" (stopped {', '.join(f'{c} on {h}' for h, c in swept.killed.items())})" if swept.killed else "")
+                    + ": jobs start there again")
             done = jobcontrol.stop(nodes, record.id)
         killed = ", ".join(f"{c} on {h}" for h, c in done.killed.items())
         how = "its launcher stopped its ranks" if done.ended_by_itself else \
             f"its launcher did not end within {jobcontrol.STOP_WAIT_S} s"
-        return (f"[green]✓[/] job {job} stopped on every host: {how}; "
-                + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
+        return _unsettled(job, done.unsettled) or (
+            f"[green]✓[/] job {job} stopped on every host: {how}; "
+            + (f"processes kit had to kill: {killed}" if killed else "nothing was left to kill"))
 
     def rows(self, where: Where) -> list[dict]:
         """The cluster's jobs, as their folders on the primary record them (none where no cluster is recorded)."""
@@ -322,6 +329,15 @@ def job_line(job_id: str, script: list[str], ranks: list[str], copied: int, fold
             f"({on}); copied {copied} changed files of {folder}")
 
 
+def _unsettled(job: str, unsettled: dict[str, str]) -> str:
+    """kit stop's line where a host's sweep did not settle (`host -> PID:NAME ...`), "" where every host did."""
+    if not unsettled:
+        return ""
+    where = "; ".join(f"{escape(h)} (still stopping {escape(k)})" for h, k in unsettled.items())
+    return (f"[yellow]note[/] what is left of job {job} did not settle in {jobcontrol.REAP_FOR_S:.0f} s on {where}: "
+            f"no job starts there until `kit stop {job}` finds nothing of it (or `kit down`, then `kit up`)")
+
+
 def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterState, out: Console = console) -> None:
     """How a followed job ended; raises unless it succeeded, with the job's own exit code where it has one."""
     if outcome.env_kept:
@@ -331,6 +347,8 @@ def report(outcome: jobs.Outcome, job_id: str, launcher: str, state: st.ClusterS
     if outcome.leftovers:
         out.print("stopped what was left of the job: " +
                       ", ".join(f"{c} processes on {h}" for h, c in outcome.leftovers.items()))
+    if outcome.unsettled:
+        out.print(_unsettled(job_id, outcome.unsettled))
     restarted = f" after {outcome.restarts} restart{'s' if outcome.restarts > 1 else ''}" if outcome.restarts else ""
     if outcome.left_out:
         out.print(f"left out by a restart (no answer): {', '.join(outcome.left_out)}")

@@ -11,7 +11,7 @@ import re
 import shlex
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 # The job's own variables (`kit run -e`), one JSON object a job, written by kit into every host's container before
@@ -42,14 +42,20 @@ SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
 RIDE = (*CONNECTION, "-o", "ControlMaster=no")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
-# A job's end reaps every host again while the last round stopped something on another (an SSH chain between hosts:
-# its process on one host outlives the round there until its client on another host is stopped); a short pause first
-REAP_ROUNDS, REAP_SETTLE_S = 4, 0.3
+# A job's end (and `kit stop`) sweeps every host of the cluster again while the last round stopped something on one
+# (an SSH chain between hosts: its process on one host outlives the round there until its client on another host is
+# stopped, a hop a round), a short pause before each, for at most REAP_FOR_S: bounded by time, not by a count of rounds
+# that a longer chain outlasts. A host where the last round still stopped something did not settle: kit names it and
+# what it stopped there, and marks it (UNSETTLED/<job> in its container), and no job starts there until a sweep of that
+# job that stops nothing (`kit stop JOB`) takes the mark away.
+REAP_FOR_S, REAP_SETTLE_S = 30.0, 0.3
+UNSETTLED = "/run/kit/unsettled"
 # What the supervisor records of a job's end, which kit's follower prints after its END_MARK (each file after a line
 # `@@NAME`): env_kept: the addresses of the hosts whose container may still hold the job's variables
 # (supervise.tidy_env); restarts: how often it was started again; left_out: the hosts a restart went on without;
-# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end.
-ENDING = ("env_kept", "restarts", "left_out", "hang", "straggler", "reaped")
+# hang: what the hang watch found; reaped: "host count" of the processes of the job it had to stop at the end;
+# unsettled: "host what" of each host whose sweep did not settle (REAP_FOR_S).
+ENDING = ("env_kept", "restarts", "left_out", "hang", "straggler", "reaped", "unsettled")
 AFTER = "after.json"  # copy storage: each host's workspace at the end, host -> manifest (Supervisor.finish)
 
 
@@ -157,10 +163,11 @@ def fanout_script(workspace: str, nodes: list[NodeCommand]) -> str:
 
 
 def reap_script(job_id: str) -> str:
-    """Kill every process of the job; print how many. The job's processes carry KIT_JOB=<id>; their descendants
-    belong to it too, whatever their environment (a rank may start children with `env -i`)."""
+    """Kill every process of the job; print how many, then `killed:` and `PID:NAME` of each. The job's processes
+    carry KIT_JOB=<id>; their descendants belong to it too, whatever their environment (a rank may start children with
+    `env -i`). Where it kills nothing, the host is no longer unsettled by the job (UNSETTLED's mark goes)."""
     return (
-        f"job=KIT_JOB={job_id}; n=0; killed=' '; for round in 1 2 3; do was=$n; pids=' '; "
+        f"job=KIT_JOB={job_id}; n=0; killed=' '; names=''; for round in 1 2 3; do was=$n; pids=' '; "
         "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -qx \"$job\" && pids=\"$pids${p#/proc/} \"; done; "
         f"{ORPHANS.format(job=shlex.quote(job_id))}"
         # descendants, generation by generation (bounded: each round adds a process, or ends)
@@ -170,8 +177,26 @@ def reap_script(job_id: str) -> str:
         "[ -z \"$more\" ] && break; pids=\"$pids$more\"; done; "
         # again while a round killed something: a process that forked as it was found leaves an orphan
         "for pid in $pids; do case \"$killed\" in *\" $pid \"*) continue;; esac; "
-        "kill -9 $pid 2>/dev/null && n=$((n+1)) && killed=\"$killed$pid \"; done; [ $n -gt $was ] || break; sleep 0.2; "
-        f"done; rm -rf \"{PROGRESS}/{job_id}\"; echo $n")
+        "name=$(head -n 1 /proc/$pid/comm 2>/dev/null | tr -cd 'A-Za-z0-9._+-' | head -c 15); "
+        "kill -9 $pid 2>/dev/null && n=$((n+1)) && killed=\"$killed$pid \" && names=\"$names $pid:${name:-?}\"; done; "
+        "[ $n -gt $was ] || break; sleep 0.2; "
+        f"done; rm -rf \"{PROGRESS}/{job_id}\"; [ $n -gt 0 ] || rm -f {UNSETTLED}/{shlex.quote(job_id)}; "
+        "echo $n; echo \"killed:$names\" | head -c 2000; echo")
+
+
+def parse_killed(text: str) -> str:
+    """What reap_script killed, `PID:NAME ...` (its second line), as a line kit may print (a rank names its processes:
+    only what the script's own filter lets through, bounded). Pure."""
+    for line in text.splitlines()[1:3]:
+        if line.startswith("killed:"):
+            return " ".join(w for w in line[len("killed:"):].split() if re.fullmatch(r"[0-9]+:[A-Za-z0-9._+?-]{1,15}", w))
+    return ""
+
+
+def unsettled_mark(job_id: str, killed: str) -> str:
+    """sh, in a host's container whose sweep did not settle: the mark that keeps the next job from starting there."""
+    return (f"mkdir -p {UNSETTLED} && chmod 700 {UNSETTLED} && printf '%s\\n' {shlex.quote(f'{job_id} {killed}')} "
+            f"> {UNSETTLED}/{shlex.quote(job_id)}")
 
 
 # sh (in reap_script's rounds): the processes re-parented to the container's init, added to `pids` (then their
@@ -324,17 +349,25 @@ class Plan:
     here: str = ""                   # the address of the host whose container runs the supervisor ("": hosts[0])
     primary: str = ""                # that host's name, when it is none of the job's hosts
     spread: bool = False             # copy storage: each host's workspace is read at the end (what the job wrote)
+    cluster: list[Slot] = field(default_factory=list)  # every host of the cluster: the job's end sweeps them all
 
     @classmethod
     def load(cls, text: str) -> "Plan":
         raw = json.loads(text)
         raw["hosts"] = [Slot(**h) for h in raw["hosts"]]
+        raw["cluster"] = [Slot(**h) for h in raw.get("cluster", [])]
         raw["nodes"] = [NodeCommand(n["host"], n["address"], tuple(n["argv"]), n["rank"]) for n in raw["nodes"]]
         return cls(**raw)
 
     def dump(self) -> str:
         return json.dumps({**self.__dict__, "hosts": [h.__dict__ for h in self.hosts],
-                           "nodes": [n.__dict__ for n in self.nodes]})
+                           "cluster": [h.__dict__ for h in self.cluster], "nodes": [n.__dict__ for n in self.nodes]})
+
+    def swept(self, hosts: list[Slot]) -> list[Slot]:
+        """The hosts a job's end sweeps: these (the last launch's), the primary, and every other host of the cluster
+        (a job's SSH from one of its hosts reaches the others: what it started there is the job's too)."""
+        primary = [] if any(self.is_here(h) for h in hosts) else [Slot(self.primary, self.here, 0)]
+        return list({h.address: h for h in [*hosts, *primary, *self.cluster]}.values())
 
     def is_here(self, host: Slot) -> bool:
         """Whether the host is the one the supervisor runs on (the primary), which is not always one of the job's."""

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from kit.backends.cluster.supervisor.launch import ENV_DIR, MANIFEST, REMOTE_TIMEOUT_S, at_once, manifest_line  # shipped together
+from kit.backends.cluster.supervisor.launch import ENV_DIR, MANIFEST, REMOTE_TIMEOUT_S, UNSETTLED, at_once, manifest_line  # shipped together
 from kit.backends.cluster.supervisor.launch import parse_manifest, ssh_argv, _run_quietly, _text, _write  # shipped together
 
 
@@ -45,6 +45,9 @@ def start(inp, out) -> int:
     the job's variables and folder are removed, here and where they were given, and nothing started."""
     request = json.loads(inp.readline())
     folder, job = request["folder"], os.path.basename(request["folder"])
+    if left := unsettled_here():
+        print(unsettled_error(left), file=sys.stderr, flush=True)
+        return 4
     os.makedirs(folder, exist_ok=True)
     for name, text in request["files"].items():
         _write(folder, name, text.rstrip("\n"))
@@ -138,6 +141,33 @@ ENV_GIVE = ('umask 077; d={dir}; if [ -L "$d" ] || {{ [ -e "$d" ] && [ ! -d "$d"
             'mkdir -p "$d" && [ ! -L "$d" ] && rm -f "$d/{job}" && set -C && cat > "$d/{job}"')
 
 
+# sh, on another host's container: what UNSETTLED holds (the jobs whose sweep did not settle there).
+UNSETTLED_READ = f"cat {UNSETTLED}/* 2>/dev/null | head -c 2000; true"
+
+
+def unsettled_here() -> str:
+    """What UNSETTLED holds in this container ("" where no sweep was left unsettled here)."""
+    try:
+        names = sorted(os.listdir(UNSETTLED))
+    except OSError:
+        return ""
+    said = []
+    for name in names:
+        try:
+            with open(os.path.join(UNSETTLED, name)) as f:
+                said.append(f.read(500).strip())
+        except OSError:
+            continue
+    return "; ".join(filter(None, said))[:2000]
+
+
+def unsettled_error(said: str) -> str:
+    """Why no job starts on a host whose sweep did not settle: `JOB PID:NAME ...` of each, and the fix."""
+    jobs = [part.split()[0] for part in said.split(";") if part.split()]
+    return (f"the end of job {', '.join(jobs)} did not settle here (still stopping: {said}): no job starts on this "
+            f"host until `kit stop {jobs[0] if jobs else 'JOB'}` finds nothing of it, or `kit down` and `kit up`")
+
+
 def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env_text: str | None) -> dict:
     """One other host of the job: what its workspace lacks of the job's files (files: name -> sha256; None where
     the hosts share the workspace), sent from here, and the job's variables. {"sent": N, "manifest": its workspace
@@ -145,6 +175,12 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
     address, ws = host["address"], shlex.quote(workspace)
     done: dict = {"sent": 0, "manifest": ""}
     try:
+        r = subprocess.run(ssh_argv(address, UNSETTLED_READ), capture_output=True, timeout=REMOTE_TIMEOUT_S)
+        if r.returncode != 0:
+            return {"error": f"cannot reach the host's container (exit {r.returncode}): "
+                             f"{_text(r.stderr).strip()[-500:]}"}
+        if said := "; ".join(line.strip() for line in _text(r.stdout).splitlines() if line.strip()):
+            return {"error": unsettled_error(said)}
         if files is not None:
             r = subprocess.run(ssh_argv(address, MANIFEST.format(workspace=ws)), capture_output=True,
                                timeout=COPY_TIMEOUT_S)

@@ -16,7 +16,7 @@ import threading
 import time
 
 from kit.backends.cluster.supervisor.launch import AFTER, ENDING, ENV_DIR, REMOTE_TIMEOUT_S, RANKS_MARK, SHARED, SSH  # shipped together
-from kit.backends.cluster.supervisor.launch import REAP_ROUNDS, REAP_SETTLE_S  # shipped together
+from kit.backends.cluster.supervisor.launch import REAP_FOR_S, REAP_SETTLE_S, parse_killed, unsettled_mark  # shipped together
 from kit.backends.cluster.supervisor.launch import STOP_WAIT_S  # shipped together
 from kit.backends.cluster.supervisor.launch import Plan, Slot, at_once, discovery_script, end_script, parse_discovery  # shipped together
 from kit.backends.cluster.supervisor.launch import parse_end, reap_script, ssh_argv, _run_quietly, _text, _write  # shipped together
@@ -81,27 +81,42 @@ class Supervisor:
         clients included (so that nothing of it keeps a session open on another host, nor stands in for kit's own
         connection there: what the container's init adopted goes, kit's shared connections too), then the others' at
         once, each over a connection of its own that ends with its command, host key checked. Then the reap again on
-        every host while the last round stopped something (at most REAP_ROUNDS): what a job started on a host through
-        an SSH connection from a process of its own on another host is that sshd's connection's child while the
-        connection lives, and is adopted (so stopped) once the client is gone, which may be after that host's round.
-        (This host's first count calls for no round: it holds kit's shared connections, and its SSH clients were
-        stopped before the other hosts' round began.) Each host's (processes stopped, the end script's manifest), None
-        where its first round failed."""
-        def round_of(text: str) -> list[tuple[int | None, str | None] | None]:
+        every host while the last round stopped something, for at most REAP_FOR_S: what a job started on a host
+        through an SSH connection from a process of its own on another host is that sshd's connection's child while
+        the connection lives, and is adopted (so stopped) once the client is gone, which may be after that host's
+        round, a hop of a chain a round. (This host's first round, which stops kit's shared connections too, calls
+        for another all the same: an SSH client of the job's may look like one of them.) A host whose last round
+        still stopped something did not settle: recorded (`unsettled`), said, and marked, so that no job starts there
+        (launch.UNSETTLED). Each host's (processes stopped, the end script's manifest), None where its first round
+        failed."""
+        def round_of(text: str) -> list[tuple[int | None, str | None, str] | None]:
             here = {h.address: self.remote(h, ["sh", "-c", text]) for h in hosts if self.plan.is_here(h)}
             there = [h for h in hosts if not self.plan.is_here(h)]
             found = {**here, **dict(zip([h.address for h in there],
                                         at_once(there, lambda h: self.remote(h, ["sh", "-c", text], shared=False))))}
-            return [parse_end(found[h.address].stdout) if found[h.address].returncode == 0 else None for h in hosts]
+            return [(*parse_end(found[h.address].stdout), parse_killed(found[h.address].stdout))
+                    if found[h.address].returncode == 0 else None for h in hosts]
         ends = round_of(script)
-        counts, last = [end[0] if end else None for end in ends], ends
-        for n in range(1, REAP_ROUNDS):
-            if not any(end and end[0] and (n > 1 or not self.plan.is_here(h)) for h, end in zip(hosts, last)):
+        counts, last, deadline = [end[0] if end else None for end in ends], ends, time.monotonic() + REAP_FOR_S
+        while any(end and end[0] for end in last):
+            if time.monotonic() >= deadline:
+                self.unsettled([(h, end[2]) for h, end in zip(hosts, last) if end and end[0]])
                 break
             time.sleep(REAP_SETTLE_S)  # (a connection whose client is gone: its sshd's process sees the end)
             last = round_of(reap_script(self.plan.id))
             counts = [c + (end[0] or 0) if c is not None and end else c for c, end in zip(counts, last)]
         return [(c, end[1]) if end else None for c, end in zip(counts, ends)]
+
+    def unsettled(self, found: list[tuple[Slot, str]]) -> None:
+        """Hosts where a sweep of REAP_FOR_S still stopped something in its last round: each named with what it
+        stopped, recorded, and marked so that no job starts there until a sweep stops nothing."""
+        for h, killed in found:
+            self.remote(h, ["sh", "-c", unsettled_mark(self.plan.id, killed)])
+        said = "\n".join(f"{h.host} {killed or '?'}" for h, killed in found)
+        self.record("unsettled", "\n".join(filter(None, [self.ending.get("unsettled"), said])))
+        for h, killed in found:
+            self.say(f"what is left of the job on {h.host} did not settle in {REAP_FOR_S:.0f} s (still stopping "
+                     f"{killed or 'processes'}): no job starts there until `kit stop {self.plan.id}` finds nothing")
 
     def run(self) -> int:
         plan, folder = self.plan, self.plan.folder
@@ -114,7 +129,7 @@ class Supervisor:
             if code == 0 or self.stopped() or attempt >= plan.restarts:
                 break
             _write(folder, "phase", "restarting")
-            self.reap_all(hosts, reap_script(plan.id))  # what is left of this launch, on every host
+            self.reap_all(plan.swept(hosts), reap_script(plan.id))  # what is left of this launch, on every host
             # (the script from here, not its copy in the job's folder, which the job's ranks could change)
             try:  # (each host's ssh in it has its own ConnectTimeout; this bounds the whole)
                 found = subprocess.run(["sh", "-c", discovery_script(plan.hosts)], capture_output=True, text=True,
@@ -174,7 +189,7 @@ class Supervisor:
                     proc.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
                     pass
-                self.reap_all(hosts, reap_script(plan.id))
+                self.reap_all(plan.swept(hosts), reap_script(plan.id))
         code = proc.wait()
         return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
 
@@ -186,10 +201,11 @@ class Supervisor:
         return int(found) if found.isascii() and found.isdigit() else free_port()  # (a node that does not answer fails the launch)
 
     def finish(self) -> None:
-        """On the hosts of the last launch and the primary, at once: what is left of the job stopped (each host's
-        count in `reaped`) and, to spread, each host's workspace as it is now (`after.json`, host -> manifest)."""
+        """On every host of the cluster (the last launch's, the primary, the others: Plan.swept), at once: what is
+        left of the job stopped (each host's count in `reaped`) and, to spread, each host's workspace as it is now
+        (`after.json`, host -> manifest)."""
         plan = self.plan
-        hosts = self.hosts + ([] if any(plan.is_here(h) for h in self.hosts) else [Slot(plan.primary, plan.here, 0)])
+        hosts = plan.swept(self.hosts)
         ends = self.reap_all(hosts, end_script(plan.id, plan.workspace if plan.spread else None))
         found = {h.host: end for h, end in zip(hosts, ends) if end}
         self.record("reaped", "\n".join(f"{host} {n}" for host, (n, _) in found.items() if n))
