@@ -174,6 +174,20 @@ def iptables_args(rule: dict, port: str) -> list[str]:
     return [a for key in order if key in rule for a in args[key](rule[key])]
 
 
+def host_and_outside(host: str, outside: str, host_ip: str, outside_ip: str) -> None:
+    """Two network namespaces of a test's, a host and the outside, joined by a veth pair (fw0 on the host's side) on
+    a /24 of the addresses given: every packet stays between them. The test removes them."""
+    def sh(*argv):
+        subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+    sh("ip", "netns", "add", host)
+    sh("ip", "netns", "add", outside)
+    sh("ip", "-n", host, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1", "netns", outside)
+    for ns, dev, ip in ((host, "fw0", host_ip), (outside, "fw1", outside_ip)):
+        sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
 SERVER = """import socket, sys, struct
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], int(sys.argv[2])))
 s.listen(16); print("ready", flush=True)
@@ -237,13 +251,7 @@ def test_the_firewalls_refusal_holds_against_a_stale_conntrack_entry(tmp_path):
 
     procs = []
     try:
-        sh("ip", "netns", "add", host)
-        sh("ip", "netns", "add", outside)
-        sh("ip", "-n", host, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1", "netns", outside)
-        for ns, dev, ip in ((host, "fw0", host_ip), (outside, "fw1", outside_ip)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        host_and_outside(host, outside, host_ip, outside_ip)
         on_host("iptables", "-N", "kit-ct")  # a conntrack rule from the start: the host's connections are tracked
         on_host("iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "kit-ct")
         server = spawn(host, SERVER, host_ip, port)
@@ -320,13 +328,7 @@ def test_the_firewall_refuses_above_the_hosts_own_rules_and_a_second_run_changes
         return proc.stdout.strip()
     server = None
     try:
-        sh("ip", "netns", "add", host)
-        sh("ip", "netns", "add", outside)
-        sh("ip", "-n", host, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1", "netns", outside)
-        for ns, dev, ip in ((host, "fw0", host_ip), (outside, "fw1", outside_ip)):
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        host_and_outside(host, outside, host_ip, outside_ip)
         port = int(on_host("cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout.split()[0]) + 7
         on_host("iptables", "-A", "INPUT", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
         on_host("iptables", "-A", "INPUT", "-p", "tcp", "--dport", "30000:65000", "-j", "ACCEPT")   # the site's own
