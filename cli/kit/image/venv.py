@@ -317,7 +317,7 @@ def check_folder(folder: str) -> str:
 # DIR as the login host has it, before anything is written: it and every folder above it safe (kit.runners.safefolder:
 # the nodes run DIR/bin/python, so whoever may rename entries above it could swap in a Python of theirs), and DIR
 # absent, empty, or an export of kit's, whose record it prints (a typo, `-o ~/thesis`, is refused, not replaced).
-_TARGET = safefolder.CHECK + r"""
+_TARGET = safefolder.CHECK_SH + r"""
 top=$(realpath -m -- "$1") || exit 1
 check "$top"
 [ -e "$top" ] || exit 0

@@ -10,7 +10,7 @@ MARK = "@@kit-unsafe"
 
 # check PATH: PATH and each folder above it, up to /. Prints `@@kit-unsafe WHY OWNER MODE PATH` and exits 3 where
 # one is not safe; `me` is the user kit runs as there.
-CHECK = r"""
+CHECK_SH = r"""
 me=$(id -u)
 check() {
   p=$1

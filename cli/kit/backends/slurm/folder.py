@@ -30,7 +30,7 @@ REMOTE_TIMEOUT_S = 60        # one command on the login host
 # the job waits. One script on the login host: the work folder's path with its links resolved, checked folder by folder
 # up to /, made (what is missing, the user's alone), found again where it was and checked again (someone who made a
 # missing folder, or a link, first is caught), and the job's folder made new in it. Prints the job's folder.
-_JOB_FOLDER = safefolder.CHECK + r"""
+_JOB_FOLDER = safefolder.CHECK_SH + r"""
 top=$(realpath -m -- "$1") || exit 1
 check "$top"
 umask 077
