@@ -75,7 +75,7 @@ def recorder(tmp_path) -> dict:
     (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = load ] || exit 2\nout="${KIT_TEST_LOADED:-$KIT_TEST_DIR/$$.tar}"\n'
                                     '[ -z "$KIT_TEST_REFUSE" ] || { head -c 1000 >/dev/null; echo "$KIT_TEST_REFUSE" >&2;'
                                     ' exit 1; }\n'
-                                    'echo $$ > "$out.pid"\n'
+                                    'echo $$ > "$out.pid-new" && mv "$out.pid-new" "$out.pid"\n'  # (whole)
                                     'hang() { exec sleep 120; }\n'
                                     '[ "$KIT_TEST_HANG" != midway ] || { head -c 100000 > "$out"; hang; }\n'
                                     'cat > "$out" || exit 1\n'
