@@ -26,7 +26,7 @@ from kit.errors import HostsFailed, KitError
 from kit.jobs.model import Policy, new_job_id, parse_duration  # noqa: F401 (used through this module too)
 from kit.cluster.fanout import fan_out
 from kit.backends.cluster.control import (AFTER_MAX, End, Interrupted, follow_command, follow_script, launch_ranks,
-                                          parse_after, parse_ending, parse_reaped, parse_unsettled, reap, stop, sweep)
+                                          parse_after, parse_ending, parse_reaped, parse_unsettled, stop, sweep)
 from kit.backends.cluster.records import _int
 from kit.network import measure
 from kit.network.choose import Member
