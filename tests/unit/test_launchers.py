@@ -88,14 +88,16 @@ def test_the_reaper_finds_a_jobs_children_that_dropped_its_environment():
     import subprocess
     import time
 
-    from kit.backends.cluster.supervisor.launch import reap_script
+    from kit.backends.cluster.supervisor.launch import parse_killed, reap_script
     job = f"test-{secrets.token_hex(4)}"
     rank = subprocess.Popen(["env", f"KIT_JOB={job}", "sh", "-c", "env -i sleep 300 & sleep 300 & wait"],
                             start_new_session=True)
     try:
         time.sleep(0.5)
         r = subprocess.run(["sh", "-c", reap_script(job)], capture_output=True, text=True, timeout=60)
-        assert r.stdout.strip() == "3", r.stdout + r.stderr  # the rank's shell, its sleep, and the env -i sleep
+        count, killed = r.stdout.splitlines()[:2]
+        assert count == "3", r.stdout + r.stderr  # the rank's shell, its sleep, and the env -i sleep
+        assert sorted(w.split(":")[1] for w in parse_killed(r.stdout).split()) == ["sh", "sleep", "sleep"], killed
         rank.wait(timeout=10)
         time.sleep(0.5)
         states = subprocess.run(["ps", "-o", "stat=", "-s", str(rank.pid)], capture_output=True, text=True).stdout

@@ -42,12 +42,9 @@ SHARED = (*CONNECTION, "-o", "ControlMaster=auto", "-o", "ControlPersist=600")
 RIDE = (*CONNECTION, "-o", "ControlMaster=no")
 STOP_WAIT_S = 20        # SIGINT to the launcher, then this long before what is left is killed
 REMOTE_TIMEOUT_S = 60   # one remote step of the supervisor (a heartbeat read, a reap, a stack dump)
-# A job's end (and `kit stop`) sweeps every host of the cluster again while the last round stopped something on one
-# (an SSH chain between hosts: its process on one host outlives the round there until its client on another host is
-# stopped, a hop a round), a short pause before each, for at most REAP_FOR_S: bounded by time, not by a count of rounds
-# that a longer chain outlasts. A host where the last round still stopped something did not settle: kit names it and
-# what it stopped there, and marks it (UNSETTLED/<job> in its container), and no job starts there until a sweep of that
-# job that stops nothing (`kit stop JOB`) takes the mark away.
+# A job's end (and `kit stop`) sweeps every host of the cluster again while a round stopped something (an SSH chain
+# ends a hop a round), a short pause before each, for at most REAP_FOR_S (time, not a count a longer chain outlasts);
+# a host still stopping something then is marked (UNSETTLED/<job>): no job starts there until a sweep stops nothing.
 REAP_FOR_S, REAP_SETTLE_S = 30.0, 0.3
 UNSETTLED = "/run/kit/unsettled"
 # What the supervisor records of a job's end, which kit's follower prints after its END_MARK (each file after a line
@@ -195,8 +192,7 @@ def parse_killed(text: str) -> str:
 
 def unsettled_mark(job_id: str, killed: str) -> str:
     """sh, in a host's container whose sweep did not settle: the mark that keeps the next job from starting there."""
-    return (f"mkdir -p {UNSETTLED} && chmod 700 {UNSETTLED} && printf '%s\\n' {shlex.quote(f'{job_id} {killed}')} "
-            f"> {UNSETTLED}/{shlex.quote(job_id)}")
+    return f"mkdir -p -m 700 {UNSETTLED} && echo {shlex.quote(f'{job_id} {killed}')} > {UNSETTLED}/{shlex.quote(job_id)}"
 
 
 # sh (in reap_script's rounds): the processes re-parented to the container's init, added to `pids` (then their
