@@ -673,10 +673,10 @@ def test_a_reap_that_failed_on_a_host_names_it_and_is_never_a_count_of_none():
                 Node(Host("b"), Answers("b", 1, stderr="Error response from daemon: container 1f2e is not running"), place),
                 Node(Host("c"), Answers("c", 126, stderr="OCI runtime exec failed: exec failed: unable to start"), place)]
     with pytest.raises(HostsFailed) as e:
-        jobcontrol.reap(nodes(), "j1", strict=True)
+        jobcontrol.sweep(nodes(), "j1", strict=True)
     assert list(e.value.failures) == ["c"] and "OCI runtime exec failed" in str(e.value.failures["c"].output_tail)
-    assert jobcontrol.reap(nodes()[:2], "j1", strict=True) == {"a": 2}
-    assert jobcontrol.reap(nodes(), "j1") == {"a": 2}  # the end of a job whose supervisor did not end it: what it can
+    assert jobcontrol.sweep(nodes()[:2], "j1", strict=True).killed == {"a": 2}
+    assert jobcontrol.sweep(nodes(), "j1").killed == {"a": 2}  # the end of a job whose supervisor did not end it: what it can
 
 
 def test_a_sweep_goes_round_again_while_a_round_stopped_something_for_a_bounded_time_and_names_what_did_not_settle():
@@ -689,7 +689,8 @@ def test_a_sweep_goes_round_again_while_a_round_stopped_something_for_a_bounded_
     from kit.cluster.steps.node import Node
     place = Place("kit-lab", "/var/lib/kit/lab")
     client, chained = Answers("a", 0, "1\n", later=(0,)), Answers("b", 0, "0\n", later=(1, 0))
-    assert jobcontrol.reap([Node(Host("a"), client, place), Node(Host("b"), chained, place)], "j1") == {"a": 1, "b": 1}
+    assert jobcontrol.sweep([Node(Host("a"), client, place), Node(Host("b"), chained, place)], "j1").killed == \
+        {"a": 1, "b": 1}
     assert client.rounds == chained.rounds == 3  # the chain's client; its process, adopted; nothing: the end
     endless = Answers("a", 0, "1\nkilled: 77:sh\n", later=("1\nkilled: 77:sh",))  # (always something to stop)
     started = time.monotonic()

@@ -262,11 +262,6 @@ def sweep(nodes: list[Node], job_id: str, strict: bool = False, bound: float = R
     return done
 
 
-def reap(nodes: list[Node], job_id: str, strict: bool = False) -> dict[str, int]:
-    """host -> processes of the job sweep() stopped there."""
-    return sweep(nodes, job_id, strict).killed
-
-
 def stacks(nodes: list[Node], job_id: str) -> dict[tuple[str, int], str]:
     """(host, rank) -> the rank's Python stack now, on every host at once."""
     def one(n: Node) -> dict[int, str]:

@@ -45,7 +45,7 @@ def start(inp, out) -> int:
     the job's variables and folder are removed, here and where they were given, and nothing started."""
     request = json.loads(inp.readline())
     folder, job = request["folder"], os.path.basename(request["folder"])
-    if left := unsettled_here():
+    if left := unsettled_said(subprocess.run(["sh", "-c", UNSETTLED_READ], capture_output=True, text=True).stdout):
         print(unsettled_error(left), file=sys.stderr, flush=True)
         return 4
     os.makedirs(folder, exist_ok=True)
@@ -141,24 +141,13 @@ ENV_GIVE = ('umask 077; d={dir}; if [ -L "$d" ] || {{ [ -e "$d" ] && [ ! -d "$d"
             'mkdir -p "$d" && [ ! -L "$d" ] && rm -f "$d/{job}" && set -C && cat > "$d/{job}"')
 
 
-# sh, on another host's container: what UNSETTLED holds (the jobs whose sweep did not settle there).
+# sh, in a host's container: what UNSETTLED holds (the jobs whose sweep did not settle there), a line each.
 UNSETTLED_READ = f"cat {UNSETTLED}/* 2>/dev/null | head -c 2000; true"
 
 
-def unsettled_here() -> str:
-    """What UNSETTLED holds in this container ("" where no sweep was left unsettled here)."""
-    try:
-        names = sorted(os.listdir(UNSETTLED))
-    except OSError:
-        return ""
-    said = []
-    for name in names:
-        try:
-            with open(os.path.join(UNSETTLED, name)) as f:
-                said.append(f.read(500).strip())
-        except OSError:
-            continue
-    return "; ".join(filter(None, said))[:2000]
+def unsettled_said(stdout: str) -> str:
+    """UNSETTLED_READ's lines as one: `JOB PID:NAME ...; ...` ("" where no sweep was left unsettled)."""
+    return "; ".join(line.strip() for line in stdout.splitlines() if line.strip())
 
 
 def unsettled_error(said: str) -> str:
@@ -179,7 +168,7 @@ def give(host: dict, workspace: str, files: dict[str, str] | None, job: str, env
         if r.returncode != 0:
             return {"error": f"cannot reach the host's container (exit {r.returncode}): "
                              f"{_text(r.stderr).strip()[-500:]}"}
-        if said := "; ".join(line.strip() for line in _text(r.stdout).splitlines() if line.strip()):
+        if said := unsettled_said(_text(r.stdout)):
             return {"error": unsettled_error(said)}
         if files is not None:
             r = subprocess.run(ssh_argv(address, MANIFEST.format(workspace=ws)), capture_output=True,
