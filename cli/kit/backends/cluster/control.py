@@ -295,13 +295,20 @@ def stop(nodes: list[Node], job_id: str, wait: float = STOP_WAIT_S) -> Stopped:
     primary = nodes[0]
     folder, container = primary.place.job_dir(job_id), primary.place.container
     primary.runner.run(interrupt_command(container, folder, job_id), timeout=60).check(f"cannot stop job {job_id}")
-    d = shlex.quote(folder)
-    gone = command(exec_argv(container, ["timeout", "-s", "KILL", str(int(wait) + 30), "sh", "-c", _PID.format(folder=d) +
-                                         f"end=$(($(date +%s) + {int(wait)})); while [ $(date +%s) -lt $end ]; do "
-                                         f"launcher_of {job_id} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
-    ended = primary.runner.run(gone, timeout=wait + 60).ok
+    ended = primary.runner.run(_gone(container, folder, f"launcher_of {job_id}", wait), timeout=wait + 60).ok
     swept = sweep(nodes, job_id, strict=True)
+    # The supervisor records the end after its own sweep (up to REAP_FOR_S): `kit jobs` right after `kit stop` says
+    # stopped, not stopping. A supervisor already gone (killed with its container) is not waited for.
+    primary.runner.run(_gone(container, folder, f"sup_of {job_id}", REAP_FOR_S + 5), timeout=REAP_FOR_S + 65)
     return Stopped(ended, swept.killed, swept.unsettled)
+
+
+def _gone(container: str, folder: str, finds: str, wait: float) -> str:
+    """sh for the primary's container: exit 0 once `finds` (a function of _PID) finds nothing, 1 after wait s."""
+    return command(exec_argv(container, ["timeout", "-s", "KILL", str(int(wait) + 30), "sh", "-c",
+                                         _PID.format(folder=shlex.quote(folder)) +
+                                         f"end=$(($(date +%s) + {int(wait)})); while [ $(date +%s) -lt $end ]; do "
+                                         f"{finds} >/dev/null || exit 0; sleep 0.25; done; exit 1"]))
 
 
 class Interrupted(KitError):
