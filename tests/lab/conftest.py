@@ -16,8 +16,9 @@ FIRST = ("test_bad_input.py", "test_prepare_hosts.py")
 # test's time waits on its hosts, and the lab alone was most of the suite's time. They name no address or host of slot
 # 0's lab, have no test alone, and leave this machine's Slurm, apt and local clusters alone
 # (tests/unit/test_suite_layout.py reads them for it); the modules that use those run on slot 0 only.
+# test_export.py uses no lab host at all (the engine's image, exported here): it evens the two streams out.
 SECOND = ("test_hostile.py", "test_image_distribution.py", "test_run_on_hosts.py", "test_shared_storage.py",
-          "test_quickstart.py", "test_k8s_pods.py")
+          "test_quickstart.py", "test_k8s_pods.py", "test_export.py")
 PART = os.environ.get("KIT_LAB_PART", "")
 
 
