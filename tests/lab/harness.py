@@ -83,10 +83,20 @@ def read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
     what it printed)."""
     seen, deadline = [], time.monotonic() + timeout
     while not done(seen):
-        line = proc.stdout.readline()
+        line = _line(proc.stdout.fileno())
         assert line and time.monotonic() < deadline, "".join(seen) + proc.stderr.read()
         seen.append(line)
     return seen
+
+
+def _line(fd: int) -> str:
+    """One line read from the pipe's descriptor a byte at a time: proc.stdout.readline() would buffer what follows it,
+    and communicate() afterwards reads the descriptor, not that buffer, so lines that came in the same chunk were lost
+    (a Slurm test's `checkpoint saved`, printed a moment after the `start` read_until waited for)."""
+    line = bytearray()
+    while not line.endswith(b"\n") and (byte := os.read(fd, 1)):
+        line += byte
+    return line.decode(errors="replace")
 
 
 def interrupt(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
