@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers.py, for ever
 
 from helpers import StreamShare  # noqa: E402
 
-# tests/run runs the whole suite in two streams side by side (see there); each test holds a share of the machine
+# tests/run runs the whole suite in three streams side by side (see there); each test holds a share of the machine
 # (an flock on $KIT_TEST_STREAMS/machine) while it runs, and one marked `alone` holds all of it (helpers.StreamShare).
 STREAMS = os.environ.get("KIT_TEST_STREAMS")
 
@@ -20,8 +20,8 @@ def pytest_configure(config):
     # processes get SIGINT's default back, as in a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other stream's tests "
-                                       "use: tests/run's other stream waits while it runs")
+    config.addinivalue_line("markers", "alone: measures speed or timing, or changes what the other streams' tests "
+                                       "use: tests/run's other streams wait while it runs")
     config.addinivalue_line("markers", "last: its module's last test, after its tests alone (it leaves what no test "
                                        "of the module after it may find)")
 

@@ -61,7 +61,7 @@ esac
 @contextlib.contextmanager
 def machine_share(folder: str, whole: bool):
     """A share of the machine among tests/run's streams, all of it if `whole`. A test that wants all of it waits
-    for the test the other stream runs to end, and no test starts meanwhile: both take a turnstile first, which one
+    for the tests the other streams run to end, and no test starts meanwhile: each takes a turnstile first, which one
     that wants the whole keeps until it has it."""
     turnstile = os.open(os.path.join(folder, "turnstile"), os.O_RDWR | os.O_CREAT, 0o600)
     machine = os.open(os.path.join(folder, "machine"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -78,7 +78,7 @@ def machine_share(folder: str, whole: bool):
 class StreamShare:
     """One stream's share of the machine from test to test (tests/conftest.py): a test holds its share while it runs;
     `alone` tests that follow each other (a module of them) keep the whole machine from one to the next, so the
-    other stream's running test is waited for once, not before each, and none of its tests slips in between. A wait
+    other streams' running tests are waited for once, not before each, and none of their tests slips in between. A wait
     over a second is written to FOLDER/waits (`STREAM SECONDS TEST`), for tests/timings.py."""
 
     def __init__(self, folder: str, stream: str):

@@ -4,7 +4,7 @@
 
 FOLDER holds what tests/run wrote as it went: `phases` (a line a mark, `NAME start|end EPOCH`), one pytest JUnit
 file a stream (`STREAM.xml`: its tests' times, setup and teardown included, so a session fixture's build counts in
-the first test that needed it), and `waits` (a line a test that waited more than a second for the other stream's
+the first test that needed it), and `waits` (a line a test that waited more than a second for the other streams'
 share of the machine: `STREAM SECONDS NODEID`). Only the standard library: it runs with the machine's python3
 before kit's venv exists, and after a failed run.
 """
@@ -39,7 +39,7 @@ def tests(junit: str) -> list[tuple[float, str, str]]:
 
 
 def waits(text: str) -> dict[str, tuple[int, float]]:
-    """stream -> (tests that waited, seconds waited in all) for the other stream's share of the machine."""
+    """stream -> (tests that waited, seconds waited in all) for the other streams' share of the machine."""
     found: dict[str, tuple[int, float]] = {}
     for line in text.splitlines():
         stream, seconds, _ = line.split(" ", 2)
@@ -67,7 +67,7 @@ def report(folder: Path) -> str:
         count, total = waited.get(stream, (0, 0.0))
         spent = sum(t for t, _, _ in found)
         lines.append(f"{stream}: {len(found)} tests, {spent:.0f} s in them ({spent / 60:.1f} min); "
-                     f"{count} waited {total:.0f} s in all for the other stream")
+                     f"{count} waited {total:.0f} s in all for the other streams")
         for seconds, outcome, name in sorted(found, reverse=True)[:SLOWEST]:
             lines.append(f"  {seconds:7.1f} s  {name}{'' if outcome == 'passed' else f' ({outcome})'}")
     return "\n".join(lines)

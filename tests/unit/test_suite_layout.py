@@ -106,7 +106,7 @@ def test_the_timings_give_each_phase_and_each_streams_slowest_tests_with_their_w
                          "  lab                         1800 s  30.0 min",
                          "  images                       700 s  11.7 min",
                          "  total                       1910 s  31.8 min"]
-    assert lines[5] == "lab: 13 tests, 166 s in them (2.8 min); 2 waited 42 s in all for the other stream"
+    assert lines[5] == "lab: 13 tests, 166 s in them (2.8 min); 2 waited 42 s in all for the other streams"
     assert lines[6:9] == ["     99.5 s  tests/lab/test_cluster.py::test_up (failure)",
                           "     11.0 s  tests/lab/test_run.py::test_11", "     10.0 s  tests/lab/test_run.py::test_10"]
     assert len(lines) == 6 + 10
